@@ -1,0 +1,73 @@
+"""Sparse features of a batch: per feature, a jagged list of ids per sample."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class JaggedIds:
+    """The ids of one feature for a batch: sample ``i`` has ``ids[offsets[i]:offsets[i + 1]]``.
+
+    ``weights``, when given, holds one weight per id (for weighted pooling).
+    """
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids.dim() != 1 or self.offsets.dim() != 1:
+            raise ValueError(
+                f"`ids` and `offsets` must be 1-D, but have shapes {tuple(self.ids.shape)} and "
+                f"{tuple(self.offsets.shape)} instead."
+            )
+        if self.weights is not None and self.weights.shape != self.ids.shape:
+            raise ValueError(
+                f"`weights` must have the shape of `ids` {tuple(self.ids.shape)}, but has "
+                f"{tuple(self.weights.shape)} instead."
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.offsets.numel() - 1
+
+    @classmethod
+    def from_dense(cls, ids: torch.Tensor) -> JaggedIds:
+        """The same number of ids per sample, from a ``[batch, n]`` tensor."""
+        batch, n = ids.shape
+        offsets = torch.arange(0, (batch + 1) * n, n, dtype=torch.int64, device=ids.device)
+        return cls(ids.reshape(-1).to(torch.int64), offsets)
+
+    def to(self, device: torch.device) -> JaggedIds:
+        weights = None if self.weights is None else self.weights.to(device)
+        return JaggedIds(self.ids.to(device), self.offsets.to(device), weights)
+
+
+class SparseFeatures(Mapping[str, JaggedIds]):
+    """The sparse features of a batch, by name, all of the same batch size."""
+
+    def __init__(self, features: Mapping[str, JaggedIds]) -> None:
+        sizes = {name: f.batch_size for name, f in features.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Every feature must have the same batch size, but they have {sizes} instead.")
+        self._features = dict(features)
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self._features.values())).batch_size if self._features else 0
+
+    def __getitem__(self, name: str) -> JaggedIds:
+        return self._features[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._features)
+
+    def __len__(self) -> int:
+        return len(self._features)
+
+    def to(self, device: torch.device) -> SparseFeatures:
+        return SparseFeatures({name: f.to(device) for name, f in self._features.items()})

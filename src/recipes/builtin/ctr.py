@@ -1,0 +1,83 @@
+"""The ``ctr`` recipe: a small click-through-rate model on deterministic synthetic data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.data.memory import InMemoryReader
+from recipes.data.synthetic import SyntheticCTRData
+from recipes.models.ctr import CTRModel
+from recipes.parts import RecipeContext, RecipeParts
+from recipes.registry import register_recipe
+from recipes.sections import RecipeConfig
+from recipes.trainer import Validation
+from units import MetricBag
+
+
+@dataclass
+class CTRModelSection:
+    embedding_dim: int = 16
+    hidden_dims: list[int] = field(default_factory=lambda: [64, 32])
+
+
+@dataclass
+class SyntheticDataSection:
+    num_train_samples: int = 32768
+    num_valid_samples: int = 8192
+    num_dense: int = 4
+    num_sparse: int = 4
+    vocab_size: int = 1000
+    batch_size: int = 256
+    data_seed: int = 7
+    """The data's own seed, apart from the training ``seed``, so that changing one keeps the other."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_train_samples",
+            "num_valid_samples",
+            "num_dense",
+            "num_sparse",
+            "vocab_size",
+            "batch_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1, but is {getattr(self, name)} instead.")
+
+
+@dataclass
+class CTRConfig(RecipeConfig):
+    model: CTRModelSection = field(default_factory=CTRModelSection)
+    dataset: SyntheticDataSection = field(default_factory=SyntheticDataSection)
+
+
+@register_recipe("ctr", CTRConfig, "Click-through-rate MLP over embedding bags, on synthetic data.")
+def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
+    config, dp = context.config, context.gangs.dp
+    data = config.dataset
+    num_samples = data.num_train_samples + data.num_valid_samples
+    samples = SyntheticCTRData(num_samples, data.num_dense, data.num_sparse, data.vocab_size, data.data_seed)
+    train, valid = (
+        samples.split(0, data.num_train_samples),
+        samples.split(data.num_train_samples, num_samples),
+    )
+    features = [f"cat_{i}" for i in range(data.num_sparse)]
+    model = CTRModel(features, data.vocab_size, config.model.embedding_dim, data.num_dense, config.model.hidden_dims)
+    model.to(context.device)
+    train_reader = InMemoryReader(
+        train.batch,
+        len(train),
+        data.batch_size,
+        num_accumulate=config.trainer.grad_accumulation,
+        dp_rank=dp.rank,
+        dp_size=dp.size,
+        seed=config.seed,
+    )
+    valid_reader = InMemoryReader(
+        valid.batch, len(valid), data.batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False
+    )
+    return RecipeParts(
+        train_unit=CTRTrainUnit(model, MetricBag(dp)),
+        train_reader=train_reader,
+        validations=[Validation(CTREvalUnit(model, MetricBag(dp)), valid_reader)],
+    )

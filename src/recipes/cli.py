@@ -1,0 +1,131 @@
+"""``python -m recipes``: list, show, train and evaluate presets.
+
+Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
+with the cause; the traceback goes to the rank's log file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from recipes.config import dump_yaml
+from recipes.errors import UserError
+from recipes.registry import all_presets, get_recipe
+from recipes.run import JobSpec, config_document, default_output_dir, resolve_job, train
+
+log = logging.getLogger(__name__)
+
+EXIT_USER_ERROR = 2
+EXIT_FAILURE = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2 like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+def _job_arguments(parser: argparse.ArgumentParser, with_output: bool) -> None:
+    parser.add_argument("preset", help="a preset name (see `list`) or the path of a preset YAML file")
+    help_text = "OUTPUT_DIR and/or overrides `section.key=value`" if with_output else "overrides `section.key=value`"
+    parser.add_argument("args", nargs="*", metavar="ARG", help=help_text)
+    if with_output:
+        parser.add_argument("-o", "--output-dir", help="where the run writes (default: runs/<preset>)")
+    parser.add_argument(
+        "--config-file",
+        action="append",
+        default=[],
+        metavar="F",
+        help="a YAML config file; repeatable, later wins",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override; repeatable (values are YAML)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="recipes", description="Train and evaluate recipe presets.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands.add_parser("list", help="list presets with their recipe and description")
+    show = commands.add_parser("show", help="print a preset's resolved config as YAML")
+    _job_arguments(show, with_output=False)
+    train_parser = commands.add_parser("train", help="train a preset")
+    _job_arguments(train_parser, with_output=True)
+    train_parser.add_argument(
+        "--nproc", type=int, default=None, help="run N processes on this machine through torchrun's launcher"
+    )
+    return parser
+
+
+def _job_spec(args: argparse.Namespace, with_output: bool) -> JobSpec:
+    overrides = [a for a in args.args if "=" in a]
+    positional = [a for a in args.args if "=" not in a]
+    output_dir = getattr(args, "output_dir", None)
+    if with_output and positional:
+        if output_dir is not None or len(positional) > 1:
+            raise UserError(f"Give one output directory, but got {[*positional, *filter(None, [output_dir])]}.")
+        output_dir = positional[0]
+    elif positional:
+        raise UserError(f"Overrides must look like `section.key=value`, but got '{positional[0]}'.")
+    return JobSpec(args.preset, output_dir, args.config_file, [*overrides, *args.config])
+
+
+def _list() -> None:
+    presets = all_presets()
+    width = max((len(name) for name in presets), default=0)
+    for name, preset in sorted(presets.items()):
+        recipe = preset.recipe or f"(from {preset.based_on})"
+        print(f"{name:<{width}}  {recipe:<10}  {preset.description}")
+
+
+def _show(spec: JobSpec) -> None:
+    print(dump_yaml(config_document(resolve_job(spec))), end="")
+
+
+def _train(spec: JobSpec) -> None:
+    output_dir = train(spec)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"Done. TensorBoard logs: {output_dir}/tb")
+        print(f"Browse them with: tensorboard --logdir {output_dir}/tb")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        # Overrides may come after options (`-o DIR a.b=1`), which argparse leaves over.
+        args, extra = parser.parse_known_args(argv)
+        unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if hasattr(args, "args"):
+            args.args += extra
+        if args.command == "list":
+            _list()
+        elif args.command == "show":
+            _show(_job_spec(args, with_output=False))
+        elif args.command == "train":
+            _train(_job_spec(args, with_output=True))
+        return 0
+    except UserError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as ex:
+        log.exception("The job failed.")
+        print(f"error: {type(ex).__name__}: {ex}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+__all__ = ["default_output_dir", "get_recipe", "main"]

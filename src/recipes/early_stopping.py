@@ -1,0 +1,54 @@
+"""Deciding, from validation scores, that training has stopped improving."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class EarlyStopper(Protocol):
+    """Told every validation score; says when to stop. A user's own stopper implements this.
+
+    It is checkpointed with the trainer, so ``state_dict``/``load_state_dict`` must capture
+    whatever it remembers.
+    """
+
+    def should_stop(self, step_nr: int, score: float) -> bool: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
+
+
+class PatienceEarlyStopper:
+    """Stops after ``patience`` validations in a row that fail to beat the best score by ``min_delta``."""
+
+    def __init__(self, patience: int, min_delta: float = 0.0, lower_better: bool = False) -> None:
+        if patience < 1:
+            raise ValueError(f"`patience` must be >= 1, but is {patience} instead.")
+        self._patience = patience
+        self._min_delta = min_delta
+        self._lower_better = lower_better
+        self._best: float | None = None
+        self._num_bad = 0
+
+    def should_stop(self, step_nr: int, score: float) -> bool:
+        if self._best is None or self._improves(score):
+            self._best = score
+            self._num_bad = 0
+        else:
+            self._num_bad += 1
+        return self._num_bad >= self._patience
+
+    def _improves(self, score: float) -> bool:
+        assert self._best is not None
+        if self._lower_better:
+            return score < self._best - self._min_delta
+        return score > self._best + self._min_delta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self._best, "num_bad": self._num_bad}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._best = state_dict["best"]
+        self._num_bad = state_dict["num_bad"]

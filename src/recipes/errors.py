@@ -1,0 +1,18 @@
+"""Errors the user can cause, which the CLI reports in one line with exit code 2."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for: a bad preset, key, value, path or data."""
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 1) -> str:
+    """A ' Did you mean ...?' suffix naming the ``n`` closest candidates, or '' when none is close."""
+    matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"

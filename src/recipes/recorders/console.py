@@ -1,0 +1,28 @@
+"""The console: a progress bar with step, loss, throughput and ETA, and a line per validation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tqdm import tqdm
+
+from recipes.recorders.base import MetricRecorder
+
+
+class ConsoleRecorder(MetricRecorder):
+    """Shows the train metrics on the bar and prints other runs as lines above it."""
+
+    def __init__(self, total_steps: int | None, initial_step: int = 0) -> None:
+        self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True, leave=True)
+
+    def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
+        if run == "train":
+            self._bar.update(step_nr - self._bar.n)
+            shown = {k: values[k] for k in ("loss", "throughput", "lr") if k in values}
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=True)
+        else:
+            text = " ".join(f"{name}={value:.4g}" for name, value in values.items())
+            self._bar.write(f"step {step_nr} {run}: {text}")
+
+    def close(self) -> None:
+        self._bar.close()

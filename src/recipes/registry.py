@@ -1,0 +1,207 @@
+"""Recipes by name, and presets (named configs of a recipe) from YAML files and Python.
+
+Presets are looked up in, from lowest to highest precedence: the project's ``recipes.yaml``,
+the files named in ``$RECIPES_PRESET_FILES`` (separated by ``os.pathsep``), a
+``recipes.yaml`` in the current directory, and presets registered from Python. A preset may
+be ``based_on`` another and may name ``imports``: modules imported before its recipe is looked
+up, so that a user's recipe registers itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from recipes.errors import UserError, closest
+from recipes.sections import RecipeConfig
+
+PROJECT_PRESETS = Path(__file__).resolve().parents[2] / "recipes.yaml"
+PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
+PRESET_KEYS = {"recipe", "description", "based_on", "imports", "config"}
+
+BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A way to train: its config class and the function that builds its parts from a config."""
+
+    name: str
+    config_class: type[RecipeConfig]
+    build: Callable[..., Any]
+    description: str
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named config for a recipe; ``config`` holds only what differs from its base."""
+
+    name: str
+    recipe: str | None
+    config: Mapping[str, Any]
+    description: str = ""
+    based_on: str | None = None
+    imports: tuple[str, ...] = ()
+    source: str = "python"
+    search_path: tuple[str, ...] = field(default=())
+
+
+_recipes: dict[str, Recipe] = {}
+_python_presets: dict[str, Preset] = {}
+
+
+def register_recipe(
+    name: str, config_class: type[RecipeConfig], description: str = ""
+) -> Callable[[BuilderT], BuilderT]:
+    """Decorate a builder function ``build(context) -> RecipeParts`` to register it as recipe ``name``."""
+    if not issubclass(config_class, RecipeConfig):
+        raise TypeError(f"`config_class` must subclass RecipeConfig, but is {config_class.__name__} instead.")
+
+    def decorate(build: BuilderT) -> BuilderT:
+        _recipes[name] = Recipe(name, config_class, build, description or (build.__doc__ or "").strip())
+        return build
+
+    return decorate
+
+
+def register_preset(
+    name: str,
+    recipe: str,
+    config: Mapping[str, Any] | None = None,
+    description: str = "",
+    based_on: str | None = None,
+) -> None:
+    """Register a preset from Python; it takes precedence over YAML presets of the same name."""
+    _python_presets[name] = Preset(name, recipe, dict(config or {}), description, based_on)
+
+
+def get_recipe(name: str) -> Recipe:
+    _import_builtin_recipes()
+    try:
+        return _recipes[name]
+    except KeyError:
+        raise UserError(f"Unknown recipe '{name}'.{closest(name, _recipes)}") from None
+
+
+def all_presets() -> dict[str, Preset]:
+    """Every preset, by name, the highest-precedence source winning."""
+    presets: dict[str, Preset] = {}
+    extra_files = [p for p in os.environ.get(PRESET_FILES_ENV, "").split(os.pathsep) if p]
+    seen: set[Path] = set()
+    for path in [PROJECT_PRESETS, *map(Path, extra_files), Path.cwd() / "recipes.yaml"]:
+        if path.resolve() not in seen:  # Run from the project's root, its file is also the cwd's.
+            seen.add(path.resolve())
+            presets.update(_read_preset_file(path, required=str(path) in extra_files))
+    presets.update(_python_presets)
+    return presets
+
+
+def find_preset(name_or_path: str) -> Preset:
+    """The preset of that name, or the single preset in that YAML file (e.g. a run's ``config.yaml``)."""
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        return _read_single_preset(Path(name_or_path))
+    presets = all_presets()
+    try:
+        return presets[name_or_path]
+    except KeyError:
+        hint = closest(name_or_path, presets, n=3)
+        raise UserError(f"Unknown preset '{name_or_path}'.{hint} (`python -m recipes list` shows them all.)") from None
+
+
+def resolve_preset(preset: Preset) -> tuple[Recipe, list[tuple[str, Mapping[str, Any]]]]:
+    """The preset's recipe, and its config layers from its farthest base to itself.
+
+    Imports named by any preset in the chain happen first, with the preset file's folder on
+    ``sys.path``, so the recipe can come from the user's own module.
+    """
+    chain = [preset]
+    while chain[-1].based_on is not None:
+        base_name = chain[-1].based_on
+        if any(p.name == base_name for p in chain):
+            names = " -> ".join([p.name for p in chain] + [base_name])
+            raise UserError(f"Preset inheritance must not loop, but does: {names}.")
+        base = find_preset(base_name)
+        chain.append(base)
+    for link in reversed(chain):
+        _import_modules(link)
+    recipe_name = next((p.recipe for p in chain if p.recipe is not None), None)
+    if recipe_name is None:
+        raise UserError(f"Preset '{preset.name}' ({preset.source}) must name a `recipe`, but none in its chain does.")
+    layers = [(f"preset '{p.name}' ({p.source})", p.config) for p in reversed(chain)]
+    return get_recipe(recipe_name), layers
+
+
+def _import_modules(preset: Preset) -> None:
+    for folder in preset.search_path:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    for module in preset.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as ex:
+            raise UserError(f"Preset '{preset.name}' ({preset.source}) imports '{module}', which fails: {ex}") from None
+
+
+def _import_builtin_recipes() -> None:
+    importlib.import_module("recipes.builtin")
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        with path.open() as f:
+            return yaml.safe_load(f)
+    except yaml.YAMLError as ex:
+        raise UserError(f"The preset file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
+
+
+def _read_preset_file(path: Path, required: bool) -> dict[str, Preset]:
+    if not path.is_file():
+        if required:
+            raise UserError(f"The preset file {path} named in ${PRESET_FILES_ENV} does not exist.")
+        return {}
+    data = _read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise UserError(f"The preset file {path} must map preset names to presets, but holds a {type(data).__name__}.")
+    return {name: _parse_preset(str(name), body, path) for name, body in data.items()}
+
+
+def _read_single_preset(path: Path) -> Preset:
+    if not path.is_file():
+        raise UserError(f"The preset file {path} does not exist.")
+    data = _read_yaml(path)
+    if not isinstance(data, dict) or ("recipe" not in data and "based_on" not in data):
+        raise UserError(f"The preset file {path} must hold one preset with a `recipe` key, but does not.")
+    return _parse_preset(path.stem, data, path)
+
+
+def _parse_preset(name: str, body: Any, path: Path) -> Preset:
+    where = f"{path}, preset '{name}'"
+    if not isinstance(body, dict):
+        raise UserError(f"A preset must be a mapping, but '{name}' in {path} is a {type(body).__name__}.")
+    unknown = set(body) - PRESET_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise UserError(f"Unknown preset key '{key}' ({where}).{closest(key, PRESET_KEYS)}")
+    config = body.get("config") or {}
+    imports = body.get("imports") or []
+    if not isinstance(config, dict):
+        raise UserError(f"The `config` of a preset must be a mapping ({where}).")
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise UserError(f"The `imports` of a preset must be a list of module names ({where}).")
+    return Preset(
+        name=name,
+        recipe=body.get("recipe"),
+        config=config,
+        description=str(body.get("description") or ""),
+        based_on=body.get("based_on"),
+        imports=tuple(imports),
+        source=str(path),
+        search_path=(str(path.resolve().parent),),
+    )

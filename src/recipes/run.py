@@ -1,0 +1,246 @@
+"""From a preset and overrides to a running job: resolve the config, set up, build, train or evaluate."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+
+from gang import Gangs, default_device, setup_gangs
+from recipes.config import ConfigError, dump_yaml, overrides_to_dict, resolve_config, to_dict
+from recipes.early_stopping import PatienceEarlyStopper
+from recipes.errors import UserError
+from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
+from recipes.profiler import Profiler
+from recipes.recorders import (
+    CompositeRecorder,
+    ConsoleRecorder,
+    JsonlRecorder,
+    MetricRecorder,
+    TensorBoardRecorder,
+    WandbRecorder,
+)
+from recipes.registry import Preset, Recipe, find_preset, resolve_preset
+from recipes.sections import RecipeConfig
+from recipes.trainer import Trainer, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for on the command line."""
+
+    preset: str
+    output_dir: str | None = None
+    config_files: Sequence[str] = ()
+    overrides: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    preset: Preset
+    recipe: Recipe
+    config: RecipeConfig
+
+
+def resolve_job(spec: JobSpec) -> ResolvedJob:
+    """The preset's recipe and the config from defaults < preset < files < overrides."""
+    preset = find_preset(spec.preset)
+    recipe, layers = resolve_preset(preset)
+    for path in spec.config_files:
+        layers.append((f"--config-file {path}", read_config_file(path, recipe.name)))
+    if spec.overrides:
+        layers.append(("the command line", overrides_to_dict(list(spec.overrides))))
+    return ResolvedJob(preset, recipe, resolve_config(recipe.config_class, layers))
+
+
+def read_config_file(path: str, recipe_name: str) -> Mapping[str, Any]:
+    """A config file: plain sections, or a preset-shaped file (a run's ``config.yaml``) of the same recipe."""
+    if not os.path.isfile(path):
+        raise UserError(f"The config file {path} does not exist.")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as ex:
+        raise UserError(f"The config file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise UserError(f"The config file {path} must hold a mapping, but holds a {type(data).__name__}.")
+    if "recipe" in data and "config" in data:
+        if data["recipe"] != recipe_name:
+            raise UserError(f"The config file {path} is for recipe '{data['recipe']}', not '{recipe_name}'.")
+        data = data["config"] or {}
+    return data
+
+
+def config_document(job: ResolvedJob) -> dict[str, Any]:
+    """The resolved config as a preset-shaped document: ``train`` and ``--config-file`` both take it back."""
+    document: dict[str, Any] = {"recipe": job.recipe.name}
+    if job.preset.description:
+        document["description"] = job.preset.description
+    if job.preset.imports:
+        document["imports"] = list(job.preset.imports)
+    document["config"] = to_dict(job.config)
+    return document
+
+
+def default_output_dir(spec: JobSpec) -> str:
+    return spec.output_dir or os.path.join("runs", Path(spec.preset).stem)
+
+
+def train(spec: JobSpec) -> str:
+    """Train the preset; returns the output directory."""
+    job = resolve_job(spec)
+    output_dir = default_output_dir(spec)
+    gangs = _setup_gangs(job.config)
+    try:
+        _setup_logging(output_dir, gangs.root.rank)
+        if gangs.root.rank == 0:
+            write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
+        trainer, recorder = build_trainer(job, gangs, output_dir)
+        try:
+            with _stop_on_signals(trainer):
+                trainer.run()
+        finally:
+            recorder.close()
+    finally:
+        gangs.close()
+    return output_dir
+
+
+def build_trainer(job: ResolvedJob, gangs: Gangs, output_dir: str) -> tuple[Trainer[Any], MetricRecorder]:
+    """The recipe's parts plus the standard ones, assembled into a Trainer."""
+    config = job.config
+    seed_everything(config.seed)
+    device = gangs.root.device
+    parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
+    model = parts.train_unit.model
+    optimizer = parts.optimizer or build_optimizer(config.optimizer, model.parameters())
+    if gangs.dp.size > 1:
+        wrapped = DistributedDataParallel(model, process_group=gangs.dp.as_process_group())
+        parts.train_unit.model = wrapped
+    try:
+        lr_scheduler = build_lr_scheduler(config.lr_scheduler, optimizer, config.trainer.max_num_steps)
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from None
+    recorder = build_recorder(config, output_dir, gangs.root.rank, resume_step=None)
+    stopping = config.trainer.early_stopping
+    early_stopper = None
+    if stopping.patience is not None:
+        if config.trainer.score_metric is None:
+            raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
+        early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, config.trainer.lower_better)
+    profiler = Profiler(
+        config.profiler.enabled,
+        config.profiler.skip_steps,
+        config.profiler.record_steps,
+        f"{output_dir}/tb/profiler",
+        gangs.root.rank,
+    )
+    trainer = Trainer(
+        unit=parts.train_unit,
+        data_reader=parts.train_reader,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        gangs=gangs,
+        device=device,
+        config=config.trainer,
+        validations=parts.validations,
+        recorder=recorder,
+        profiler=profiler,
+        early_stopper=early_stopper,
+    )
+    if gangs.root.rank == 0:
+        recorder.record_config(to_dict(config))
+    return trainer, recorder
+
+
+def build_recorder(config: RecipeConfig, output_dir: str, rank: int, resume_step: int | None) -> MetricRecorder:
+    """Rank 0's recorders, as the ``metrics`` section asks; the other ranks record nothing."""
+    if rank != 0:
+        return CompositeRecorder([])
+    section = config.metrics
+    recorders: list[MetricRecorder] = []
+    purge_step = None if resume_step is None else resume_step + 1
+    if section.tensorboard:
+        recorders.append(TensorBoardRecorder(f"{output_dir}/tb", purge_step=purge_step))
+    if section.jsonl:
+        recorders.append(JsonlRecorder(f"{output_dir}/metrics", resume_step=resume_step))
+    wandb = section.wandb
+    if wandb.enabled and wandb.mode != "disabled":
+        recorders.append(WandbRecorder(output_dir, wandb.project, wandb.entity, wandb.run_name, wandb.mode))
+    if section.console:
+        recorders.append(ConsoleRecorder(config.trainer.max_num_steps, initial_step=resume_step or 0))
+    return CompositeRecorder(recorders)
+
+
+def _setup_gangs(config: RecipeConfig) -> Gangs:
+    device = default_device() if config.trainer.device == "auto" else torch.device(config.trainer.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("`trainer.device` is 'cuda', but this machine has no CUDA device.")
+    try:
+        return setup_gangs(device, config.gang.tp_size, timedelta(seconds=config.gang.timeout_s))
+    except ValueError as ex:
+        raise ConfigError(str(ex)) from None
+
+
+def _setup_logging(output_dir: str, rank: int) -> None:
+    """Each rank logs to ``OUTPUT_DIR/logs/rank_K.log``; rank 0 also shows warnings on the console."""
+    os.makedirs(f"{output_dir}/logs", exist_ok=True)
+    handler = logging.FileHandler(f"{output_dir}/logs/rank_{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for old in [h for h in root.handlers if getattr(h, "_recipes_handler", False)]:
+        root.removeHandler(old)
+        old.close()
+    handler._recipes_handler = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    if rank == 0:
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.WARNING)
+        console._recipes_handler = True  # type: ignore[attr-defined]
+        root.addHandler(console)
+
+
+class _stop_on_signals:
+    """SIGUSR1 and SIGTERM ask the trainer to finish its step, checkpoint and exit cleanly."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self, trainer: Trainer[Any]) -> None:
+        self._trainer = trainer
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        log.warning("Received signal %d; stopping after this step.", signum)
+        self._trainer.request_stop()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a small text file whole or not at all: to a temporary name, then renamed."""
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    fs.makedirs(os.path.dirname(fs_path), exist_ok=True)
+    tmp = f"{fs_path}.tmp-{os.getpid()}"
+    with fs.open(tmp, "w") as f:
+        f.write(text)
+    fs.mv(tmp, fs_path)

@@ -1,0 +1,462 @@
+"""The Trainer: one explicit loop that decides when to step, publish, validate, checkpoint and stop.
+
+Everything model-specific is in the units; everything about where things go (recorders,
+checkpoints) is behind small interfaces. What is left is the loop, readable top to bottom in
+``run()``, in the manner of fairseq2's Trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from gang import Gangs, ReduceOperation
+from recipes.data.reader import DataError, DataReader
+from recipes.early_stopping import EarlyStopper
+from recipes.errors import UserError, closest
+from recipes.profiler import Profiler
+from recipes.recorders import MetricRecorder
+from recipes.sections import TrainerSection
+from units import EvalUnit, Mean, MetricBag, Throughput, TrainUnit
+
+log = logging.getLogger(__name__)
+
+BatchT = TypeVar("BatchT")
+
+
+class LossNotFiniteError(RuntimeError):
+    """The loss became NaN or infinite and the NaN policy says to stop."""
+
+
+@dataclass
+class Validation(Generic[BatchT]):
+    """An eval unit and the reader of its data; one full pass of the reader per validation."""
+
+    unit: EvalUnit[BatchT]
+    reader: DataReader[BatchT]
+
+
+class Checkpointer(Protocol):
+    """Saves the trainer's state when the trainer says so; decides where and what to keep."""
+
+    def save(
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+    ) -> None: ...
+
+
+class Trainer(Generic[BatchT]):
+    """Trains ``unit`` on ``data_reader`` until a step limit, an epoch limit, early stopping or a stop request."""
+
+    def __init__(
+        self,
+        *,
+        unit: TrainUnit[BatchT],
+        data_reader: DataReader[BatchT],
+        optimizer: Optimizer,
+        lr_scheduler: LRScheduler,
+        gangs: Gangs,
+        device: torch.device,
+        config: TrainerSection,
+        validations: Sequence[Validation[Any]] = (),
+        recorder: MetricRecorder,
+        profiler: Profiler,
+        early_stopper: EarlyStopper | None = None,
+        checkpointer: Checkpointer | None = None,
+        checkpoint_every_n_steps: int | None = None,
+        checkpoint_every_n_data_epochs: int | None = None,
+    ) -> None:
+        self._unit = unit
+        self._reader = data_reader
+        self._optimizer = optimizer
+        self._lr_scheduler = lr_scheduler
+        self._gangs = gangs
+        self._device = device
+        self._config = config
+        self._validations = list(validations)
+        self._recorder = recorder
+        self._profiler = profiler
+        self._early_stopper = early_stopper
+        self._checkpointer = checkpointer
+        self._checkpoint_every_n_steps = checkpoint_every_n_steps
+        self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
+
+        self._autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.mixed_precision]
+        self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
+
+        self._metrics = MetricBag(gangs.dp)
+        self._metrics.register("loss", Mean())
+        self._metrics.register("grad_norm", Mean())
+        self._metrics.register("throughput", Throughput())
+        self._metrics.register("num_skipped_steps", Mean())
+
+        self._step_nr = 0
+        self._data_epoch_nr = 0
+        self._num_consecutive_skipped = 0
+        self._last_score: float | None = None
+        self._stop_requested = False
+        self._early_stopped = False
+        self._published_step = -1
+        self._validated_step = -1
+        self._checkpointed_step = -1
+        self.check_score_metric()
+
+    @property
+    def step_nr(self) -> int:
+        return self._step_nr
+
+    def request_stop(self) -> None:
+        """Ask the trainer to finish the current step, save a checkpoint and return (a signal handler calls it)."""
+        self._stop_requested = True
+
+    # The loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Train until a stop condition; then publish, validate and checkpoint whatever the last step left."""
+        log.info("Training starts at step %d (data epoch %d).", self._step_nr, self._data_epoch_nr)
+        self._unit.model.train()
+        with self._profiler, torch.autograd.set_detect_anomaly(self._config.anomaly_detection):
+            while not self._should_stop():
+                epoch_ended = self._run_step()
+                if epoch_ended is None:
+                    break  # The last data epoch is done.
+                self._profiler.step()
+                self._after_step(epoch_ended)
+        self._finish()
+
+    def _should_stop(self) -> bool:
+        max_steps = self._config.max_num_steps
+        if max_steps is not None and self._step_nr >= max_steps:
+            return True
+        return self._early_stopped or self._agree_on_stop_request()
+
+    def _after_step(self, epoch_ended: bool) -> None:
+        if self._step_nr % self._config.publish_metrics_every_n_steps == 0:
+            self._publish_metrics()
+        every_n = self._config.validate_every_n_steps
+        if every_n is not None and self._step_nr % every_n == 0:
+            self._validate()
+        if self._checkpoint_due(epoch_ended):
+            self._checkpoint(last=False)
+
+    def _finish(self) -> None:
+        if self._published_step != self._step_nr:
+            self._publish_metrics()
+        if self._validations and self._validated_step != self._step_nr:
+            self._validate()
+        if self._checkpointed_step != self._step_nr:
+            self._checkpoint(last=True)
+        log.info("Training ends at step %d.", self._step_nr)
+
+    def _checkpoint_due(self, epoch_ended: bool) -> bool:
+        every_n_steps = self._checkpoint_every_n_steps
+        every_n_epochs = self._checkpoint_every_n_data_epochs
+        if every_n_steps is not None and self._step_nr % every_n_steps == 0:
+            return True
+        return epoch_ended and every_n_epochs is not None and self._data_epoch_nr % every_n_epochs == 0
+
+    def _agree_on_stop_request(self) -> bool:
+        """A stop asked of one rank (a signal) stops every rank at the same step."""
+        if self._gangs.root.size == 1:
+            return self._stop_requested
+        flag = torch.tensor(float(self._stop_requested), device=self._gangs.root.device)
+        self._gangs.root.all_reduce(flag, ReduceOperation.MAX)
+        return bool(flag)
+
+    # One step -------------------------------------------------------------------------------
+
+    def _run_step(self) -> bool | None:
+        """Run one optimizer step; ``None`` when the data has run out, else whether an epoch ended first."""
+        batches, epoch_ended = self._next_batches()
+        if batches is None:
+            return None
+        self._step_nr += 1
+        self._unit.set_step_nr(self._step_nr)
+
+        loss_sum, num_targets = self._forward_backward(batches)
+        if not self._loss_is_finite(loss_sum):
+            self._skip_step(loss_sum)
+            return epoch_ended
+        self._num_consecutive_skipped = 0
+
+        self._normalize_gradients(num_targets)
+        self._grad_scaler.unscale_(self._optimizer)
+        grad_norm = self._clip_gradients()
+        self._grad_scaler.step(self._optimizer)
+        self._grad_scaler.update()
+        self._lr_scheduler.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+        self._metrics["loss"].update(loss_sum / max(num_targets, 1), weight=num_targets)
+        self._metrics["grad_norm"].update(grad_norm)
+        self._metrics["throughput"].update(num_targets)
+        self._metrics["num_skipped_steps"].update(0.0)
+        return epoch_ended
+
+    def _next_batches(self) -> tuple[list[BatchT] | None, bool]:
+        try:
+            return next(self._reader), False
+        except StopIteration:
+            pass
+        self._data_epoch_nr += 1
+        log.info("Data epoch %d is done.", self._data_epoch_nr)
+        max_epochs = self._config.max_num_data_epochs
+        if max_epochs is not None and self._data_epoch_nr >= max_epochs:
+            return None, True
+        self._reader.reset()
+        try:
+            return next(self._reader), True
+        except StopIteration:
+            raise DataError("The training data reader yields no step in a data epoch; is the data empty?") from None
+
+    def _forward_backward(self, batches: list[BatchT]) -> tuple[torch.Tensor, int]:
+        """Sum the losses and targets of the step's micro-batches, back-propagating each."""
+        loss_sum = torch.zeros((), device=self._device, dtype=torch.float64)
+        num_targets = 0
+        for index, batch in enumerate(batches):
+            is_last = index == len(batches) - 1
+            with self._maybe_no_sync(is_last), self._autocast():
+                loss, batch_targets = self._unit(batch)
+            self._grad_scaler.scale(loss).backward()
+            loss_sum += loss.detach().to(torch.float64)
+            num_targets += int(batch_targets)
+        return loss_sum, num_targets
+
+    def _maybe_no_sync(self, is_last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP syncs gradients only on the step's last micro-batch."""
+        model = self._unit.model
+        if isinstance(model, DistributedDataParallel) and not is_last:
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device.type, dtype=self._autocast_dtype)
+
+    def _loss_is_finite(self, loss_sum: torch.Tensor) -> bool:
+        """Whether the loss is finite on every rank, so that all ranks step or skip together."""
+        bad = (~torch.isfinite(loss_sum)).to(torch.float32)
+        self._gangs.root.all_reduce(bad, ReduceOperation.MAX)
+        return not bool(bad)
+
+    def _skip_step(self, loss_sum: torch.Tensor) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+        if self._config.nan_policy == "stop":
+            raise LossNotFiniteError(
+                f"The loss is {float(loss_sum)} at step {self._step_nr}; stopping (trainer.nan_policy=stop). "
+                "Set trainer.nan_policy=skip to skip such steps."
+            )
+        self._num_consecutive_skipped += 1
+        self._metrics["num_skipped_steps"].update(1.0)
+        log.warning("The loss is %s at step %d; the step is skipped.", float(loss_sum), self._step_nr)
+        limit = self._config.max_consecutive_skipped_steps
+        if self._num_consecutive_skipped >= limit:
+            raise LossNotFiniteError(
+                f"The loss was not finite for {limit} steps in a row (up to step {self._step_nr}); stopping."
+            )
+
+    def _normalize_gradients(self, num_targets: int) -> None:
+        """Turn summed-loss gradients into the gradient of the mean loss over the whole global step.
+
+        DDP averages gradients over the DP gang, so the sum over ranks is ``size`` times
+        that; dividing by the global number of targets gives the mean.
+        """
+        total = torch.tensor(float(num_targets), device=self._gangs.dp.device)
+        self._gangs.dp.all_reduce(total, ReduceOperation.SUM)
+        scale = self._gangs.dp.size / max(float(total), 1.0)
+        for group in self._optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        scale_sparse = getattr(self._optimizer, "scale_sparse_gradients", None)
+        if scale_sparse is not None:
+            scale_sparse(1.0 / max(float(total), 1.0))
+
+    def _clip_gradients(self) -> float:
+        params = [p for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self._config.max_grad_norm or float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    # Metrics, validation, checkpoints ---------------------------------------------------------
+
+    def _publish_metrics(self) -> None:
+        values = self._metrics.compute()
+        values.update(self._unit.metric_bag.compute())
+        values["lr"] = float(self._lr_scheduler.get_last_lr()[0])
+        values["data_epoch"] = float(self._data_epoch_nr)
+        self._metrics.reset()
+        self._unit.metric_bag.reset()
+        if self._gangs.root.rank == 0:
+            self._recorder.record("train", self._step_nr, values)
+        self._published_step = self._step_nr
+
+    def _validate(self) -> None:
+        """Run every validation, record it, compute the score and consult the early stopper."""
+        if not self._validations:
+            return
+        scores: dict[str, float] = {}
+        self._unit.model.eval()
+        with torch.no_grad():
+            for validation in self._validations:
+                values = self._run_validation(validation)
+                scores.update({f"{validation.unit.name}/{name}": value for name, value in values.items()})
+                if self._gangs.root.rank == 0:
+                    self._recorder.record(validation.unit.name, self._step_nr, values)
+        self._unit.model.train()
+        self._validated_step = self._step_nr
+        self._last_score = self._score(scores)
+        stopper, score = self._early_stopper, self._last_score
+        if stopper is not None and score is not None and stopper.should_stop(self._step_nr, score):
+            log.info("Early stopping at step %d: the score stopped improving.", self._step_nr)
+            self._early_stopped = True
+
+    def _run_validation(self, validation: Validation[Any]) -> dict[str, float]:
+        for batches in validation.reader:
+            for batch in batches:
+                with self._autocast():
+                    validation.unit(batch)
+        validation.reader.reset()
+        values = validation.unit.metric_bag.compute()
+        validation.unit.metric_bag.reset()
+        return values
+
+    def score_metric_names(self) -> list[str]:
+        return [f"{v.unit.name}/{name}" for v in self._validations for name in v.unit.metric_bag]
+
+    def check_score_metric(self) -> None:
+        """Fail before training, not at the first validation, if the score metric does not exist."""
+        name = self._config.score_metric
+        if name is None:
+            return
+        names = self.score_metric_names()
+        if self._resolve_score_name(name) not in names:
+            raise UserError(
+                f"`trainer.score_metric` must name a validation metric (one of {', '.join(names) or 'none'}), "
+                f"but is '{name}' instead.{closest(name, names)}"
+            )
+
+    def _resolve_score_name(self, name: str) -> str:
+        if "/" in name or not self._validations:
+            return name
+        return f"{self._validations[0].unit.name}/{name}"
+
+    def _score(self, scores: Mapping[str, float]) -> float | None:
+        name = self._config.score_metric
+        return None if name is None else scores.get(self._resolve_score_name(name))
+
+    def _checkpoint(self, last: bool) -> None:
+        if self._checkpointer is None:
+            return
+        score = self._last_score if self._validated_step == self._step_nr else None
+        self._checkpointer.save(self._step_nr, score, self.shared_state(), self.rank_state(), last)
+        self._checkpointed_step = self._step_nr
+
+    # State ----------------------------------------------------------------------------------
+
+    def shared_state(self) -> dict[str, Any]:
+        """What is the same on every rank: written once per checkpoint."""
+        return {
+            "model": unwrap(self._unit.model).state_dict(),
+            "optimizer": self._optimizer.state_dict(),
+            "lr_scheduler": self._lr_scheduler.state_dict(),
+            "grad_scaler": self._grad_scaler.state_dict(),
+            "trainer": {
+                "step_nr": self._step_nr,
+                "data_epoch_nr": self._data_epoch_nr,
+                "num_consecutive_skipped": self._num_consecutive_skipped,
+                "last_score": self._last_score,
+            },
+            "early_stopper": None if self._early_stopper is None else self._early_stopper.state_dict(),
+        }
+
+    def rank_state(self) -> dict[str, Any]:
+        """What differs between ranks: the data position, RNG streams and unreduced metrics."""
+        return {
+            "data_reader": self._reader.state_dict(),
+            "metrics": self._metrics.state_dict(),
+            "unit_metrics": self._unit.metric_bag.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_shared_state(self, state: Mapping[str, Any]) -> None:
+        unwrap(self._unit.model).load_state_dict(state["model"])
+        self._optimizer.load_state_dict(state["optimizer"])
+        self._lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self._grad_scaler.load_state_dict(state["grad_scaler"])
+        counters = state["trainer"]
+        self._step_nr = counters["step_nr"]
+        self._data_epoch_nr = counters["data_epoch_nr"]
+        self._num_consecutive_skipped = counters["num_consecutive_skipped"]
+        self._last_score = counters["last_score"]
+        self._published_step = self._validated_step = self._checkpointed_step = self._step_nr
+        if self._early_stopper is not None and state["early_stopper"] is not None:
+            self._early_stopper.load_state_dict(state["early_stopper"])
+
+    def load_rank_state(self, state: Mapping[str, Any]) -> None:
+        self._reader.load_state_dict(state["data_reader"])
+        self._metrics.load_state_dict(state["metrics"])
+        self._unit.metric_bag.load_state_dict(state["unit_metrics"])
+        set_rng_state(state["rng"])
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP wrapper."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": list_state(random.getstate()),
+        "numpy": numpy_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(tuple_state(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_state(state: Any) -> Any:
+    """Python's RNG state with tuples as lists, which ``torch.load(weights_only=True)`` reads back."""
+    return [list_state(s) for s in state] if isinstance(state, tuple) else state
+
+
+def tuple_state(state: Any) -> Any:
+    return tuple(tuple_state(s) for s in state) if isinstance(state, list) else state
+
+
+def numpy_state() -> list[Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

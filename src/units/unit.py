@@ -1,0 +1,88 @@
+"""The units a user writes: what one batch means for training and for validation.
+
+The Trainer owns the loop (when to step, validate, publish, stop); a unit owns only the
+model's loss and metrics for one batch. This split, from fairseq2, keeps a new model down
+to one small class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
+
+import torch
+from torch import nn
+
+from units.metric_bag import MetricBag
+
+BatchT = TypeVar("BatchT")
+BatchT_contra = TypeVar("BatchT_contra", contravariant=True)
+
+
+class TrainUnit(ABC, Generic[BatchT_contra]):
+    """Computes the training loss of a batch.
+
+    ``__call__`` returns the loss *summed* over the batch's targets, and the number of
+    those targets. The Trainer divides the sum of the step's losses by the sum of their
+    targets (over every micro-batch and every data-parallel rank), so that gradient
+    accumulation and data parallelism give the gradient of one big batch.
+    """
+
+    def __init__(self, model: nn.Module, metric_bag: MetricBag) -> None:
+        self._model = model
+        self._metric_bag = metric_bag
+        self._step_nr = 0
+
+    @abstractmethod
+    def __call__(self, batch: BatchT_contra) -> tuple[torch.Tensor, int]:
+        """Return ``(summed loss, number of targets)`` and update the metric bag."""
+
+    @property
+    def model(self) -> nn.Module:
+        """The model being trained; the Trainer may wrap it (DDP) and hand the wrapper back."""
+        return self._model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        self._model = model
+
+    @property
+    def metric_bag(self) -> MetricBag:
+        return self._metric_bag
+
+    @property
+    def step_nr(self) -> int:
+        return self._step_nr
+
+    def set_step_nr(self, step_nr: int) -> None:
+        """Told by the Trainer before each step, for units whose behaviour depends on it."""
+        self._step_nr = step_nr
+
+
+class EvalUnit(ABC, Generic[BatchT_contra]):
+    """Updates validation metrics from a batch.
+
+    ``name`` names the validation in recorders (``tb/<name>``) and in the score metric
+    (``<name>/<metric>``).
+    """
+
+    def __init__(self, model: nn.Module, metric_bag: MetricBag, name: str = "valid") -> None:
+        self._model = model
+        self._metric_bag = metric_bag
+        self.name = name
+
+    @abstractmethod
+    def __call__(self, batch: BatchT_contra) -> None:
+        """Update the metric bag from ``batch``."""
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        self._model = model
+
+    @property
+    def metric_bag(self) -> MetricBag:
+        return self._metric_bag
