@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from recipes.config import dump_yaml
 from recipes.errors import UserError
-from recipes.registry import all_presets, get_recipe
-from recipes.run import JobSpec, config_document, default_output_dir, resolve_job, train
+from recipes.launch import launch_with_torchrun
+from recipes.registry import all_presets
+from recipes.run import JobSpec, config_document, evaluate, list_checkpoints, resolve_job, train
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument(
         "--nproc", type=int, default=None, help="run N processes on this machine through torchrun's launcher"
     )
+    eval_parser = commands.add_parser("eval", help="validate a checkpoint of a preset's output directory")
+    _job_arguments(eval_parser, with_output=True)
+    eval_parser.add_argument(
+        "--checkpoint", default="last", help="which checkpoint: last (default), best, or a step number"
+    )
+    checkpoints = commands.add_parser("checkpoints", help="list the checkpoints of an output directory")
+    checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR")
     return parser
 
 
@@ -98,6 +106,25 @@ def _train(spec: JobSpec) -> None:
         print(f"Browse them with: tensorboard --logdir {output_dir}/tb")
 
 
+def _eval(spec: JobSpec, checkpoint: str) -> None:
+    for name, values in evaluate(spec, checkpoint).items():
+        print(f"{name}: " + " ".join(f"{metric}={value:.6g}" for metric, value in values.items()))
+
+
+def _checkpoints(output_dir: str) -> None:
+    infos = list_checkpoints(output_dir)
+    if not infos:
+        print(f"No checkpoints in {output_dir}.")
+        return
+    print(f"{'step':>8}  {'score':>10}  {'size':>10}  {'resumable':<9}  kept by")
+    for info in infos:
+        score = "-" if info.score is None else f"{info.score:.6g}"
+        kept = ", ".join(info.kept_by) or "(deleted at the next save)"
+        best = "  <- best" if info.is_best else ""
+        size = f"{info.size_bytes / 1e6:.1f} MB"
+        print(f"{info.step:>8}  {score:>10}  {size:>10}  {'yes' if info.resumable else 'no':<9}  {kept}{best}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -114,7 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "show":
             _show(_job_spec(args, with_output=False))
         elif args.command == "train":
+            if args.nproc is not None:
+                return launch_with_torchrun(args.nproc, argv)
             _train(_job_spec(args, with_output=True))
+        elif args.command == "eval":
+            _eval(_job_spec(args, with_output=True), args.checkpoint)
+        elif args.command == "checkpoints":
+            _checkpoints(args.output_dir)
         return 0
     except UserError as ex:
         print(f"error: {ex}", file=sys.stderr)
@@ -126,6 +159,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("The job failed.")
         print(f"error: {type(ex).__name__}: {ex}", file=sys.stderr)
         return EXIT_FAILURE
-
-
-__all__ = ["default_output_dir", "get_recipe", "main"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +18,17 @@ import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 
-from gang import Gangs, default_device, setup_gangs
+from checkpoint import CheckpointInfo, CheckpointManager
+from gang import FakeGang, Gangs, default_device, setup_gangs
+from recipes.checkpointing import (
+    TrainerCheckpointer,
+    archive_checkpoints,
+    checkpoint_manager,
+    checkpoint_policy,
+    find_resume_checkpoint,
+    initialize_from,
+    resume,
+)
 from recipes.config import ConfigError, dump_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.early_stopping import PatienceEarlyStopper
 from recipes.errors import UserError
@@ -100,41 +111,97 @@ def default_output_dir(spec: JobSpec) -> str:
 
 
 def train(spec: JobSpec) -> str:
-    """Train the preset; returns the output directory."""
+    """Train the preset, resuming from the output directory's last checkpoint; returns the directory."""
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
-    gangs = _setup_gangs(job.config)
-    try:
-        _setup_logging(output_dir, gangs.root.rank)
+    with _job_gangs(job.config, output_dir) as gangs:
         if gangs.root.rank == 0:
+            if job.config.checkpoint.start_over:
+                archive_checkpoints(output_dir)
             write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
-        trainer, recorder = build_trainer(job, gangs, output_dir)
+        gangs.root.barrier()
+        manager = checkpoint_manager(job.config, output_dir, gangs)
+        loaded = find_resume_checkpoint(manager, job.config)
+        resume_step = None if loaded is None else loaded.step
+        if job.config.checkpoint.start_over:
+            resume_step = 0  # Hide the earlier run's curves too.
+        checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
+        trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
         try:
+            if loaded is not None:
+                resume(trainer, loaded, gangs)
             with _stop_on_signals(trainer):
                 trainer.run()
         finally:
+            checkpointer.close()
             recorder.close()
-    finally:
-        gangs.close()
     return output_dir
 
 
-def build_trainer(job: ResolvedJob, gangs: Gangs, output_dir: str) -> tuple[Trainer[Any], MetricRecorder]:
+def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
+    """Validate the model of a checkpoint of the output directory (``last``, ``best`` or a step)."""
+    job = resolve_job(spec)
+    output_dir = default_output_dir(spec)
+    with _job_gangs(job.config, output_dir) as gangs:
+        manager = checkpoint_manager(job.config, output_dir, gangs)
+        step = _checkpoint_step(manager, checkpoint, output_dir)
+        trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer=None, resume_step=None, eval_only=True)
+        try:
+            trainer.load_model_state(manager.load(step).shared_state["model"])
+            return trainer.validate_only(step)
+        finally:
+            recorder.close()
+
+
+def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
+    """The checkpoints of a run, judged by the keep policy of the run's own ``config.yaml``."""
+    config_path = f"{output_dir}/config.yaml"
+    if not os.path.isfile(config_path):
+        raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
+    config = resolve_job(JobSpec(config_path)).config
+    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config))
+    return sorted(manager.list_checkpoints(), key=lambda info: info.step)
+
+
+def _checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) -> int:
+    steps = [info.step for info in manager.list_checkpoints()]
+    if which == "last":
+        step = max(steps, default=None)
+    elif which == "best":
+        step = manager.best_step()
+    elif which.isdigit() and int(which) in steps:
+        step = int(which)
+    else:
+        raise UserError(f"`--checkpoint` must be last, best or one of the steps {steps}, but is '{which}' instead.")
+    if step is None:
+        raise UserError(f"{output_dir} holds no {'scored ' if which == 'best' else ''}checkpoint to evaluate.")
+    return step
+
+
+def build_trainer(
+    job: ResolvedJob,
+    gangs: Gangs,
+    output_dir: str,
+    checkpointer: TrainerCheckpointer | None,
+    resume_step: int | None,
+    eval_only: bool = False,
+) -> tuple[Trainer[Any], MetricRecorder]:
     """The recipe's parts plus the standard ones, assembled into a Trainer."""
     config = job.config
     seed_everything(config.seed)
     device = gangs.root.device
     parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
     model = parts.train_unit.model
+    if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
+        initialize_from(model, config.checkpoint)
     optimizer = parts.optimizer or build_optimizer(config.optimizer, model.parameters())
-    if gangs.dp.size > 1:
-        wrapped = DistributedDataParallel(model, process_group=gangs.dp.as_process_group())
-        parts.train_unit.model = wrapped
+    if gangs.dp.size > 1 and not eval_only:
+        parts.train_unit.model = DistributedDataParallel(model, process_group=gangs.dp.as_process_group())
     try:
         lr_scheduler = build_lr_scheduler(config.lr_scheduler, optimizer, config.trainer.max_num_steps)
     except ValueError as ex:
         raise ConfigError(str(ex)) from None
-    recorder = build_recorder(config, output_dir, gangs.root.rank, resume_step=None)
+    recorder = build_recorder(config, output_dir, gangs.root.rank, resume_step, console=not eval_only)
     stopping = config.trainer.early_stopping
     early_stopper = None
     if stopping.patience is not None:
@@ -142,7 +209,7 @@ def build_trainer(job: ResolvedJob, gangs: Gangs, output_dir: str) -> tuple[Trai
             raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
         early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, config.trainer.lower_better)
     profiler = Profiler(
-        config.profiler.enabled,
+        config.profiler.enabled and not eval_only,
         config.profiler.skip_steps,
         config.profiler.record_steps,
         f"{output_dir}/tb/profiler",
@@ -160,13 +227,18 @@ def build_trainer(job: ResolvedJob, gangs: Gangs, output_dir: str) -> tuple[Trai
         recorder=recorder,
         profiler=profiler,
         early_stopper=early_stopper,
+        checkpointer=checkpointer,
+        checkpoint_every_n_steps=config.checkpoint.every_n_steps,
+        checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
     )
-    if gangs.root.rank == 0:
+    if gangs.root.rank == 0 and resume_step is None and not eval_only:
         recorder.record_config(to_dict(config))
     return trainer, recorder
 
 
-def build_recorder(config: RecipeConfig, output_dir: str, rank: int, resume_step: int | None) -> MetricRecorder:
+def build_recorder(
+    config: RecipeConfig, output_dir: str, rank: int, resume_step: int | None, console: bool = True
+) -> MetricRecorder:
     """Rank 0's recorders, as the ``metrics`` section asks; the other ranks record nothing."""
     if rank != 0:
         return CompositeRecorder([])
@@ -180,19 +252,26 @@ def build_recorder(config: RecipeConfig, output_dir: str, rank: int, resume_step
     wandb = section.wandb
     if wandb.enabled and wandb.mode != "disabled":
         recorders.append(WandbRecorder(output_dir, wandb.project, wandb.entity, wandb.run_name, wandb.mode))
-    if section.console:
+    if section.console and console:
         recorders.append(ConsoleRecorder(config.trainer.max_num_steps, initial_step=resume_step or 0))
     return CompositeRecorder(recorders)
 
 
-def _setup_gangs(config: RecipeConfig) -> Gangs:
+@contextlib.contextmanager
+def _job_gangs(config: RecipeConfig, output_dir: str) -> Iterator[Gangs]:
+    """The job's gangs, with per-rank logging set up, closed at the end."""
     device = default_device() if config.trainer.device == "auto" else torch.device(config.trainer.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("`trainer.device` is 'cuda', but this machine has no CUDA device.")
     try:
-        return setup_gangs(device, config.gang.tp_size, timedelta(seconds=config.gang.timeout_s))
+        gangs = setup_gangs(device, config.gang.tp_size, timedelta(seconds=config.gang.timeout_s))
     except ValueError as ex:
         raise ConfigError(str(ex)) from None
+    try:
+        _setup_logging(output_dir, gangs.root.rank)
+        yield gangs
+    finally:
+        gangs.close()
 
 
 def _setup_logging(output_dir: str, rank: int) -> None:

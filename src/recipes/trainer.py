@@ -312,21 +312,31 @@ class Trainer(Generic[BatchT]):
         """Run every validation, record it, compute the score and consult the early stopper."""
         if not self._validations:
             return
-        scores: dict[str, float] = {}
-        self._unit.model.eval()
-        with torch.no_grad():
-            for validation in self._validations:
-                values = self._run_validation(validation)
-                scores.update({f"{validation.unit.name}/{name}": value for name, value in values.items()})
-                if self._gangs.root.rank == 0:
-                    self._recorder.record(validation.unit.name, self._step_nr, values)
-        self._unit.model.train()
+        results = self._run_validations(run_prefix="")
+        scores = {f"{name}/{metric}": value for name, values in results.items() for metric, value in values.items()}
         self._validated_step = self._step_nr
         self._last_score = self._score(scores)
         stopper, score = self._early_stopper, self._last_score
         if stopper is not None and score is not None and stopper.should_stop(self._step_nr, score):
             log.info("Early stopping at step %d: the score stopped improving.", self._step_nr)
             self._early_stopped = True
+
+    def validate_only(self, step_nr: int) -> dict[str, dict[str, float]]:
+        """Validate the model as it is (``recipes eval``), recording under ``eval_<name>`` at ``step_nr``."""
+        self._step_nr = step_nr
+        return self._run_validations(run_prefix="eval_")
+
+    def _run_validations(self, run_prefix: str) -> dict[str, dict[str, float]]:
+        results: dict[str, dict[str, float]] = {}
+        self._unit.model.eval()
+        with torch.no_grad():
+            for validation in self._validations:
+                values = self._run_validation(validation)
+                results[validation.unit.name] = values
+                if self._gangs.root.rank == 0:
+                    self._recorder.record(run_prefix + validation.unit.name, self._step_nr, values)
+        self._unit.model.train()
+        return results
 
     def _run_validation(self, validation: Validation[Any]) -> dict[str, float]:
         for batches in validation.reader:
@@ -396,8 +406,11 @@ class Trainer(Generic[BatchT]):
             "rng": rng_state(),
         }
 
+    def load_model_state(self, state: Mapping[str, Any]) -> None:
+        unwrap(self._unit.model).load_state_dict(state)
+
     def load_shared_state(self, state: Mapping[str, Any]) -> None:
-        unwrap(self._unit.model).load_state_dict(state["model"])
+        self.load_model_state(state["model"])
         self._optimizer.load_state_dict(state["optimizer"])
         self._lr_scheduler.load_state_dict(state["lr_scheduler"])
         self._grad_scaler.load_state_dict(state["grad_scaler"])

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, types, and every test (the slow multi-process ones included).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
+export WANDB_MODE=offline WANDB_SILENT=true
+
+"$VENV/bin/ruff" check src tests benchmarks
+"$VENV/bin/ruff" format --check src tests benchmarks
+"$VENV/bin/mypy"
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,347 @@
+"""``CheckpointManager``: save, commit, prune, list and load the checkpoints of one training run.
+
+Every rank takes part in a save. Rank 0 writes the state that all ranks share (``shared.pt``:
+model, optimizers, trainer counters), every rank writes its own (``rank_K.pt``: data reader
+position, RNG states, sparse table shards), and rank 0 commits the checkpoint once all files
+exist. A synchronous save exchanges the file checksums over the gang; an asynchronous one runs
+no collective in its background thread (it would interleave with training's), so each rank
+leaves a done marker that rank 0's writer waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
+from checkpoint.policy import CheckpointPolicy
+from checkpoint.serialization import check_serializable, read_torch_file, stage_to_cpu, write_torch_file
+from checkpoint.store import CheckpointStore, Scan
+from gang import Gang
+
+log = logging.getLogger(__name__)
+
+SHARED_FILE_NAME = "shared.pt"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed checkpoint as ``python -m recipes checkpoints`` shows it."""
+
+    step: int
+    path: str
+    score: float | None
+    size_bytes: int
+    resumable: bool
+    kept_by: tuple[str, ...]
+    """The policy rules that keep this checkpoint at the next prune."""
+    is_best: bool
+
+
+class LoadedCheckpoint:
+    """A verified checkpoint: its metadata, the shared state, and each old rank's state on demand.
+
+    The run that saved it may have had another number of ranks than the one loading it, so any
+    rank can read any old rank's state.
+    """
+
+    def __init__(self, store: CheckpointStore, metadata: CheckpointMetadata, shared_state: dict[str, Any]) -> None:
+        self._store = store
+        self.metadata = metadata
+        self.shared_state = shared_state
+
+    @property
+    def step(self) -> int:
+        return self.metadata.step
+
+    @property
+    def num_ranks(self) -> int:
+        """How many ranks saved this checkpoint; ``load_rank_state`` reads any of theirs."""
+        return self.metadata.world_size
+
+    def load_rank_state(self, old_rank: int) -> dict[str, Any]:
+        if not 0 <= old_rank < self.num_ranks:
+            raise CheckpointError(
+                f"`old_rank` must be in [0, {self.num_ranks}) for the checkpoint of step {self.step}, "
+                f"but is {old_rank} instead."
+            )
+        return _read_file(self._store, self.metadata, rank_file_name(old_rank))
+
+
+@dataclass
+class _SaveJob:
+    """What one rank writes for one save, with everything rank 0 needs to commit it."""
+
+    step: int
+    save_id: str
+    temp_dir: str
+    shared_state: Mapping[str, Any] | None  # Only on rank 0.
+    rank_state: Mapping[str, Any]
+    score: float | None
+    model_only: bool
+    extras: Mapping[str, Any]
+
+
+class CheckpointManager:
+    """The checkpoints of one run under ``root`` (a local path or an fsspec URL).
+
+    ``save`` and ``wait`` are collective: every rank of ``gang`` calls them at the same point.
+    Listing and loading are not, and may be called on any rank; pruning and cleaning up
+    unfinished saves is done by rank 0 only.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        gang: Gang,
+        policy: CheckpointPolicy | None = None,
+        *,
+        gang_sizes: Mapping[str, int] | None = None,
+        config_hash: str | None = None,
+        done_marker_timeout_s: float = 600.0,
+    ) -> None:
+        self._store = CheckpointStore(root)
+        self._gang = gang
+        self._policy = policy or CheckpointPolicy()
+        self._gang_sizes = dict(gang_sizes or {})
+        self._config_hash = config_hash
+        self._done_marker_timeout_s = done_marker_timeout_s
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: tuple[_SaveJob, Future[None]] | None = None
+        # The CPU copy of the last asynchronous save, kept to copy the next one into.
+        self._staged: _SaveJob | None = None
+        self._scan_lock = threading.Lock()  # The background writer prunes while the caller may list.
+        self._scan()  # Rank 0 cleans what a killed run left behind.
+
+    @property
+    def root(self) -> str:
+        return self._store.url
+
+    @property
+    def policy(self) -> CheckpointPolicy:
+        return self._policy
+
+    def save(
+        self,
+        step: int,
+        shared_state: Mapping[str, Any],
+        rank_state: Mapping[str, Any] | None = None,
+        *,
+        score: float | None = None,
+        model_only: bool = False,
+        extras: Mapping[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> None:
+        """Save a checkpoint of ``step``, then delete what the policy no longer keeps.
+
+        ``shared_state`` is the same on every rank and only rank 0's is written. ``rank_state``
+        is this rank's own. ``model_only`` marks a checkpoint that holds only the model, which
+        is never resumed from. ``extras`` (JSON values) go into ``metadata.json``. With
+        ``blocking=False`` the states are copied to CPU here (into the buffers of the previous
+        asynchronous save when shapes match, so the manager keeps one CPU copy of the state)
+        and written in the background; the next ``save`` or ``wait`` raises if that failed.
+        """
+        self.wait()
+        job: _SaveJob | None = None
+        error: BaseException | None = None
+        try:
+            job = self._make_job(step, shared_state, rank_state or {}, score, model_only, extras or {})
+        except CheckpointError as ex:
+            error = ex
+        # One collective agrees on the save id and surfaces a bad argument on every rank at once.
+        outcomes = self._gang.all_gather_object((uuid.uuid4().hex[:12], _describe(error)))
+        self._raise_if_failed(step, error, [message for _, message in outcomes])
+        assert job is not None
+        job.save_id = outcomes[0][0]
+        job.temp_dir = self._store.temp_dir(step, job.save_id)
+        if blocking:
+            self._save_blocking(job)
+        else:
+            previous = self._staged
+            job.shared_state = stage_to_cpu(job.shared_state, previous.shared_state if previous else None)
+            job.rank_state = stage_to_cpu(job.rank_state, previous.rank_state if previous else None)
+            self._staged = job
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+            self._pending = (job, self._writer.submit(self._save_in_background, job))
+
+    def wait(self) -> None:
+        """Block until the pending asynchronous save is committed; raise on every rank if it failed."""
+        if self._pending is None:
+            return
+        job, future = self._pending
+        self._pending = None
+        error = future.exception()
+        outcomes = self._gang.all_gather_object(_describe(error))
+        self._raise_if_failed(job.step, error, outcomes)
+
+    def load(self, step: int) -> LoadedCheckpoint:
+        """Load the checkpoint of ``step``, verifying every file it reads against its checksum."""
+        committed = self._scan().committed
+        if step not in committed:
+            raise CheckpointNotFoundError(
+                f"`step` must be one of the committed checkpoints under {self.root} "
+                f"({sorted(committed) or 'none'}), but is {step} instead."
+            )
+        metadata = committed[step]
+        shared_state = _read_file(self._store, metadata, SHARED_FILE_NAME)
+        return LoadedCheckpoint(self._store, metadata, shared_state)
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        committed = self._scan().committed
+        reasons = self._policy.reasons_to_keep(list(committed.values()))
+        best = self.best_step()
+        return [
+            CheckpointInfo(
+                step=step,
+                path=self._store.step_dir(step),
+                score=metadata.score,
+                size_bytes=metadata.size_bytes,
+                resumable=metadata.resumable,
+                kept_by=reasons[step],
+                is_best=step == best,
+            )
+            for step, metadata in committed.items()
+        ]
+
+    def last_resumable_step(self) -> int | None:
+        resumable = [step for step, metadata in self._scan().committed.items() if metadata.resumable]
+        return max(resumable, default=None)
+
+    def best_step(self) -> int | None:
+        """The step of the best-scored checkpoint, by the policy's ``lower_better``; None without scores."""
+        ranked = self._policy.ranked_by_score(list(self._scan().committed.values()))
+        return ranked[0].step if ranked else None
+
+    def _make_job(
+        self,
+        step: int,
+        shared_state: Mapping[str, Any],
+        rank_state: Mapping[str, Any],
+        score: float | None,
+        model_only: bool,
+        extras: Mapping[str, Any],
+    ) -> _SaveJob:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise CheckpointError(f"`step` must be an integer >= 0, but is {step!r} instead.")
+        if score is not None and not (isinstance(score, int | float) and math.isfinite(score)):
+            raise CheckpointError(f"`score` must be None or a finite number, but is {score!r} instead.")
+        try:
+            json.dumps(extras, allow_nan=False)
+        except (TypeError, ValueError) as ex:
+            raise CheckpointError(f"`extras` must hold only JSON values, but does not: {ex}") from ex
+        is_writer = self._gang.rank == 0
+        if is_writer:
+            check_serializable(shared_state, "shared_state")
+        check_serializable(rank_state, "rank_state")
+        return _SaveJob(
+            step=step,
+            save_id="",
+            temp_dir="",
+            shared_state=shared_state if is_writer else None,
+            rank_state=rank_state,
+            score=None if score is None else float(score),
+            model_only=model_only,
+            extras=dict(extras),
+        )
+
+    def _write_own_files(self, job: _SaveJob) -> dict[str, FileRecord]:
+        fs = self._store.fs
+        fs.makedirs(job.temp_dir, exist_ok=True)
+        records = {}
+        if job.shared_state is not None:
+            records[SHARED_FILE_NAME] = write_torch_file(fs, f"{job.temp_dir}/{SHARED_FILE_NAME}", job.shared_state)
+        own_file = rank_file_name(self._gang.rank)
+        records[own_file] = write_torch_file(fs, f"{job.temp_dir}/{own_file}", job.rank_state)
+        return records
+
+    def _save_blocking(self, job: _SaveJob) -> None:
+        records: dict[str, FileRecord] = {}
+        error: BaseException | None = None
+        try:
+            records = self._write_own_files(job)
+        except Exception as ex:
+            error = ex
+        outcomes = self._gang.all_gather_object((records, _describe(error)))
+        self._raise_if_failed(job.step, error, [message for _, message in outcomes])
+        if self._gang.rank == 0:
+            try:
+                all_records = {name: record for rank_records, _ in outcomes for name, record in rank_records.items()}
+                self._commit_and_prune(job, all_records)
+            except Exception as ex:
+                error = ex
+        # Doubles as the barrier after which every rank sees the committed checkpoint.
+        self._raise_if_failed(job.step, error, self._gang.all_gather_object(_describe(error)))
+
+    def _save_in_background(self, job: _SaveJob) -> None:
+        records = self._write_own_files(job)
+        self._store.write_done_marker(job.temp_dir, self._gang.rank, records)
+        if self._gang.rank == 0:
+            all_records = self._store.wait_for_done_markers(job.temp_dir, self._gang.size, self._done_marker_timeout_s)
+            self._commit_and_prune(job, all_records)
+
+    def _commit_and_prune(self, job: _SaveJob, records: Mapping[str, FileRecord]) -> None:
+        metadata = CheckpointMetadata(
+            step=job.step,
+            score=job.score,
+            model_only=job.model_only,
+            world_size=self._gang.size,
+            gang_sizes=self._gang_sizes,
+            config_hash=self._config_hash,
+            versions=package_versions(),
+            files=records,
+            extras=job.extras,
+        )
+        self._store.commit(job.temp_dir, metadata, job.save_id)
+        log.info("Saved the checkpoint of step %d to %s.", job.step, self._store.step_dir(job.step))
+        committed = self._scan().committed
+        for step, reasons in self._policy.reasons_to_keep(list(committed.values())).items():
+            if not reasons:
+                log.info("Deleting the checkpoint of step %d, which no policy keeps.", step)
+                self._store.remove(self._store.step_dir(step))
+
+    def _scan(self) -> Scan:
+        """List the root; rank 0 also deletes unfinished or broken directories, except a pending save's."""
+        with self._scan_lock:
+            scan = self._store.scan()
+            if self._gang.rank == 0 and scan.leftovers:
+                in_flight = set()
+                if self._pending is not None:
+                    job = self._pending[0]
+                    in_flight = {job.temp_dir, self._store.step_dir(job.step)}
+                self._store.clean(scan.leftovers, keep=in_flight)
+            return scan
+
+    def _raise_if_failed(self, step: int, own_error: BaseException | None, messages: list[str | None]) -> None:
+        """Raise this rank's own error, or a summary of another rank's, so that all ranks fail together."""
+        if own_error is not None:
+            raise own_error
+        for rank, message in enumerate(messages):
+            if message is not None:
+                raise RuntimeError(f"Rank {rank} failed to save the checkpoint of step {step}: {message}")
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: str) -> dict[str, Any]:
+    step_dir = store.step_dir(metadata.step)
+    record = metadata.files.get(file_name)
+    if record is None:
+        raise CheckpointError(
+            f"The checkpoint of step {metadata.step} in {step_dir} must list {file_name}, but does not."
+        )
+    return read_torch_file(store.fs, f"{step_dir}/{file_name}", record)

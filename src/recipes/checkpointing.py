@@ -1,0 +1,149 @@
+"""The Trainer's checkpoints: when the config says what to save, how a run resumes, and ``init_from``.
+
+The ``checkpoint`` package knows how to write and keep checkpoints; this module knows what a
+training run puts in them and how it comes back from one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+import torch
+
+from checkpoint import CheckpointManager, CheckpointPolicy, LoadedCheckpoint, load_model_state_for_init
+from gang import Gangs
+from recipes.config import ConfigError, to_dict
+from recipes.recorders.base import flatten
+from recipes.sections import CheckpointSection, RecipeConfig
+from recipes.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+# Keys a resumed run may change: they extend the run or change only what is recorded or kept,
+# never the arithmetic of the steps already taken.
+RESUMABLE_CHANGES = ("trainer.max_num_steps", "trainer.max_num_data_epochs", "metrics.", "profiler.", "checkpoint.")
+
+
+def checkpoint_policy(config: RecipeConfig) -> CheckpointPolicy:
+    section = config.checkpoint
+    return CheckpointPolicy(
+        keep_last_n=section.keep_last_n,
+        keep_best_n=section.keep_best_n,
+        keep_every_n_steps=section.keep_every_n_steps,
+        lower_better=config.trainer.lower_better,
+    )
+
+
+def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs) -> CheckpointManager:
+    if config.checkpoint.keep_best_n is not None and config.trainer.score_metric is None:
+        raise ConfigError("`checkpoint.keep_best_n` ranks checkpoints by `trainer.score_metric`, which must be set.")
+    return CheckpointManager(
+        f"{output_dir}/checkpoints",
+        gangs.root,
+        checkpoint_policy(config),
+        gang_sizes={"root": gangs.root.size, "dp": gangs.dp.size, "tp": gangs.tp.size},
+    )
+
+
+class TrainerCheckpointer:
+    """Saves what the Trainer hands over, as the ``checkpoint`` section asks."""
+
+    def __init__(self, manager: CheckpointManager, section: CheckpointSection, config: RecipeConfig) -> None:
+        self._manager = manager
+        self._section = section
+        self._config = to_dict(config)
+
+    def save(
+        self, step_nr: int, score: float | None, shared_state: dict[str, Any], rank_state: dict[str, Any], last: bool
+    ) -> None:
+        mode = self._section.model_only
+        model_only = mode == "all" or (mode == "all_but_last" and not last)
+        if model_only:
+            shared_state, rank_state = {"model": shared_state["model"]}, {}
+        self._manager.save(
+            step_nr,
+            shared_state,
+            rank_state,
+            score=score,
+            model_only=model_only,
+            extras={"config": self._config},
+            blocking=last or not self._section.async_save,
+        )
+
+    def close(self) -> None:
+        """Wait for a save still being written in the background."""
+        self._manager.wait()
+
+
+def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> LoadedCheckpoint | None:
+    """The last resumable checkpoint, after checking that the config allows resuming from it."""
+    step = manager.last_resumable_step()
+    if step is None:
+        return None
+    loaded = manager.load(step)
+    saved = loaded.metadata.extras.get("config")
+    if saved is not None:
+        changed = changed_keys(saved, to_dict(config))
+        if changed:
+            raise ConfigError(
+                f"The output directory holds a checkpoint of step {step} trained with another config "
+                f"(changed: {', '.join(changed)}). Use a new output directory, revert those keys, "
+                "or set checkpoint.start_over=true to train from scratch."
+            )
+    return loaded
+
+
+def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Keys whose values differ, other than those a resumed run may change."""
+    old, new = flatten(saved), flatten(current)
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if old.get(k) != new.get(k) and not k.startswith(RESUMABLE_CHANGES)]
+
+
+def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> None:
+    """Restore the trainer from ``loaded``, saved by this or another number of ranks.
+
+    A rank of a job of the same size takes its own old state. With another size, rank ``r``
+    takes old rank ``r``'s state if there is one, else old rank 0's: the data position and
+    RNG of a replica are the best guess there is.
+    """
+    trainer.load_shared_state(loaded.shared_state)
+    rank = gangs.root.rank
+    old_rank = rank if rank < loaded.num_ranks else 0
+    if loaded.num_ranks != gangs.root.size:
+        log.warning(
+            "Resuming a checkpoint of %d ranks on %d: rank %d takes old rank %d's data position and RNG.",
+            loaded.num_ranks,
+            gangs.root.size,
+            rank,
+            old_rank,
+        )
+    trainer.load_rank_state(loaded.load_rank_state(old_rank))
+    log.info("Resumed from the checkpoint of step %d.", loaded.step)
+
+
+def initialize_from(model: torch.nn.Module, section: CheckpointSection) -> None:
+    """Copy the selected parameters of another run's checkpoint into ``model`` (``checkpoint.init_from``)."""
+    assert section.init_from is not None
+    state = load_model_state_for_init(
+        section.init_from,
+        model.state_dict(),
+        include=section.init_include,
+        exclude=section.init_exclude,
+        strict=section.init_strict,
+    )
+    model.load_state_dict(state, strict=False)
+    log.info("Initialised %d tensors of the model from %s.", len(state), section.init_from)
+
+
+def archive_checkpoints(output_dir: str) -> None:
+    """Move earlier checkpoints aside (``checkpoint.start_over``) rather than delete a user's data."""
+    fs, path = fsspec.core.url_to_fs(f"{output_dir}/checkpoints")
+    if fs.exists(path):
+        archived = f"{path}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        fs.mv(path, archived, recursive=True)
+        log.warning("checkpoint.start_over: moved the earlier checkpoints to %s.", archived)

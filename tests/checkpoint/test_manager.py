@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import fsspec
+import pytest
+import torch
+
+from checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    CheckpointNotFoundError,
+    CheckpointPolicy,
+    CorruptCheckpointError,
+)
+from gang import FakeGang
+
+
+def make_state(seed: int) -> dict[str, object]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"embed.weight": torch.randn(8, 4, generator=generator), "head.bias": torch.zeros(3)},
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(8, 4, generator=generator)}},
+            "param_groups": [{"lr": 0.1, "params": [0, 1], "betas": (0.9, 0.999)}],
+        },
+        "trainer": {"step_nr": seed, "data_epoch": 2, "name": "run", "done": False},
+        "dtype": torch.bfloat16,
+        "ints": torch.arange(5, dtype=torch.int64),
+    }
+
+
+def assert_equal(actual: object, expected: object) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor)
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys()
+        for key in expected:
+            assert_equal(actual[key], expected[key])
+    elif isinstance(expected, list | tuple):
+        assert type(actual) is type(expected) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_equal(a, e)
+    else:
+        assert actual == expected
+
+
+def test_round_trip_is_exact_and_metadata_complete(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang(), gang_sizes={"dp": 1, "tp": 1}, config_hash="abc123")
+    shared, rank = make_state(7), {"reader": {"position": 42}, "rng": torch.get_rng_state()}
+    manager.save(7, shared, rank, score=0.25, extras={"data_epoch": 2})
+
+    loaded = manager.load(7)
+
+    assert_equal(loaded.shared_state, shared)
+    assert loaded.num_ranks == 1
+    assert_equal(loaded.load_rank_state(0), rank)
+    metadata = loaded.metadata
+    assert (metadata.step, metadata.score, metadata.world_size) == (7, 0.25, 1)
+    assert metadata.gang_sizes == {"dp": 1, "tp": 1} and metadata.config_hash == "abc123"
+    assert set(metadata.versions) == {"python", "torch", "numpy", "recipes-trainer"}
+    assert set(metadata.files) == {"shared.pt", "rank_0.pt"}
+    assert metadata.extras == {"data_epoch": 2} and metadata.resumable
+    fs, path = fsspec.core.url_to_fs(root)
+    document = json.loads(fs.cat_file(f"{path}/step_7/metadata.json"))
+    assert document["resumable"] is True
+    assert document["files"]["shared.pt"]["size"] == fs.size(f"{path}/step_7/shared.pt")
+    assert sorted(fs.ls(path, detail=False)) == [f"{path}/step_7"]
+
+
+def test_model_only_is_never_chosen_for_resume(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(10, make_state(10))
+    manager.save(20, {"model": make_state(20)["model"]}, model_only=True)
+
+    assert manager.last_resumable_step() == 10
+    assert not manager.load(20).metadata.resumable
+    assert [(info.step, info.resumable) for info in manager.list_checkpoints()] == [(10, True), (20, False)]
+
+
+def test_save_of_an_existing_step_replaces_it(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(5, {"value": torch.tensor(1)})
+    manager.save(5, {"value": torch.tensor(2)})
+
+    assert manager.load(5).shared_state["value"].item() == 2
+    assert [info.step for info in manager.list_checkpoints()] == [5]
+
+
+def test_load_of_a_missing_step_names_the_committed_ones(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(3, {"value": torch.tensor(1)})
+
+    with pytest.raises(CheckpointNotFoundError, match=r"committed checkpoints .* \(\[3\]\), but is 4"):
+        manager.load(4)
+    assert CheckpointManager(root + "/nothing", FakeGang()).last_resumable_step() is None
+
+
+def test_corrupted_file_is_refused_naming_it(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(1, make_state(1))
+    fs, path = fsspec.core.url_to_fs(root)
+    file_path = f"{path}/step_1/shared.pt"
+    data = bytearray(fs.cat_file(file_path))
+    data[len(data) // 2] ^= 0xFF  # Same size, so only the checksum can tell.
+    fs.pipe_file(file_path, bytes(data))
+
+    with pytest.raises(CorruptCheckpointError, match=r"shared\.pt.* SHA-256"):
+        manager.load(1)
+
+
+@pytest.mark.parametrize("damage", ["truncate_file", "delete_file", "delete_metadata", "garble_metadata"])
+def test_truncated_checkpoint_is_ignored_and_cleaned(root: str, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(1, make_state(1))
+    manager.save(2, make_state(2))
+    fs, path = fsspec.core.url_to_fs(root)
+    step_dir = f"{path}/step_2"
+    if damage == "truncate_file":
+        fs.pipe_file(f"{step_dir}/shared.pt", fs.cat_file(f"{step_dir}/shared.pt")[:100])
+    elif damage == "delete_file":
+        fs.rm(f"{step_dir}/rank_0.pt")
+    elif damage == "delete_metadata":
+        fs.rm(f"{step_dir}/metadata.json")
+    else:
+        fs.pipe_file(f"{step_dir}/metadata.json", b"{not json")
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint.store"):
+        restarted = CheckpointManager(root, FakeGang())
+
+    assert restarted.last_resumable_step() == 1
+    assert not fs.exists(step_dir)
+    assert "step_2" in caplog.text
+    with pytest.raises(CheckpointNotFoundError):
+        restarted.load(2)
+
+
+def test_unfinished_save_directory_is_cleaned_at_startup(root: str, caplog: pytest.LogCaptureFixture) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    fs.makedirs(f"{path}/step_9.tmp-0123abcd", exist_ok=True)
+    fs.pipe_file(f"{path}/step_9.tmp-0123abcd/shared.pt", b"partial")
+    fs.pipe_file(f"{path}/notes.txt", b"a user's file")
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint.store"):
+        manager = CheckpointManager(root, FakeGang())
+
+    assert manager.list_checkpoints() == []
+    assert not fs.exists(f"{path}/step_9.tmp-0123abcd")
+    assert fs.exists(f"{path}/notes.txt")
+    assert "an unfinished save" in caplog.text
+
+
+def test_async_save_commits_the_same_files_as_a_sync_save(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    state = make_state(4)
+    manager.save(1, state, {"position": 1})
+    manager.save(2, state, {"position": 1}, blocking=False)
+    # The copy is taken at save time: changing the live tensors afterwards must not leak in.
+    state["model"]["embed.weight"].add_(1.0)  # type: ignore[index]
+    manager.wait()
+
+    sync, async_ = manager.load(1), manager.load(2)
+    assert_equal(async_.shared_state, sync.shared_state)
+    assert async_.metadata.files == sync.metadata.files
+    fs, path = fsspec.core.url_to_fs(root)
+    assert sorted(fs.ls(f"{path}/step_2", detail=False)) == sorted(
+        f"{path}/step_2/{name}" for name in ("metadata.json", "shared.pt", "rank_0.pt")
+    )
+
+
+def test_async_failure_surfaces_at_the_next_call(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    fs, _ = fsspec.core.url_to_fs(root)
+    original_open = fs.open
+
+    def failing_open(file_path: str, mode: str = "rb", **kwargs: object) -> object:
+        if mode == "wb" and file_path.endswith(".pt"):
+            raise OSError("disk full")
+        return original_open(file_path, mode, **kwargs)
+
+    fs.open = failing_open  # fsspec caches file system instances, so the manager sees this one.
+    try:
+        manager.save(1, make_state(1), blocking=False)
+        with pytest.raises(OSError, match="disk full"):
+            manager.wait()
+    finally:
+        del fs.open
+    manager.wait()  # The failure is reported once.
+    manager.save(2, make_state(2))
+    assert [info.step for info in manager.list_checkpoints()] == [2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"score": float("nan")}, "`score` must be None or a finite number"),
+        ({"extras": {"obj": object()}}, "`extras` must hold only JSON values"),
+    ],
+)
+def test_bad_save_arguments_are_refused(root: str, kwargs: dict[str, object], message: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    with pytest.raises(CheckpointError, match=message):
+        manager.save(1, {"value": torch.tensor(1)}, **kwargs)  # type: ignore[arg-type]
+    assert manager.list_checkpoints() == []
+
+
+def test_state_that_a_weights_only_load_cannot_read_is_refused_at_save(root: str) -> None:
+    import numpy as np
+
+    manager = CheckpointManager(root, FakeGang())
+    with pytest.raises(CheckpointError, match=r"`rank_state\['rng'\]\['numpy'\]` must be a tensor.*numpy"):
+        manager.save(1, {}, {"rng": {"numpy": np.zeros(3)}})
+
+
+def test_bad_policy_value_is_refused() -> None:
+    with pytest.raises(CheckpointError, match=r"`keep_last_n` must be None or an integer >= 1, but is 0 instead\."):
+        CheckpointPolicy(keep_last_n=0)
+
+
+def test_consecutive_async_saves_each_keep_their_own_values(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    weights = torch.zeros(4, 3)
+    for step in range(1, 4):
+        weights.fill_(step)
+        # The copy of the previous save is reused as the buffer of the next one.
+        manager.save(step, {"model": {"w": weights}, "history": [torch.tensor(step)]}, blocking=False)
+    manager.wait()
+
+    for step in range(1, 4):
+        state = manager.load(step).shared_state
+        assert torch.equal(state["model"]["w"], torch.full((4, 3), float(step)))
+        assert state["history"][0].item() == step
