@@ -1,0 +1,163 @@
+"""Fused sparse-optimizer steps: for each embedding row touched in a step, reduce its gradient
+over all its occurrences, update its optimizer state and write the row, in one pass.
+
+:func:`fused_step` checks its inputs and hands them to one of three backends with the same
+signature: ``reference`` (plain torch, the oracle), ``cpu`` (numba, parallel over rows) and
+``cuda`` (numba.cuda, one thread block per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError, init_optimizer_state
+
+BACKENDS = ("reference", "cpu", "cuda")
+
+FusedStep = Callable[
+    [
+        SparseOptimizerConfig,
+        torch.Tensor,
+        dict[str, torch.Tensor],
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor | None,
+        int,
+        float | None,
+    ],
+    None,
+]
+
+
+def fused_step(
+    config: SparseOptimizerConfig,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    grad_rows: torch.Tensor,
+    grad_index: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    step: int,
+    lr: float | None = None,
+    backend: str | None = None,
+) -> None:
+    """Apply one lazy optimizer step, in place, to the rows of ``weight`` that ``ids`` touches.
+
+    The gradient of row ``r`` is the sum over the occurrences ``k`` with ``ids[k] == r`` of
+    ``grad_scale[k] * grad_rows[grad_index[k]]``: the per-occurrence gradient is gathered inside
+    the kernel, never materialised. ``step`` counts the optimizer steps taken, this one
+    included (Adam's bias correction); ``lr``, when given, overrides ``config.lr`` so that an
+    LR scheduler can drive it. ``backend`` defaults to ``cuda`` for CUDA tensors, else ``cpu``.
+
+    :raises SparseOptimizerError: if a shape, dtype, device, id or ``step`` is invalid.
+    """
+    if backend is None:
+        backend = "cuda" if weight.is_cuda else "cpu"
+    step_fn = _backend_step(backend)
+
+    check_step_inputs(config, weight, state, ids, grad_rows, grad_index, grad_scale, step)
+
+    step_fn(config, weight, state, ids, grad_rows, grad_index, grad_scale, step, lr)
+
+
+def _backend_step(backend: str) -> FusedStep:
+    # The backends import lazily: numba's CUDA machinery is slow to import and unused on CPU.
+    if backend == "reference":
+        from embedding.kernels import reference
+
+        return reference.fused_step
+    if backend == "cpu":
+        from embedding.kernels import cpu
+
+        return cpu.fused_step
+    if backend == "cuda":
+        from embedding.kernels import cuda
+
+        return cuda.fused_step
+    raise SparseOptimizerError(f"`backend` must be one of {', '.join(BACKENDS)}, but is '{backend}' instead.")
+
+
+def check_step_inputs(
+    config: SparseOptimizerConfig,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    grad_rows: torch.Tensor,
+    grad_index: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    step: int,
+) -> None:
+    """Raise :class:`SparseOptimizerError` on any input that would make a kernel read or write
+    out of bounds, or compute with the wrong types."""
+    _check_tensor("weight", weight, dim=2, dtype=torch.float32, device=weight.device)
+    _check_tensor("grad_rows", grad_rows, dim=2, dtype=torch.float32, device=weight.device)
+    _check_tensor("ids", ids, dim=1, dtype=torch.int64, device=weight.device)
+    _check_tensor("grad_index", grad_index, dim=1, dtype=torch.int64, device=weight.device)
+    if grad_scale is not None:
+        _check_tensor("grad_scale", grad_scale, dim=1, dtype=torch.float32, device=weight.device)
+
+    num_rows, dim = weight.shape
+    if dim == 0:
+        raise SparseOptimizerError("`weight` must have at least one column, but has none.")
+    if grad_rows.size(1) != dim:
+        raise SparseOptimizerError(
+            f"`grad_rows` must have the dimension of `weight` ({dim}), but has {grad_rows.size(1)} instead."
+        )
+    for name, tensor in (("grad_index", grad_index), ("grad_scale", grad_scale)):
+        if tensor is not None and tensor.shape != ids.shape:
+            raise SparseOptimizerError(
+                f"`{name}` must have the shape of `ids` {tuple(ids.shape)}, but has {tuple(tensor.shape)} instead."
+            )
+    if step < 1:
+        raise SparseOptimizerError(f"`step` must be greater than or equal to 1, but is {step} instead.")
+
+    _check_state(config, state, weight)
+
+    if ids.numel() > 0:
+        _check_range("ids", ids, num_rows, "rows in `weight`")
+        _check_range("grad_index", grad_index, grad_rows.size(0), "rows in `grad_rows`")
+
+
+def _check_tensor(name: str, tensor: torch.Tensor, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    if tensor.dim() != dim:
+        raise SparseOptimizerError(f"`{name}` must be {dim}-D, but has shape {tuple(tensor.shape)} instead.")
+    if tensor.dtype != dtype:
+        raise SparseOptimizerError(f"`{name}` must be of dtype {dtype}, but is {tensor.dtype} instead.")
+    if tensor.device != device:
+        raise SparseOptimizerError(
+            f"`{name}` must be on the device of `weight` ({device}), but is on {tensor.device} instead."
+        )
+    if not tensor.is_contiguous():
+        raise SparseOptimizerError(f"`{name}` must be contiguous, but is not.")
+
+
+def _check_state(config: SparseOptimizerConfig, state: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
+    expected = init_optimizer_state(config, 0, weight.size(1))
+    if state.keys() != expected.keys():
+        raise SparseOptimizerError(
+            f"`state` of optimizer '{config.name}' must have the keys {sorted(expected)}, but has "
+            f"{sorted(state)} instead."
+        )
+    for key, template in expected.items():
+        tensor = state[key]
+        _check_tensor(f"state['{key}']", tensor, dim=template.dim(), dtype=torch.float32, device=weight.device)
+        expected_shape = weight.shape[: template.dim()]
+        if tensor.shape != expected_shape:
+            raise SparseOptimizerError(
+                f"`state['{key}']` must have shape {tuple(expected_shape)}, but has {tuple(tensor.shape)} instead."
+            )
+
+
+def _check_range(name: str, index: torch.Tensor, size: int, what: str) -> None:
+    low, high = (int(v) for v in torch.aminmax(index))
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        raise SparseOptimizerError(
+            f"`{name}` must be in [0, {size}) as there are {size} {what}, but contains {bad} instead."
+        )
+
+
+__all__ = ["BACKENDS", "FusedStep", "check_step_inputs", "fused_step"]

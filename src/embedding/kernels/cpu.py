@@ -1,0 +1,243 @@
+"""The fused sparse-optimizer step on CPU, as one parallel numba kernel.
+
+The ids are sorted (stably) so that the occurrences of each row form one segment; threads then
+take whole rows, so no two threads ever write the same row and no atomics are needed. Each row's
+gradient is summed in float32, like torch, in the sorted occurrence order: the result is the
+same whatever the number of threads, and bitwise the same from run to run.
+
+It expects inputs already checked by :func:`embedding.kernels.fused_step`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+import numpy.typing as npt
+import torch
+from numba import njit, prange
+
+from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
+
+_SGD, _ROWWISE_ADAGRAD, _ADAGRAD, _ADAM, _ADAMW = range(5)
+
+_OPTIMIZER_CODES = {
+    "sgd": _SGD,
+    "rowwise_adagrad": _ROWWISE_ADAGRAD,
+    "adagrad": _ADAGRAD,
+    "adam": _ADAM,
+    "adamw": _ADAMW,
+}
+
+# A row's update costs about as much as summing this many of its occurrences; used to give
+# every thread the same amount of work although Zipf ids make a few rows very long.
+_ROW_COST_IN_OCCURRENCES = 4
+
+# More chunks than threads, so that a thread that finishes early takes another chunk.
+_CHUNKS_PER_THREAD = 8
+
+_NO_ROW_STATE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
+_NO_ELEMENT_STATE: npt.NDArray[np.float32] = np.empty((0, 0), dtype=np.float32)
+_NO_GRAD_SCALE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
+
+
+def fused_step(
+    config: SparseOptimizerConfig,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    grad_rows: torch.Tensor,
+    grad_index: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    step: int,
+    lr: float | None = None,
+) -> None:
+    """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
+    :func:`embedding.kernels.fused_step`)."""
+    if weight.device.type != "cpu":
+        raise SparseOptimizerError(f"`weight` must be on the CPU, but is on {weight.device} instead.")
+    if ids.numel() == 0:
+        return
+    lr = config.lr if lr is None else lr
+
+    # torch's stable sort of int64 is a parallel radix sort, several times faster than numba's.
+    sorted_ids, order = torch.sort(ids, stable=True)
+
+    row_state, element_state_1, element_state_2 = _NO_ROW_STATE, _NO_ELEMENT_STATE, _NO_ELEMENT_STATE
+    if config.name == "rowwise_adagrad":
+        row_state = _as_numpy(state["sum"])
+    elif config.name == "adagrad":
+        element_state_1 = _as_numpy(state["sum"])
+    elif config.name in ("adam", "adamw"):
+        element_state_1, element_state_2 = _as_numpy(state["exp_avg"]), _as_numpy(state["exp_avg_sq"])
+
+    bias_correction1 = 1.0 - config.beta1**step
+    bias_correction2 = 1.0 - config.beta2**step
+
+    # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
+    _fused_step_kernel(
+        _OPTIMIZER_CODES[config.name],
+        _as_numpy(weight),
+        row_state,
+        element_state_1,
+        element_state_2,
+        _as_numpy(sorted_ids),
+        _as_numpy(order),
+        _as_numpy(grad_rows),
+        _as_numpy(grad_index),
+        _NO_GRAD_SCALE if grad_scale is None else _as_numpy(grad_scale),
+        grad_scale is not None,
+        np.float32(lr),
+        np.float32(config.weight_decay),
+        np.float32(1.0 - lr * config.weight_decay),
+        np.float32(config.eps),
+        np.float32(1.0 - config.beta1),
+        np.float32(1.0 - config.beta2),
+        np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
+        numba.get_num_threads() * _CHUNKS_PER_THREAD,
+    )
+
+
+def _as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
+    """The numpy view of ``tensor``'s memory, so the kernel's writes land in the tensor."""
+    return tensor.detach().numpy()
+
+
+@njit(parallel=True, cache=True, fastmath=False)
+def _fused_step_kernel(  # type: ignore[no-untyped-def]
+    optimizer,
+    weight,
+    row_state,
+    element_state_1,
+    element_state_2,
+    sorted_ids,
+    order,
+    grad_rows,
+    grad_index,
+    grad_scale,
+    has_grad_scale,
+    lr,
+    weight_decay,
+    decoupled_decay_factor,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    adam_step_size,
+    num_chunks,
+):
+    """Each chunk of rows goes to one thread; each row is summed, updated and written once."""
+    segment_starts = _segment_starts(sorted_ids)
+    chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
+    dim = weight.shape[1]
+
+    for chunk in prange(num_chunks):
+        grad = np.empty(dim, dtype=np.float32)
+        for segment in range(chunk_bounds[chunk], chunk_bounds[chunk + 1]):
+            begin, end = segment_starts[segment], segment_starts[segment + 1]
+            row = sorted_ids[begin]
+            _sum_row_grad(grad, order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale)
+
+            if optimizer == _ADAMW:
+                for d in range(dim):
+                    weight[row, d] = decoupled_decay_factor * weight[row, d]
+            elif weight_decay != 0:
+                for d in range(dim):
+                    grad[d] = grad[d] + weight_decay * weight[row, d]
+
+            if optimizer == _SGD:
+                for d in range(dim):
+                    weight[row, d] = weight[row, d] - lr * grad[d]
+            elif optimizer == _ROWWISE_ADAGRAD:
+                _rowwise_adagrad_row(weight, row_state, row, grad, lr, eps)
+            elif optimizer == _ADAGRAD:
+                _adagrad_row(weight, element_state_1, row, grad, lr, eps)
+            else:
+                _adam_row(
+                    weight,
+                    element_state_1,
+                    element_state_2,
+                    row,
+                    grad,
+                    one_minus_beta1,
+                    one_minus_beta2,
+                    eps,
+                    adam_step_size,
+                )
+
+
+# The helpers below are inlined (``inline="always"``): a call to a compiled helper from the
+# parallel loop would update the reference counts of its array arguments, atomically, once
+# per row, which made the kernel several times slower.
+
+
+@njit(cache=True, inline="always")
+def _segment_starts(sorted_ids):  # type: ignore[no-untyped-def]
+    """The start of each run of equal ids, followed by ``len(sorted_ids)``."""
+    starts = np.empty(sorted_ids.size + 1, dtype=np.int64)
+    num_segments = 0
+    for k in range(sorted_ids.size):
+        if k == 0 or sorted_ids[k] != sorted_ids[k - 1]:
+            starts[num_segments] = k
+            num_segments += 1
+    starts[num_segments] = sorted_ids.size
+    return starts[: num_segments + 1]
+
+
+@njit(cache=True, inline="always")
+def _balanced_chunk_bounds(segment_starts, num_chunks):  # type: ignore[no-untyped-def]
+    """Split the segments into ``num_chunks`` runs of about equal cost, counting each row's
+    occurrences plus a fixed cost for its update."""
+    num_segments = segment_starts.size - 1
+    cost_before = segment_starts[:num_segments] + _ROW_COST_IN_OCCURRENCES * np.arange(num_segments)
+    total_cost = segment_starts[num_segments] + _ROW_COST_IN_OCCURRENCES * num_segments
+    bounds = np.empty(num_chunks + 1, dtype=np.int64)
+    for chunk in range(num_chunks + 1):
+        bounds[chunk] = np.searchsorted(cost_before, chunk * total_cost // num_chunks)
+    bounds[num_chunks] = num_segments
+    return bounds
+
+
+@njit(cache=True, inline="always")
+def _sum_row_grad(grad, order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale):  # type: ignore[no-untyped-def]
+    """Sum the gradients of the occurrences ``order[begin:end]`` of one row into ``grad``, in that order."""
+    grad[:] = 0
+    for position in range(begin, end):
+        k = order[position]
+        source = grad_index[k]
+        if has_grad_scale:
+            scale = grad_scale[k]
+            for d in range(grad.size):
+                grad[d] += scale * grad_rows[source, d]
+        else:
+            for d in range(grad.size):
+                grad[d] += grad_rows[source, d]
+
+
+@njit(cache=True, inline="always")
+def _rowwise_adagrad_row(weight, row_sum, row, grad, lr, eps):  # type: ignore[no-untyped-def]
+    """FBGEMM's row-wise Adagrad: one accumulator per row, fed the mean squared gradient."""
+    squared = np.float32(0)
+    for d in range(grad.size):
+        squared += grad[d] * grad[d]
+    row_sum[row] = row_sum[row] + squared / np.float32(grad.size)
+    multiplier = lr / (np.sqrt(row_sum[row]) + eps)
+    for d in range(grad.size):
+        weight[row, d] = weight[row, d] - multiplier * grad[d]
+
+
+@njit(cache=True, inline="always")
+def _adagrad_row(weight, element_sum, row, grad, lr, eps):  # type: ignore[no-untyped-def]
+    for d in range(grad.size):
+        element_sum[row, d] = element_sum[row, d] + grad[d] * grad[d]
+        weight[row, d] = weight[row, d] - lr * (grad[d] / (np.sqrt(element_sum[row, d]) + eps))
+
+
+@njit(cache=True, inline="always")
+def _adam_row(weight, exp_avg, exp_avg_sq, row, grad, one_minus_beta1, one_minus_beta2, eps, step_size):  # type: ignore[no-untyped-def]
+    """Adam as ``torch.optim.SparseAdam`` computes it (see :mod:`embedding.kernels.reference`)."""
+    for d in range(grad.size):
+        exp_avg[row, d] = exp_avg[row, d] + one_minus_beta1 * (grad[d] - exp_avg[row, d])
+        exp_avg_sq[row, d] = exp_avg_sq[row, d] + one_minus_beta2 * (grad[d] * grad[d] - exp_avg_sq[row, d])
+        weight[row, d] = weight[row, d] - step_size * (exp_avg[row, d] / (np.sqrt(exp_avg_sq[row, d]) + eps))

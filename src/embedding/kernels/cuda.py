@@ -1,0 +1,197 @@
+"""The fused sparse-optimizer step on GPU, as one numba.cuda kernel.
+
+The ids are sorted on the device (stably) so that each row's occurrences form one segment; one
+thread block owns one row, its threads striding over the row's elements. Each thread sums its
+elements' gradient over the row's occurrences in sorted order: no atomics, and the same result
+on every run. Row-wise Adagrad needs the whole row's squared gradient, so the row's gradient is
+kept in shared memory and one thread sums it in a fixed order.
+
+Without a GPU, numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) runs the same kernel on CPU
+tensors; it is how the tests run it.
+
+It expects inputs already checked by :func:`embedding.kernels.fused_step`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from numba import cuda
+
+from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
+
+_SGD, _ROWWISE_ADAGRAD, _ADAGRAD, _ADAM, _ADAMW = range(5)
+
+_OPTIMIZER_CODES = {
+    "sgd": _SGD,
+    "rowwise_adagrad": _ROWWISE_ADAGRAD,
+    "adagrad": _ADAGRAD,
+    "adam": _ADAM,
+    "adamw": _ADAMW,
+}
+
+# One thread per element up to this many: a narrower block still fills whole warps on the GPU,
+# and is faster in the simulator.
+_MAX_THREADS_PER_ROW = 256
+
+# Stands for the state and scales an optimizer does not use; one element, not zero, so that no
+# device array is ever a null pointer.
+_UNUSED = torch.zeros(1)
+
+
+def fused_step(
+    config: SparseOptimizerConfig,
+    weight: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    grad_rows: torch.Tensor,
+    grad_index: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    step: int,
+    lr: float | None = None,
+) -> None:
+    """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
+    :func:`embedding.kernels.fused_step`)."""
+    if not weight.is_cuda and not numba.config.ENABLE_CUDASIM:
+        raise SparseOptimizerError(
+            f"`weight` must be on a CUDA device (or NUMBA_ENABLE_CUDASIM=1 be set), but is on {weight.device} instead."
+        )
+    if ids.numel() == 0:
+        return
+    lr = config.lr if lr is None else lr
+
+    sorted_ids, order = torch.sort(ids, stable=True)
+    _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    segment_starts = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=ids.device)
+    torch.cumsum(counts, dim=0, out=segment_starts[1:])
+
+    unused = _UNUSED.to(weight.device)
+    row_state, element_state_1, element_state_2 = unused, unused.view(1, 1), unused.view(1, 1)
+    if config.name == "rowwise_adagrad":
+        row_state = state["sum"]
+    elif config.name == "adagrad":
+        element_state_1 = state["sum"]
+    elif config.name in ("adam", "adamw"):
+        element_state_1, element_state_2 = state["exp_avg"], state["exp_avg_sq"]
+
+    dim = weight.size(1)
+    threads_per_row = min(_MAX_THREADS_PER_ROW, dim)
+    shared_bytes = dim * np.dtype(np.float32).itemsize
+    bias_correction1 = 1.0 - config.beta1**step
+    bias_correction2 = 1.0 - config.beta2**step
+
+    launch = _fused_step_kernel[counts.numel(), threads_per_row, _stream_of(weight), shared_bytes]
+    # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
+    launch(
+        _OPTIMIZER_CODES[config.name],
+        _as_device_array(weight),
+        _as_device_array(row_state),
+        _as_device_array(element_state_1),
+        _as_device_array(element_state_2),
+        _as_device_array(sorted_ids),
+        _as_device_array(order),
+        _as_device_array(segment_starts),
+        _as_device_array(grad_rows),
+        _as_device_array(grad_index),
+        _as_device_array(unused if grad_scale is None else grad_scale),
+        grad_scale is not None,
+        np.float32(lr),
+        np.float32(config.weight_decay),
+        np.float32(1.0 - lr * config.weight_decay),
+        np.float32(config.eps),
+        np.float32(1.0 - config.beta1),
+        np.float32(1.0 - config.beta2),
+        np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
+    )
+
+
+def _as_device_array(tensor: torch.Tensor) -> object:
+    """A zero-copy numba view of a CUDA tensor; under the simulator, the numpy view of a CPU
+    tensor, which the simulator copies in and writes back around the launch."""
+    if tensor.is_cuda:
+        return cuda.as_cuda_array(tensor.detach())
+    return tensor.detach().numpy()
+
+
+def _stream_of(tensor: torch.Tensor) -> object:
+    """torch's current stream, so the kernel runs after the torch work that fed it."""
+    if tensor.is_cuda:
+        return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+    return 0
+
+
+@cuda.jit
+def _fused_step_kernel(  # type: ignore[no-untyped-def]
+    optimizer,
+    weight,
+    row_state,
+    element_state_1,
+    element_state_2,
+    sorted_ids,
+    order,
+    segment_starts,
+    grad_rows,
+    grad_index,
+    grad_scale,
+    has_grad_scale,
+    lr,
+    weight_decay,
+    decoupled_decay_factor,
+    eps,
+    one_minus_beta1,
+    one_minus_beta2,
+    adam_step_size,
+):
+    row_grad = cuda.shared.array(0, dtype=numba.float32)
+    row_multiplier = cuda.shared.array(1, dtype=numba.float32)
+
+    segment = cuda.blockIdx.x
+    begin, end = segment_starts[segment], segment_starts[segment + 1]
+    row = sorted_ids[begin]
+    dim = weight.shape[1]
+
+    for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        grad = numba.float32(0)
+        for position in range(begin, end):
+            k = order[position]
+            if has_grad_scale:
+                grad += grad_scale[k] * grad_rows[grad_index[k], d]
+            else:
+                grad += grad_rows[grad_index[k], d]
+
+        if optimizer == _ADAMW:
+            weight[row, d] = decoupled_decay_factor * weight[row, d]
+        elif weight_decay != 0:
+            grad = grad + weight_decay * weight[row, d]
+
+        if optimizer == _SGD:
+            weight[row, d] = weight[row, d] - lr * grad
+        elif optimizer == _ROWWISE_ADAGRAD:
+            row_grad[d] = grad  # applied below, once the whole row's gradient is known
+        elif optimizer == _ADAGRAD:
+            element_sum = element_state_1[row, d] + grad * grad
+            element_state_1[row, d] = element_sum
+            weight[row, d] = weight[row, d] - lr * (grad / (math.sqrt(element_sum) + eps))
+        else:
+            # Adam as torch.optim.SparseAdam computes it (see embedding.kernels.reference).
+            exp_avg = element_state_1[row, d] + one_minus_beta1 * (grad - element_state_1[row, d])
+            exp_avg_sq = element_state_2[row, d] + one_minus_beta2 * (grad * grad - element_state_2[row, d])
+            element_state_1[row, d] = exp_avg
+            element_state_2[row, d] = exp_avg_sq
+            weight[row, d] = weight[row, d] - adam_step_size * (exp_avg / (math.sqrt(exp_avg_sq) + eps))
+
+    if optimizer == _ROWWISE_ADAGRAD:
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            squared = numba.float32(0)
+            for d in range(dim):
+                squared += row_grad[d] * row_grad[d]
+            row_sum = row_state[row] + squared / numba.float32(dim)
+            row_state[row] = row_sum
+            row_multiplier[0] = lr / (math.sqrt(row_sum) + eps)
+        cuda.syncthreads()
+        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+            weight[row, d] = weight[row, d] - row_multiplier[0] * row_grad[d]

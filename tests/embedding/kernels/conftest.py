@@ -1,0 +1,118 @@
+"""Random inputs for one fused step, and a way to run several steps on copies of a table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from embedding.kernels import fused_step
+from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+
+
+@dataclass
+class StepInputs:
+    ids: torch.Tensor
+    grad_rows: torch.Tensor
+    grad_index: torch.Tensor
+    grad_scale: torch.Tensor | None
+
+
+def random_step_inputs(
+    seed: int, num_rows: int, dim: int, num_ids: int, duplicates: bool, with_scale: bool
+) -> StepInputs:
+    """Ids that touch only the first half of the table, so that the other half must stay as it is.
+
+    With ``duplicates`` the ids crowd onto a few rows; without, every id is a different row.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    touchable = num_rows // 2
+    if duplicates:
+        ids = torch.randint(0, max(1, touchable // 8), (num_ids,), generator=generator)
+    else:
+        ids = torch.randperm(touchable, generator=generator)[:num_ids]
+    num_grad_rows = max(1, num_ids // 3)
+    grad_rows = torch.randn(num_grad_rows, dim, generator=generator)
+    grad_index = torch.randint(0, num_grad_rows, (ids.numel(),), generator=generator)
+    grad_scale = torch.rand(ids.numel(), generator=generator) * 2 - 0.5 if with_scale else None
+    return StepInputs(ids, grad_rows, grad_index, grad_scale)
+
+
+@dataclass
+class Table:
+    weight: torch.Tensor
+    state: dict[str, torch.Tensor]
+
+    def clone(self) -> Table:
+        return Table(self.weight.clone(), {name: t.clone() for name, t in self.state.items()})
+
+
+def random_table(config: SparseOptimizerConfig, num_rows: int, dim: int, seed: int = 0) -> Table:
+    generator = torch.Generator().manual_seed(seed)
+    state = init_optimizer_state(config, num_rows, dim)
+    for tensor in state.values():  # a used state, not a fresh one, so every term of the update matters
+        tensor.copy_(torch.rand(tensor.shape, generator=generator))
+    return Table(torch.randn(num_rows, dim, generator=generator), state)
+
+
+def run_steps(config: SparseOptimizerConfig, table: Table, steps: list[StepInputs], backend: str) -> None:
+    for step_nr, inputs in enumerate(steps, start=1):
+        fused_step(
+            config,
+            table.weight,
+            table.state,
+            inputs.ids,
+            inputs.grad_rows,
+            inputs.grad_index,
+            inputs.grad_scale,
+            step_nr,
+            backend=backend,
+        )
+
+
+def assert_matches_reference(
+    config: SparseOptimizerConfig, num_rows: int, dim: int, steps: list[StepInputs], backend: str
+) -> None:
+    """Run ``steps`` with ``backend`` and with the reference on copies of one table; they must
+    agree to float32 rounding, and rows no step touched must be bitwise untouched."""
+    initial = random_table(config, num_rows, dim)
+    expected, actual = initial.clone(), initial.clone()
+    run_steps(config, expected, steps, "reference")
+    run_steps(config, actual, steps, backend)
+
+    torch.testing.assert_close(actual.weight, expected.weight, rtol=1e-5, atol=1e-6)
+    for name in expected.state:
+        torch.testing.assert_close(actual.state[name], expected.state[name], rtol=1e-5, atol=1e-6)
+
+    touched = torch.zeros(num_rows, dtype=torch.bool)
+    for inputs in steps:
+        touched[inputs.ids] = True
+    assert torch.equal(actual.weight[~touched], initial.weight[~touched])
+    for name in initial.state:
+        assert torch.equal(actual.state[name][~touched], initial.state[name][~touched])
+    assert touched.any() == (not torch.equal(actual.weight, initial.weight))
+
+
+# Test modules reach these helpers through fixtures: test directories are not packages.
+
+
+@pytest.fixture
+def make_step_inputs() -> Callable[..., StepInputs]:
+    return random_step_inputs
+
+
+@pytest.fixture
+def make_table() -> Callable[..., Table]:
+    return random_table
+
+
+@pytest.fixture
+def steps_runner() -> Callable[[SparseOptimizerConfig, Table, list[StepInputs], str], None]:
+    return run_steps
+
+
+@pytest.fixture
+def reference_check() -> Callable[[SparseOptimizerConfig, int, int, list[StepInputs], str], None]:
+    return assert_matches_reference

@@ -1,0 +1,88 @@
+"""The numba CPU kernel against the torch reference."""
+
+import numba
+import pytest
+import torch
+
+from embedding.kernels import fused_step
+from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+
+NUM_ROWS = 200
+
+
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("dim", [1, 3, 16, 64])
+@pytest.mark.parametrize("duplicates", [True, False])
+@pytest.mark.parametrize("with_scale", [True, False])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.05])
+def test_matches_reference_over_steps(
+    name, dim, duplicates, with_scale, weight_decay, make_step_inputs, reference_check
+):
+    config = SparseOptimizerConfig(name, lr=0.05, weight_decay=weight_decay)
+    steps = [make_step_inputs(seed, NUM_ROWS, dim, 80, duplicates, with_scale) for seed in range(3)]
+
+    reference_check(config, NUM_ROWS, dim, steps, "cpu")
+
+
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("num_ids", [0, 1])
+def test_matches_reference_on_empty_and_single_id_batches(name, num_ids, make_step_inputs, reference_check):
+    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    steps = [make_step_inputs(seed, NUM_ROWS, 8, num_ids, False, True) for seed in range(2)]
+
+    reference_check(config, NUM_ROWS, 8, steps, "cpu")
+
+
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+def test_lr_argument_overrides_config(name, make_step_inputs, make_table):
+    inputs = make_step_inputs(0, NUM_ROWS, 4, 50, True, False)
+    overridden = make_table(SparseOptimizerConfig(name), NUM_ROWS, 4)
+    configured = overridden.clone()
+    args = (inputs.ids, inputs.grad_rows, inputs.grad_index, None, 1)
+
+    fused_step(SparseOptimizerConfig(name, lr=0.01), overridden.weight, overridden.state, *args, lr=0.3)
+    fused_step(SparseOptimizerConfig(name, lr=0.3), configured.weight, configured.state, *args, backend="reference")
+
+    torch.testing.assert_close(overridden.weight, configured.weight, rtol=1e-5, atol=1e-6)
+
+
+def zipf_steps(make_step_inputs):
+    """Many ids crowding onto a few hot rows: the case where summation order shows."""
+    steps = []
+    for seed in range(2):
+        inputs = make_step_inputs(seed, 2000, 16, 20_000, True, True)
+        inputs.ids = (inputs.ids.double().pow(2) / 1000).long()  # skew towards small ids
+        steps.append(inputs)
+    return steps
+
+
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "adam"])
+def test_is_bitwise_deterministic_across_runs_and_thread_counts(name, make_step_inputs, make_table, steps_runner):
+    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    steps = zipf_steps(make_step_inputs)
+    initial = make_table(config, 2000, 16)
+
+    results = []
+    threads_before = numba.get_num_threads()
+    try:
+        for num_threads in (threads_before, threads_before, 1):
+            numba.set_num_threads(num_threads)
+            table = initial.clone()
+            steps_runner(config, table, steps, "cpu")
+            results.append(table)
+    finally:
+        numba.set_num_threads(threads_before)
+
+    for table in results[1:]:
+        assert torch.equal(table.weight, results[0].weight)
+        for key in table.state:
+            assert torch.equal(table.state[key], results[0].state[key])
+
+
+def test_updates_a_parameter_that_requires_grad():
+    config = SparseOptimizerConfig("sgd", lr=1.0)
+    weight = torch.nn.Parameter(torch.zeros(4, 2))
+
+    fused_step(config, weight, {}, torch.tensor([1, 1]), torch.ones(1, 2), torch.tensor([0, 0]), None, 1)
+
+    assert torch.equal(weight.detach(), torch.tensor([[0.0, 0.0], [-2.0, -2.0], [0.0, 0.0], [0.0, 0.0]]))
