@@ -23,9 +23,17 @@ from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-# Keys a resumed run may change: they extend the run or change only what is recorded or kept,
-# never the arithmetic of the steps already taken.
-RESUMABLE_CHANGES = ("trainer.max_num_steps", "trainer.max_num_data_epochs", "metrics.", "profiler.", "checkpoint.")
+# Keys a resumed run may change: they extend the run, change only what is recorded or kept, or
+# change the parallel layout (batch sizes are global, so the same config trains the same on any
+# number of ranks).
+RESUMABLE_CHANGES = (
+    "trainer.max_num_steps",
+    "trainer.max_num_data_epochs",
+    "metrics.",
+    "profiler.",
+    "checkpoint.",
+    "gang.",
+)
 
 
 def checkpoint_policy(config: RecipeConfig) -> CheckpointPolicy:

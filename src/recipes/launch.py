@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import logging
+import signal
+import sys
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from recipes.errors import UserError
-
-log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
@@ -43,6 +42,17 @@ def launch_with_torchrun(nproc: int, argv: Sequence[str]) -> int:
     try:
         run(args)
     except ChildFailedError as ex:
+        print(f"error: {describe_failures(ex)}", file=sys.stderr)
         codes = {failure.exitcode for failure in ex.failures.values()}
         return EXIT_USER_ERROR if EXIT_USER_ERROR in codes else EXIT_FAILURE
     return 0
+
+
+def describe_failures(error: ChildFailedError) -> str:
+    """One line naming each failed rank and how it ended (an exit code, or the signal that killed it)."""
+    parts = []
+    for rank, failure in sorted(error.failures.items()):
+        code = failure.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        parts.append(f"rank {rank} {how}")
+    return "; ".join(parts) + " (the ranks' own errors are in OUTPUT_DIR/logs/rank_K.log)"

@@ -8,15 +8,17 @@ early stopping) from the standard config sections.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
+from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gang import Gangs
+from recipes.config import ConfigError
 from recipes.data.reader import DataReader
 from recipes.sections import LRSchedulerSection, OptimizerSection, RecipeConfig
 from recipes.trainer import Validation
@@ -39,16 +41,25 @@ class RecipeContext(Generic[ConfigT]):
 class RecipeParts:
     """The recipe-specific parts of a training job.
 
-    ``optimizer`` is optional: without it, one is built from the ``optimizer`` section over
-    the train unit's model parameters. ``rank_state`` names extra per-rank ``Stateful``
-    objects to checkpoint (sharded sparse tables, say).
+    ``make_optimizer`` is optional: without it, the optimizer of the ``optimizer`` section
+    is built over the model's parameters. It takes the model after data parallelism has
+    wrapped or sharded it, because FSDP2 replaces the parameters an optimizer must hold.
     """
 
     train_unit: TrainUnit[Any]
     train_reader: DataReader[Any]
     validations: list[Validation[Any]] = field(default_factory=list)
-    optimizer: Optimizer | None = None
-    rank_state: dict[str, Any] = field(default_factory=dict)
+    make_optimizer: Callable[[nn.Module], Optimizer] | None = None
+
+
+def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:
+    """Each DP rank's share of a global batch; the same config then trains alike on any number of ranks."""
+    if global_batch_size % dp_size != 0:
+        raise ConfigError(
+            f"`dataset.batch_size` must be a multiple of the {dp_size} data-parallel ranks, "
+            f"but is {global_batch_size} instead."
+        )
+    return global_batch_size // dp_size
 
 
 def build_optimizer(section: OptimizerSection, params: Iterable[torch.nn.Parameter]) -> Optimizer:

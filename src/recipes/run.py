@@ -16,7 +16,6 @@ from typing import Any
 import fsspec
 import torch
 import yaml
-from torch.nn.parallel import DistributedDataParallel
 
 from checkpoint import CheckpointInfo, CheckpointManager
 from gang import FakeGang, Gangs, default_device, setup_gangs
@@ -32,6 +31,7 @@ from recipes.checkpointing import (
 from recipes.config import ConfigError, dump_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.early_stopping import PatienceEarlyStopper
 from recipes.errors import UserError
+from recipes.parallel import data_parallel
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
 from recipes.profiler import Profiler
 from recipes.recorders import (
@@ -191,12 +191,14 @@ def build_trainer(
     seed_everything(config.seed)
     device = gangs.root.device
     parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
-    model = parts.train_unit.model
     if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
-        initialize_from(model, config.checkpoint)
-    optimizer = parts.optimizer or build_optimizer(config.optimizer, model.parameters())
-    if gangs.dp.size > 1 and not eval_only:
-        parts.train_unit.model = DistributedDataParallel(model, process_group=gangs.dp.as_process_group())
+        initialize_from(parts.train_unit.model, config.checkpoint)
+    model = data_parallel(parts.train_unit.model, gangs)
+    parts.train_unit.model = model
+    if parts.make_optimizer is not None:
+        optimizer = parts.make_optimizer(model)
+    else:
+        optimizer = build_optimizer(config.optimizer, model.parameters())
     try:
         lr_scheduler = build_lr_scheduler(config.lr_scheduler, optimizer, config.trainer.max_num_steps)
     except ValueError as ex:

@@ -16,8 +16,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -25,6 +23,14 @@ from gang import Gangs, ReduceOperation
 from recipes.data.reader import DataError, DataReader
 from recipes.early_stopping import EarlyStopper
 from recipes.errors import UserError, closest
+from recipes.parallel import (
+    clip_gradient_norm,
+    gradient_sync,
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+)
 from recipes.profiler import Profiler
 from recipes.recorders import MetricRecorder
 from recipes.sections import TrainerSection
@@ -230,19 +236,12 @@ class Trainer(Generic[BatchT]):
         num_targets = 0
         for index, batch in enumerate(batches):
             is_last = index == len(batches) - 1
-            with self._maybe_no_sync(is_last), self._autocast():
+            with gradient_sync(self._unit.model, enabled=is_last), self._autocast():
                 loss, batch_targets = self._unit(batch)
             self._grad_scaler.scale(loss).backward()
             loss_sum += loss.detach().to(torch.float64)
             num_targets += int(batch_targets)
         return loss_sum, num_targets
-
-    def _maybe_no_sync(self, is_last: bool) -> contextlib.AbstractContextManager[Any]:
-        """DDP syncs gradients only on the step's last micro-batch."""
-        model = self._unit.model
-        if isinstance(model, DistributedDataParallel) and not is_last:
-            return model.no_sync()
-        return contextlib.nullcontext()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self._autocast_dtype is None:
@@ -292,8 +291,7 @@ class Trainer(Generic[BatchT]):
         params = [p for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return 0.0
-        max_norm = self._config.max_grad_norm or float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return clip_gradient_norm(params, self._config.max_grad_norm or float("inf"))
 
     # Metrics, validation, checkpoints ---------------------------------------------------------
 
@@ -384,8 +382,8 @@ class Trainer(Generic[BatchT]):
     def shared_state(self) -> dict[str, Any]:
         """What is the same on every rank: written once per checkpoint."""
         return {
-            "model": unwrap(self._unit.model).state_dict(),
-            "optimizer": self._optimizer.state_dict(),
+            "model": model_state(self._unit.model),
+            "optimizer": optimizer_state(self._unit.model, self._optimizer),
             "lr_scheduler": self._lr_scheduler.state_dict(),
             "grad_scaler": self._grad_scaler.state_dict(),
             "trainer": {
@@ -407,11 +405,11 @@ class Trainer(Generic[BatchT]):
         }
 
     def load_model_state(self, state: Mapping[str, Any]) -> None:
-        unwrap(self._unit.model).load_state_dict(state)
+        load_model_state(self._unit.model, state)
 
     def load_shared_state(self, state: Mapping[str, Any]) -> None:
         self.load_model_state(state["model"])
-        self._optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self._unit.model, self._optimizer, state["optimizer"])
         self._lr_scheduler.load_state_dict(state["lr_scheduler"])
         self._grad_scaler.load_state_dict(state["grad_scaler"])
         counters = state["trainer"]
@@ -428,11 +426,6 @@ class Trainer(Generic[BatchT]):
         self._metrics.load_state_dict(state["metrics"])
         self._unit.metric_bag.load_state_dict(state["unit_metrics"])
         set_rng_state(state["rng"])
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside a DDP wrapper."""
-    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def rng_state() -> dict[str, Any]:

@@ -8,7 +8,8 @@ from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
 from recipes.data.memory import InMemoryReader
 from recipes.data.synthetic import SyntheticCTRData
 from recipes.models.ctr import CTRModel
-from recipes.parts import RecipeContext, RecipeParts
+from recipes.parallel import tensor_parallel_mlp
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.trainer import Validation
@@ -29,6 +30,7 @@ class SyntheticDataSection:
     num_sparse: int = 4
     vocab_size: int = 1000
     batch_size: int = 256
+    """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     data_seed: int = 7
     """The data's own seed, apart from the training ``seed``, so that changing one keeps the other."""
 
@@ -64,18 +66,18 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
     features = [f"cat_{i}" for i in range(data.num_sparse)]
     model = CTRModel(features, data.vocab_size, config.model.embedding_dim, data.num_dense, config.model.hidden_dims)
     model.to(context.device)
+    tensor_parallel_mlp(model.mlp, context.gangs)
+    batch_size = per_rank_batch_size(data.batch_size, dp.size)
     train_reader = InMemoryReader(
         train.batch,
         len(train),
-        data.batch_size,
+        batch_size,
         num_accumulate=config.trainer.grad_accumulation,
         dp_rank=dp.rank,
         dp_size=dp.size,
         seed=config.seed,
     )
-    valid_reader = InMemoryReader(
-        valid.batch, len(valid), data.batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False
-    )
+    valid_reader = InMemoryReader(valid.batch, len(valid), batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False)
     return RecipeParts(
         train_unit=CTRTrainUnit(model, MetricBag(dp)),
         train_reader=train_reader,

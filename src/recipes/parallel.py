@@ -1,0 +1,120 @@
+"""Dense parallelism with torch's own tools: DDP, FSDP2 and tensor parallelism over the job's gangs.
+
+The recipe decides how its model splits over the TP gang (it knows its layers); the framework
+then replicates it over the DP gang. State dicts go through ``torch.distributed.checkpoint``'s
+helpers, which gather sharded parameters into full tensors on save and scatter them on load,
+so a checkpoint is independent of the layout that wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils import get_total_norm
+from torch.optim import Optimizer
+
+from gang import Gangs
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def tensor_parallel_mlp(mlp: nn.Sequential, gangs: Gangs) -> None:
+    """Split an MLP's hidden layers over the TP gang, Megatron-style, in place.
+
+    Consecutive pairs of linear layers become column-wise then row-wise parallel, so that each
+    pair needs one all-reduce. The output layer stays whole. A no-op without tensor parallelism.
+    """
+    if gangs.tp.size == 1:
+        return
+    assert gangs.mesh is not None
+    linears = [str(i) for i, layer in enumerate(mlp) if isinstance(layer, nn.Linear)][:-1]
+    plan: dict[str, Any] = {}
+    for column, row in zip(linears[0::2], linears[1::2]):
+        plan[column] = ColwiseParallel()
+        plan[row] = RowwiseParallel()
+    parallelize_module(mlp, gangs.mesh["tp"], plan)
+
+
+def data_parallel(model: nn.Module, gangs: Gangs) -> nn.Module:
+    """Replicate ``model`` over the DP gang: DDP, or FSDP2 when the model is also tensor-parallel.
+
+    FSDP2 is torch's way of combining data and tensor parallelism (DDP does not take the
+    DTensor parameters that tensor parallelism makes).
+    """
+    if gangs.tp.size > 1:
+        assert gangs.mesh is not None
+        fully_shard(model, mesh=gangs.mesh["dp"])
+        return model
+    if gangs.dp.size > 1:
+        return DistributedDataParallel(model, process_group=gangs.dp.as_process_group())
+    return model
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip the DP gradient reduction on all but the last micro-batch of a step."""
+    if isinstance(model, DistributedDataParallel) and not enabled:
+        return model.no_sync()
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP wrapper (FSDP2 and TP modify the module in place)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's full state on CPU, the same on every rank (a collective under FSDP2 or TP)."""
+    return get_model_state_dict(unwrap(model), options=_FULL)
+
+
+def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
+    set_model_state_dict(unwrap(model), dict(state), options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's full state keyed by parameter names, so that any layout can load it."""
+    return get_optimizer_state_dict(unwrap(model), optimizer, options=_FULL)
+
+
+def load_optimizer_state(model: nn.Module, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    set_optimizer_state_dict(unwrap(model), optimizer, dict(state), options=StateDictOptions(full_state_dict=True))
+
+
+def clip_gradient_norm(params: list[torch.Tensor], max_norm: float) -> float:
+    """Clip the gradients of ``params`` to a total norm of ``max_norm``; returns the norm before.
+
+    ``clip_grad_norm_`` needs every DTensor on one device mesh, but tensor and data
+    parallelism together leave parameters on two (the 2-D mesh and its dp dimension), so
+    each mesh's norm is taken on its own, the results combined, and each group scaled alone.
+    """
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for param in params:
+        assert param.grad is not None
+        by_mesh.setdefault(getattr(param.grad, "device_mesh", None), []).append(param.grad)
+    norms = []
+    for grads in by_mesh.values():
+        norm = get_total_norm(grads)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for grads in by_mesh.values():
+            torch._foreach_mul_(grads, scale)
+    return total
