@@ -130,7 +130,8 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
             rank,
             old_rank,
         )
-    trainer.load_rank_state(loaded.load_rank_state(old_rank))
+    all_ranks = [loaded.load_rank_state(k) for k in range(loaded.num_ranks)]
+    trainer.load_rank_state(all_ranks[old_rank], all_ranks)
     log.info("Resumed from the checkpoint of step %d.", loaded.step)
 
 

@@ -9,6 +9,7 @@ layer. The result is rebuilt into the dataclass, and dumps back to YAML that loa
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -23,6 +24,22 @@ ConfigT = TypeVar("ConfigT")
 
 class ConfigError(UserError):
     """A config key or value does not fit the recipe's config schema."""
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but ``1e-3`` is a float, as in YAML 1.2 and Python, not a string."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(stream: Any) -> Any:
+    """Parse YAML safely (no objects), reading exponent notation as floats."""
+    return yaml.load(stream, Loader=_YamlLoader)
 
 
 def to_dict(config: Any) -> Any:
@@ -55,7 +72,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"An override must look like `section.key=value`, but is '{text}' instead.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as ex:
         raise ConfigError(
             f"The value of override '{key}' is not valid YAML: {raw!r} ({getattr(ex, 'problem', ex)})."

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import get_total_norm
 from torch.optim import Optimizer
 
+from embedding import CombinedOptimizer
 from gang import Gangs
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -89,11 +90,21 @@ def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
 
 
 def optimizer_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
-    """The optimizer's full state keyed by parameter names, so that any layout can load it."""
+    """The optimizer's full state keyed by parameter names, so that any layout can load it.
+
+    A sparse optimizer's per-row state lives with its table shards (sharded state); only its
+    step count and learning rates are here.
+    """
+    if isinstance(optimizer, CombinedOptimizer):
+        return {"dense": optimizer_state(model, optimizer.dense), "sparse": optimizer.sparse.state_dict()}
     return get_optimizer_state_dict(unwrap(model), optimizer, options=_FULL)
 
 
 def load_optimizer_state(model: nn.Module, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    if isinstance(optimizer, CombinedOptimizer):
+        load_optimizer_state(model, optimizer.dense, state["dense"])
+        optimizer.sparse.load_state_dict(dict(state["sparse"]))
+        return
     set_optimizer_state_dict(unwrap(model), optimizer, dict(state), options=StateDictOptions(full_state_dict=True))
 
 

@@ -21,7 +21,7 @@ from gang import Gangs
 from recipes.config import ConfigError
 from recipes.data.reader import DataReader
 from recipes.sections import LRSchedulerSection, OptimizerSection, RecipeConfig
-from recipes.trainer import Validation
+from recipes.trainer import ShardedStateful, Validation
 from units import TrainUnit
 
 ConfigT = TypeVar("ConfigT", bound=RecipeConfig)
@@ -44,12 +44,15 @@ class RecipeParts:
     ``make_optimizer`` is optional: without it, the optimizer of the ``optimizer`` section
     is built over the model's parameters. It takes the model after data parallelism has
     wrapped or sharded it, because FSDP2 replaces the parameters an optimizer must hold.
+    ``sharded_state`` names state split over ranks, such as sparse embedding tables, for
+    checkpoints.
     """
 
     train_unit: TrainUnit[Any]
     train_reader: DataReader[Any]
     validations: list[Validation[Any]] = field(default_factory=list)
     make_optimizer: Callable[[nn.Module], Optimizer] | None = None
+    sharded_state: dict[str, ShardedStateful] = field(default_factory=dict)
 
 
 def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from recipes.config import load_yaml
 from recipes.errors import UserError, closest
 from recipes.sections import RecipeConfig
 
@@ -156,7 +157,7 @@ def _import_builtin_recipes() -> None:
 def _read_yaml(path: Path) -> Any:
     try:
         with path.open() as f:
-            return yaml.safe_load(f)
+            return load_yaml(f)
     except yaml.YAMLError as ex:
         raise UserError(f"The preset file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
 

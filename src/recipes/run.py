@@ -28,7 +28,7 @@ from recipes.checkpointing import (
     initialize_from,
     resume,
 )
-from recipes.config import ConfigError, dump_yaml, overrides_to_dict, resolve_config, to_dict
+from recipes.config import ConfigError, dump_yaml, load_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.early_stopping import PatienceEarlyStopper
 from recipes.errors import UserError
 from recipes.parallel import data_parallel
@@ -83,7 +83,7 @@ def read_config_file(path: str, recipe_name: str) -> Mapping[str, Any]:
         raise UserError(f"The config file {path} does not exist.")
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = load_yaml(f) or {}
     except yaml.YAMLError as ex:
         raise UserError(f"The config file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
     if not isinstance(data, dict):
@@ -217,22 +217,27 @@ def build_trainer(
         f"{output_dir}/tb/profiler",
         gangs.root.rank,
     )
-    trainer = Trainer(
-        unit=parts.train_unit,
-        data_reader=parts.train_reader,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        gangs=gangs,
-        device=device,
-        config=config.trainer,
-        validations=parts.validations,
-        recorder=recorder,
-        profiler=profiler,
-        early_stopper=early_stopper,
-        checkpointer=checkpointer,
-        checkpoint_every_n_steps=config.checkpoint.every_n_steps,
-        checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
-    )
+    try:
+        trainer = Trainer(
+            unit=parts.train_unit,
+            data_reader=parts.train_reader,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            gangs=gangs,
+            device=device,
+            config=config.trainer,
+            validations=parts.validations,
+            recorder=recorder,
+            profiler=profiler,
+            early_stopper=early_stopper,
+            sharded_state=parts.sharded_state,
+            checkpointer=checkpointer,
+            checkpoint_every_n_steps=config.checkpoint.every_n_steps,
+            checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
+        )
+    except BaseException:
+        recorder.close()
+        raise
     if gangs.root.rank == 0 and resume_step is None and not eval_only:
         recorder.record_config(to_dict(config))
     return trainer, recorder
@@ -291,6 +296,7 @@ def _setup_logging(output_dir: str, rank: int) -> None:
     if rank == 0:
         console = logging.StreamHandler(sys.stderr)
         console.setLevel(logging.WARNING)
+        console.addFilter(lambda record: record.exc_info is None)  # Tracebacks go to the log file only.
         console._recipes_handler = True  # type: ignore[attr-defined]
         root.addHandler(console)
 

@@ -53,6 +53,18 @@ class Validation(Generic[BatchT]):
     reader: DataReader[BatchT]
 
 
+class ShardedStateful(Protocol):
+    """State split over ranks (sparse embedding tables), which can be reloaded on another layout.
+
+    Each rank saves its own pieces; loading gets the pieces of every rank of the saving job
+    and keeps what it now owns.
+    """
+
+    def sharded_state_dict(self) -> dict[str, Any]: ...
+
+    def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None: ...
+
+
 class Checkpointer(Protocol):
     """Saves the trainer's state when the trainer says so; decides where and what to keep."""
 
@@ -83,6 +95,7 @@ class Trainer(Generic[BatchT]):
         recorder: MetricRecorder,
         profiler: Profiler,
         early_stopper: EarlyStopper | None = None,
+        sharded_state: Mapping[str, ShardedStateful] | None = None,
         checkpointer: Checkpointer | None = None,
         checkpoint_every_n_steps: int | None = None,
         checkpoint_every_n_data_epochs: int | None = None,
@@ -98,6 +111,7 @@ class Trainer(Generic[BatchT]):
         self._recorder = recorder
         self._profiler = profiler
         self._early_stopper = early_stopper
+        self._sharded_state = dict(sharded_state or {})
         self._checkpointer = checkpointer
         self._checkpoint_every_n_steps = checkpoint_every_n_steps
         self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
@@ -358,7 +372,7 @@ class Trainer(Generic[BatchT]):
         if self._resolve_score_name(name) not in names:
             raise UserError(
                 f"`trainer.score_metric` must name a validation metric (one of {', '.join(names) or 'none'}), "
-                f"but is '{name}' instead.{closest(name, names)}"
+                f"but is '{name}' instead.{closest(self._resolve_score_name(name), names)}"
             )
 
     def _resolve_score_name(self, name: str) -> str:
@@ -396,12 +410,13 @@ class Trainer(Generic[BatchT]):
         }
 
     def rank_state(self) -> dict[str, Any]:
-        """What differs between ranks: the data position, RNG streams and unreduced metrics."""
+        """What differs between ranks: the data position, RNG streams, unreduced metrics and shards."""
         return {
             "data_reader": self._reader.state_dict(),
             "metrics": self._metrics.state_dict(),
             "unit_metrics": self._unit.metric_bag.state_dict(),
             "rng": rng_state(),
+            "sharded": {name: stateful.sharded_state_dict() for name, stateful in self._sharded_state.items()},
         }
 
     def load_model_state(self, state: Mapping[str, Any]) -> None:
@@ -421,11 +436,14 @@ class Trainer(Generic[BatchT]):
         if self._early_stopper is not None and state["early_stopper"] is not None:
             self._early_stopper.load_state_dict(state["early_stopper"])
 
-    def load_rank_state(self, state: Mapping[str, Any]) -> None:
+    def load_rank_state(self, state: Mapping[str, Any], all_ranks: Sequence[Mapping[str, Any]]) -> None:
+        """Load this rank's ``state``; sharded state is rebuilt from the states of ``all_ranks`` that saved."""
         self._reader.load_state_dict(state["data_reader"])
         self._metrics.load_state_dict(state["metrics"])
         self._unit.metric_bag.load_state_dict(state["unit_metrics"])
         set_rng_state(state["rng"])
+        for name, stateful in self._sharded_state.items():
+            stateful.load_sharded_state_dict([rank_state["sharded"][name] for rank_state in all_ranks])
 
 
 def rng_state() -> dict[str, Any]:

@@ -76,6 +76,7 @@ class MetricBag:
             for key, value in state["states"].items():
                 setattr(metric, key, value)
             metric._update_count = state["update_count"]
+            metric._computed = None  # torchmetrics caches the last compute(); it no longer holds.
 
 
 def _metric_state(metric: Metric) -> dict[str, Any]:

@@ -8,8 +8,15 @@ from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
 from recipes.data.memory import InMemoryReader
 from recipes.data.synthetic import SyntheticCTRData
 from recipes.models.ctr import CTRModel
+from recipes.models.embeddings import (
+    EmbeddingSection,
+    TableSpec,
+    build_embeddings,
+    sparse_state,
+    with_sparse_optimizer,
+)
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.trainer import Validation
@@ -18,7 +25,7 @@ from units import MetricBag
 
 @dataclass
 class CTRModelSection:
-    embedding_dim: int = 16
+    embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
     hidden_dims: list[int] = field(default_factory=lambda: [64, 32])
 
 
@@ -64,7 +71,10 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
         samples.split(data.num_train_samples, num_samples),
     )
     features = [f"cat_{i}" for i in range(data.num_sparse)]
-    model = CTRModel(features, data.vocab_size, config.model.embedding_dim, data.num_dense, config.model.hidden_dims)
+    section = config.model.embeddings
+    tables = [TableSpec(name, data.vocab_size, (name,)) for name in features]
+    embeddings = build_embeddings(section, tables, dp, config.seed)
+    model = CTRModel(embeddings, features, section.dim, data.num_dense, config.model.hidden_dims)
     model.to(context.device)
     tensor_parallel_mlp(model.mlp, context.gangs)
     batch_size = per_rank_batch_size(data.batch_size, dp.size)
@@ -79,7 +89,11 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
     )
     valid_reader = InMemoryReader(valid.batch, len(valid), batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False)
     return RecipeParts(
-        train_unit=CTRTrainUnit(model, MetricBag(dp)),
+        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
         train_reader=train_reader,
-        validations=[Validation(CTREvalUnit(model, MetricBag(dp)), valid_reader)],
+        validations=[Validation(CTREvalUnit(model, MetricBag(dp), context.device), valid_reader)],
+        make_optimizer=lambda wrapped: with_sparse_optimizer(
+            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
+        ),
+        sharded_state=sparse_state(embeddings),
     )

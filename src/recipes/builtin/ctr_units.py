@@ -13,11 +13,13 @@ from units import BinaryAUC, EvalUnit, Mean, MetricBag, TrainUnit
 class CTRTrainUnit(TrainUnit[CTRBatch]):
     """Summed BCE over the batch's samples; one target per sample."""
 
-    def __init__(self, model: nn.Module, metric_bag: MetricBag) -> None:
+    def __init__(self, model: nn.Module, metric_bag: MetricBag, device: torch.device) -> None:
         super().__init__(model, metric_bag)
+        self._device = device
         metric_bag.register("accuracy", Mean())
 
     def __call__(self, batch: CTRBatch) -> tuple[torch.Tensor, int]:
+        batch = batch.to(self._device)
         logits = self.model(batch)
         loss = binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum")
         correct = ((logits.detach() > 0).float() == batch.labels).float()
@@ -28,13 +30,15 @@ class CTRTrainUnit(TrainUnit[CTRBatch]):
 class CTREvalUnit(EvalUnit[CTRBatch]):
     """AUC, log-loss and accuracy of the click predictions."""
 
-    def __init__(self, model: nn.Module, metric_bag: MetricBag, name: str = "valid") -> None:
+    def __init__(self, model: nn.Module, metric_bag: MetricBag, device: torch.device, name: str = "valid") -> None:
         super().__init__(model, metric_bag, name)
+        self._device = device
         metric_bag.register("auc", BinaryAUC())
         metric_bag.register("log_loss", Mean())
         metric_bag.register("accuracy", Mean())
 
     def __call__(self, batch: CTRBatch) -> None:
+        batch = batch.to(self._device)
         logits = self.model(batch).float()
         loss = binary_cross_entropy_with_logits(logits, batch.labels, reduction="mean")
         self.metric_bag["auc"].update(torch.sigmoid(logits), batch.labels.long())

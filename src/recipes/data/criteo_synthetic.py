@@ -33,8 +33,12 @@ def write_synthetic_criteo(
     empty_rate: float = 0.05,
     categories_per_feature: int = 1000,
     num_malformed: int = 0,
+    model_seed: int = 0,
 ) -> None:
     """Writes ``num_rows`` well-formed rows and ``num_malformed`` malformed lines among them.
+
+    ``seed`` draws the rows; ``model_seed`` draws the hidden click model that labels them, so
+    files of different seeds and one model seed are train and validation sets of one task.
 
     The malformed lines (a wrong field count, a bad hex hash, a non-integer value, a label
     other than 0/1, in turn) sit at seeded random places.
@@ -48,7 +52,7 @@ def write_synthetic_criteo(
     if categories_per_feature < 1:
         raise ValueError(f"`categories_per_feature` must be at least 1, but is {categories_per_feature} instead.")
 
-    weights = np.random.default_rng([seed, 0]).normal(0.0, 1.5, (_SIGNAL_FEATURES, categories_per_feature))
+    weights = np.random.default_rng([model_seed, 0]).normal(0.0, 1.5, (_SIGNAL_FEATURES, categories_per_feature))
     num_lines = num_rows + num_malformed
     malformed_lines = np.sort(np.random.default_rng([seed, 1]).choice(num_lines, num_malformed, replace=False))
     malformed_kinds = {
@@ -121,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--num-malformed", type=int, default=0, help="malformed lines to mix in, for tests (default: 0)"
     )
+    parser.add_argument(
+        "--model-seed",
+        type=int,
+        default=0,
+        help="seed of the hidden click model; share it between train and validation files (default: 0)",
+    )
     args = parser.parse_args(argv)
     try:
         write_synthetic_criteo(
@@ -130,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             empty_rate=args.empty_rate,
             categories_per_feature=args.categories_per_feature,
             num_malformed=args.num_malformed,
+            model_seed=args.model_seed,
         )
     except ValueError as error:
         parser.error(str(error))

@@ -1,4 +1,4 @@
-"""A small click-through-rate model: embeddings of categorical features, dense features, an MLP."""
+"""A small click-through-rate model: pooled embeddings of categorical features, dense features, an MLP."""
 
 from __future__ import annotations
 
@@ -19,28 +19,28 @@ def mlp(in_dim: int, hidden_dims: list[int], out_dim: int) -> nn.Sequential:
 
 
 class CTRModel(nn.Module):
-    """Sum-pooled embedding bags per categorical feature, concatenated with the dense features, into an MLP."""
+    """The pooled embedding of every categorical feature, concatenated with the dense features, into an MLP.
+
+    ``embeddings`` maps a batch's sparse features to ``[B, embedding_dim]`` per feature: sparse
+    sharded tables or dense embedding bags (see ``recipes.models.embeddings``).
+    """
 
     def __init__(
         self,
+        embeddings: nn.Module,
         feature_names: list[str],
-        vocab_size: int,
         embedding_dim: int,
         num_dense: int,
         hidden_dims: list[int],
     ) -> None:
         super().__init__()
+        self.embeddings = embeddings
         self.feature_names = feature_names
-        self.embeddings = nn.ModuleDict(
-            {name: nn.EmbeddingBag(vocab_size, embedding_dim, mode="sum") for name in feature_names}
-        )
         self.mlp = mlp(num_dense + embedding_dim * len(feature_names), hidden_dims, 1)
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         """The click logit of every sample, ``[B]``."""
-        pooled = [
-            self.embeddings[name](batch.sparse[name].ids, batch.sparse[name].offsets[:-1])
-            for name in self.feature_names
-        ]
-        logits: torch.Tensor = self.mlp(torch.cat([batch.dense, *pooled], dim=1)).squeeze(1)
+        pooled = self.embeddings(batch.sparse)
+        features = torch.cat([batch.dense, *(pooled[name] for name in self.feature_names)], dim=1)
+        logits: torch.Tensor = self.mlp(features).squeeze(1)
         return logits

@@ -13,9 +13,13 @@ class ConsoleRecorder(MetricRecorder):
     """Shows the train metrics on the bar and prints other runs as lines above it."""
 
     def __init__(self, total_steps: int | None, initial_step: int = 0) -> None:
-        self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True, leave=True)
+        self._total_steps = total_steps
+        self._initial_step = initial_step
+        self._bar: tqdm | None = None  # Made at the first record, so a run that fails to start shows none.
 
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
+        if self._bar is None:
+            self._bar = tqdm(total=self._total_steps, initial=self._initial_step, unit="step", dynamic_ncols=True)
         if run == "train":
             self._bar.update(step_nr - self._bar.n)
             shown = {k: values[k] for k in ("loss", "throughput", "lr") if k in values}
@@ -25,4 +29,5 @@ class ConsoleRecorder(MetricRecorder):
             self._bar.write(f"step {step_nr} {run}: {text}")
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()

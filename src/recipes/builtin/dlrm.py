@@ -1,0 +1,140 @@
+"""The ``dlrm`` recipe: DLRM on click logs in the Criteo format (real day files, or synthetic ones)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.config import ConfigError
+from recipes.data.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.data.criteo_synthetic import write_synthetic_criteo
+from recipes.models.dlrm import DLRM
+from recipes.models.embeddings import (
+    EmbeddingSection,
+    TableSpec,
+    build_embeddings,
+    sparse_state,
+    with_sparse_optimizer,
+)
+from recipes.parallel import tensor_parallel_mlp
+from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
+from recipes.registry import register_recipe
+from recipes.sections import RecipeConfig
+from recipes.trainer import Validation
+from units import MetricBag
+
+
+@dataclass
+class CriteoDataSection:
+    train_path: str | None = None
+    """Training day files: an fsspec path or glob, plain or gzip (``/data/day_{0..22}.gz``)."""
+    valid_path: str | None = None
+    synthetic_rows: int | None = None
+    """Instead of paths: write this many synthetic training rows (and a quarter as many for
+    validation) under ``OUTPUT_DIR/data`` and train on them."""
+    num_embeddings_per_feature: list[int] = field(default_factory=lambda: [100_000])
+    """Hash sizes of the 26 categorical features: one value for all, or 26."""
+    batch_size: int = 2048
+    """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
+    shuffle_buffer_size: int = 65_536
+    max_malformed_rows: int = 100
+
+    def __post_init__(self) -> None:
+        if len(self.num_embeddings_per_feature) not in (1, len(SPARSE_FEATURE_NAMES)):
+            raise ValueError(
+                f"`num_embeddings_per_feature` must hold 1 or {len(SPARSE_FEATURE_NAMES)} values, "
+                f"but holds {len(self.num_embeddings_per_feature)} instead."
+            )
+
+
+@dataclass
+class DLRMModelSection:
+    embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
+    bottom_dims: list[int] = field(default_factory=lambda: [64, 32])
+    """Hidden layers of the dense-feature MLP; its output has the embedding dimension."""
+    top_dims: list[int] = field(default_factory=lambda: [64, 32])
+    shared_table: bool = False
+    """One table looked up by all 26 features, instead of one table per feature."""
+
+
+@dataclass
+class DLRMConfig(RecipeConfig):
+    model: DLRMModelSection = field(default_factory=DLRMModelSection)
+    dataset: CriteoDataSection = field(default_factory=CriteoDataSection)
+
+
+@register_recipe("dlrm", DLRMConfig, "DLRM on Criteo-format click logs, with sharded sparse tables.")
+def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
+    config, gangs = context.config, context.gangs
+    data, section = config.dataset, config.model.embeddings
+    train_path, valid_path = _data_paths(context)
+
+    sizes = data.num_embeddings_per_feature * (len(SPARSE_FEATURE_NAMES) // len(data.num_embeddings_per_feature))
+    if config.model.shared_table:
+        tables = [TableSpec("shared", max(sizes), SPARSE_FEATURE_NAMES)]
+        sizes = [max(sizes)] * len(sizes)
+    else:
+        tables = [TableSpec(name, size, (name,)) for name, size in zip(SPARSE_FEATURE_NAMES, sizes)]
+    embeddings = build_embeddings(section, tables, gangs.dp, config.seed)
+    model = DLRM(
+        embeddings,
+        list(SPARSE_FEATURE_NAMES),
+        NUM_DENSE_FEATURES,
+        section.dim,
+        config.model.bottom_dims,
+        config.model.top_dims,
+    ).to(context.device)
+    tensor_parallel_mlp(model.top_mlp, gangs)
+
+    def reader(path: str, shuffle: bool, num_accumulate: int) -> CriteoReader:
+        return CriteoReader(
+            path,
+            batch_size=per_rank_batch_size(data.batch_size, gangs.dp.size),
+            num_embeddings_per_feature=sizes,
+            num_accumulate=num_accumulate,
+            dp_rank=gangs.dp.rank,
+            dp_size=gangs.dp.size,
+            shuffle=shuffle,
+            shuffle_buffer_size=data.shuffle_buffer_size,
+            seed=config.seed,
+            max_malformed_rows=data.max_malformed_rows,
+        )
+
+    dp = gangs.dp
+    return RecipeParts(
+        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
+        train_reader=reader(train_path, shuffle=True, num_accumulate=config.trainer.grad_accumulation),
+        validations=[
+            Validation(
+                CTREvalUnit(model, MetricBag(dp), context.device), reader(valid_path, shuffle=False, num_accumulate=1)
+            )
+        ],
+        make_optimizer=lambda wrapped: with_sparse_optimizer(
+            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
+        ),
+        sharded_state=sparse_state(embeddings),
+    )
+
+
+def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str]:
+    """The configured day files, or synthetic ones written (once, by rank 0) under ``OUTPUT_DIR/data``."""
+    data = context.config.dataset
+    if data.synthetic_rows is None:
+        if data.train_path is None or data.valid_path is None:
+            raise ConfigError(
+                "`dataset.train_path` and `dataset.valid_path` must name Criteo-format files "
+                "(or set `dataset.synthetic_rows`), but are not set."
+            )
+        return data.train_path, data.valid_path
+    folder = os.path.join(context.output_dir, "data")
+    train_path, valid_path = f"{folder}/train.tsv.gz", f"{folder}/valid.tsv.gz"
+    if context.gangs.root.rank == 0:
+        for path, num_rows, seed in ((train_path, data.synthetic_rows, 0), (valid_path, data.synthetic_rows // 4, 1)):
+            if not os.path.exists(path):
+                os.makedirs(folder, exist_ok=True)
+                partial = path.replace(".tsv.gz", ".partial.tsv.gz")  # Complete or absent, like a checkpoint.
+                write_synthetic_criteo(partial, num_rows, seed=seed, model_seed=context.config.seed)
+                os.replace(partial, path)
+    context.gangs.root.barrier()
+    return train_path, valid_path

@@ -1,0 +1,109 @@
+"""The ``movielens`` recipe: click-through prediction (rating >= 4) on MovieLens ml-latest-small."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from torch import nn
+
+from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.data.movielens import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, MovieLensReader, load_movielens
+from recipes.models.ctr import CTRModel
+from recipes.models.dlrm import DLRM
+from recipes.models.embeddings import (
+    EmbeddingSection,
+    TableSpec,
+    build_embeddings,
+    sparse_state,
+    with_sparse_optimizer,
+)
+from recipes.parallel import tensor_parallel_mlp
+from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
+from recipes.registry import register_recipe
+from recipes.sections import RecipeConfig
+from recipes.trainer import Validation
+from units import MetricBag
+
+SHIPPED_DATA = str(Path(__file__).resolve().parents[3] / "data" / "movielens-small")
+
+
+@dataclass
+class MovieLensDataSection:
+    path: str = SHIPPED_DATA
+    """A folder (or fsspec URL) with ``ratings.csv`` and ``movies.csv``; the project ships ml-latest-small."""
+    split: Literal["time", "random"] = "time"
+    """``time``: the latest ratings are the validation set; ``random``: a seeded random split."""
+    valid_fraction: float = 0.2
+    batch_size: int = 512
+    """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
+
+
+@dataclass
+class MovieLensModelSection:
+    arch: Literal["dlrm", "mlp"] = "dlrm"
+    """``dlrm``: dot-product interactions; ``mlp``: concatenated embeddings into an MLP."""
+    embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
+    bottom_dims: list[int] = field(default_factory=lambda: [16])
+    top_dims: list[int] = field(default_factory=lambda: [64, 32])
+
+
+@dataclass
+class MovieLensConfig(RecipeConfig):
+    model: MovieLensModelSection = field(default_factory=MovieLensModelSection)
+    dataset: MovieLensDataSection = field(default_factory=MovieLensDataSection)
+
+
+@register_recipe("movielens", MovieLensConfig, "CTR (rating >= 4) on MovieLens: users, movies, genres, time.")
+def build_movielens(context: RecipeContext[MovieLensConfig]) -> RecipeParts:
+    config, gangs = context.config, context.gangs
+    data_section, section = config.dataset, config.model.embeddings
+    data = load_movielens(data_section.path)
+    train_rows, valid_rows = data.split(data_section.split, data_section.valid_fraction, seed=config.seed)
+
+    tables = [
+        TableSpec(name, data.vocab_sizes[name], (name,), pooling="mean" if name == "genres" else "sum")
+        for name in SPARSE_FEATURE_NAMES
+    ]
+    embeddings = build_embeddings(section, tables, gangs.dp, config.seed)
+    features = list(SPARSE_FEATURE_NAMES)
+    model: nn.Module
+    if config.model.arch == "dlrm":
+        model = DLRM(
+            embeddings, features, NUM_DENSE_FEATURES, section.dim, config.model.bottom_dims, config.model.top_dims
+        )
+        tensor_parallel_mlp(model.top_mlp, gangs)
+    else:
+        model = CTRModel(embeddings, features, section.dim, NUM_DENSE_FEATURES, config.model.top_dims)
+        tensor_parallel_mlp(model.mlp, gangs)
+    model.to(context.device)
+
+    batch_size = per_rank_batch_size(data_section.batch_size, gangs.dp.size)
+
+    def reader(rows: npt.NDArray[np.int64], shuffle: bool, num_accumulate: int) -> MovieLensReader:
+        return MovieLensReader(
+            data,
+            rows,
+            batch_size=batch_size,
+            num_accumulate=num_accumulate,
+            dp_rank=gangs.dp.rank,
+            dp_size=gangs.dp.size,
+            shuffle=shuffle,
+            seed=config.seed,
+        )
+
+    train_reader = reader(train_rows, shuffle=True, num_accumulate=config.trainer.grad_accumulation)
+    valid_reader = reader(valid_rows, shuffle=False, num_accumulate=1)
+    dp = gangs.dp
+    return RecipeParts(
+        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
+        train_reader=train_reader,
+        validations=[Validation(CTREvalUnit(model, MetricBag(dp), context.device), valid_reader)],
+        make_optimizer=lambda wrapped: with_sparse_optimizer(
+            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
+        ),
+        sharded_state=sparse_state(embeddings),
+    )

@@ -1,0 +1,114 @@
+"""Embedding tables for the built-in models: sharded sparse tables, or plain ``nn.EmbeddingBag``s.
+
+Both map a batch's ``SparseFeatures`` to one pooled ``[B, dim]`` tensor per feature, so a model
+does not care which it has. The sparse tables are the default; the dense ones are the baseline
+they are measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from embedding import (
+    CombinedOptimizer,
+    EmbeddingTableConfig,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizer,
+    SparseOptimizerConfig,
+)
+from gang import Gang
+from recipes.trainer import ShardedStateful
+
+
+@dataclass
+class SparseOptimizerSection:
+    """The fused optimizer of the sparse tables (the dense layers use the ``optimizer`` section)."""
+
+    name: Literal["sgd", "rowwise_adagrad", "adagrad", "adam", "adamw"] = "rowwise_adagrad"
+    lr: float = 0.05
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def to_config(self) -> SparseOptimizerConfig:
+        return SparseOptimizerConfig(
+            name=self.name,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            eps=self.eps,
+            beta1=self.beta1,
+            beta2=self.beta2,
+        )
+
+
+@dataclass
+class EmbeddingSection:
+    dim: int = 16
+    backend: Literal["sparse", "dense"] = "sparse"
+    """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
+    placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
+    """Where the sparse tables' rows live; ``auto`` lets the planner balance bytes and lookups."""
+    sparse_optimizer: SparseOptimizerSection = field(default_factory=SparseOptimizerSection)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table a model needs: its rows, the features that look it up, and how they pool."""
+
+    name: str
+    num_rows: int
+    features: tuple[str, ...]
+    pooling: Literal["sum", "mean"] = "sum"
+
+
+class DenseEmbeddingBags(nn.Module):
+    """One ``nn.EmbeddingBag`` per table, trained by the dense optimizer like any parameter."""
+
+    def __init__(self, tables: Sequence[TableSpec], dim: int) -> None:
+        super().__init__()
+        self.bags = nn.ModuleDict({t.name: nn.EmbeddingBag(t.num_rows, dim, mode=t.pooling) for t in tables})
+        self.table_of = {feature: t.name for t in tables for feature in t.features}
+
+    def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
+        return {
+            name: self.bags[self.table_of[name]](
+                features[name].ids, features[name].offsets[:-1], per_sample_weights=features[name].weights
+            )
+            for name in features
+            if name in self.table_of
+        }
+
+
+def build_embeddings(section: EmbeddingSection, tables: Sequence[TableSpec], gang: Gang, seed: int) -> nn.Module:
+    """The model's tables as the section asks; sparse tables are sharded over ``gang``."""
+    if section.backend == "dense":
+        return DenseEmbeddingBags(tables, section.dim).to(gang.device)
+    placement = None if section.placement == "auto" else section.placement
+    configs = [
+        EmbeddingTableConfig(t.name, t.num_rows, section.dim, t.features, pooling=t.pooling, placement=placement)
+        for t in tables
+    ]
+    return ShardedEmbeddingCollection(configs, gang, seed=seed)
+
+
+def with_sparse_optimizer(
+    dense: torch.optim.Optimizer, embeddings: nn.Module, section: EmbeddingSection
+) -> torch.optim.Optimizer:
+    """``dense`` combined with the fused optimizer of sparse tables; ``dense`` alone for dense tables."""
+    if isinstance(embeddings, ShardedEmbeddingCollection):
+        return CombinedOptimizer(dense, SparseOptimizer(embeddings, section.sparse_optimizer.to_config()))
+    return dense
+
+
+def sparse_state(embeddings: nn.Module) -> dict[str, ShardedStateful]:
+    """The sharded state to checkpoint: the sparse tables, or nothing (dense tables are in the model)."""
+    if isinstance(embeddings, ShardedEmbeddingCollection):
+        return {"embeddings": embeddings}
+    return {}

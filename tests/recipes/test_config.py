@@ -1,0 +1,264 @@
+"""Config resolution: defaults < preset < config files < overrides, checked key by key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from recipes.builtin.ctr import CTRConfig
+from recipes.config import (
+    ConfigError,
+    dump_yaml,
+    overrides_to_dict,
+    parse_override,
+    resolve_config,
+    to_dict,
+    valid_keys,
+)
+from recipes.errors import UserError
+from recipes.run import JobSpec, config_document, resolve_job
+from recipes.sections import RecipeConfig
+
+pytestmark = pytest.mark.usefixtures("isolated_presets")
+
+
+@dataclass
+class ToySection:
+    width: int = 4
+    scale: float = 1.0
+    tags: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass
+class ToyConfig(RecipeConfig):
+    toy: ToySection = field(default_factory=ToySection)
+
+
+def resolve(*layers: dict[str, object]) -> ToyConfig:
+    return resolve_config(ToyConfig, [(f"layer {i}", layer) for i, layer in enumerate(layers)])
+
+
+def resolve_overrides(*overrides: str) -> ToyConfig:
+    return resolve(overrides_to_dict(list(overrides)))
+
+
+def test_no_layer_gives_the_dataclass_defaults() -> None:
+    assert resolve() == ToyConfig()
+
+
+def test_later_layers_win_key_by_key_and_keep_the_rest() -> None:
+    config = resolve(
+        {"toy": {"width": 8, "scale": 2.0}, "trainer": {"max_num_steps": 50}},
+        {"toy": {"width": 16}},
+    )
+
+    assert config.toy == ToySection(width=16, scale=2.0)
+    assert config.trainer.max_num_steps == 50
+    assert config.trainer.grad_accumulation == 1  # Untouched: the default.
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("toy.width=12", {"toy": {"width": 12}}),
+        ("toy.scale=0.5", {"toy": {"scale": 0.5}}),
+        ("toy.tags=[a, b]", {"toy": {"tags": ["a", "b"]}}),
+        ("toy.note=null", {"toy": {"note": None}}),
+        ("toy.note=", {"toy": {"note": None}}),
+        ("metrics.jsonl=false", {"metrics": {"jsonl": False}}),
+        ("trainer.early_stopping.patience=3", {"trainer": {"early_stopping": {"patience": 3}}}),
+        ("toy.note=a=b", {"toy": {"note": "a=b"}}),
+    ],
+)
+def test_override_values_parse_as_yaml(override: str, expected: dict[str, object]) -> None:
+    assert overrides_to_dict([override]) == expected
+
+
+def test_overrides_build_typed_values() -> None:
+    config = resolve_overrides("toy.width=12", "toy.scale=3", "toy.tags=[x]", "metrics.console=false")
+
+    assert config.toy.width == 12
+    assert config.toy.scale == 3.0 and type(config.toy.scale) is float
+    assert config.toy.tags == ["x"]
+    assert config.metrics.console is False
+
+
+def test_an_exponent_without_a_dot_is_a_float() -> None:
+    assert resolve_overrides("optimizer.lr=1e-3").optimizer.lr == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("text", ["toy.width", "=3", " =3"])
+def test_an_override_without_key_or_equals_is_an_error(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"must look like `section\.key=value`"):
+        parse_override(text)
+
+
+def test_an_override_with_malformed_yaml_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"The value of override 'toy.tags' is not valid YAML: '\[a'"):
+        parse_override("toy.tags=[a")
+
+
+def test_an_override_inside_a_scalar_override_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"Override 'toy\.width\.x' conflicts with an earlier override of 'width'"):
+        overrides_to_dict(["toy.width=3", "toy.width.x=4"])
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"traner": {"max_num_steps": 1}}, "Unknown config key 'traner' (from layer 0). Did you mean 'trainer'?"),
+        (
+            {"trainer": {"max_num_step": 1}},
+            "Unknown config key 'trainer.max_num_step' (from layer 0). Did you mean 'trainer.max_num_steps'?",
+        ),
+        (
+            {"trainer": {"early_stopping": {"patiense": 1}}},
+            "Unknown config key 'trainer.early_stopping.patiense' (from layer 0). "
+            "Did you mean 'trainer.early_stopping.patience'?",
+        ),
+    ],
+)
+def test_an_unknown_key_names_it_and_the_closest_valid_key(layer: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(layer)
+
+    assert message in str(info.value)
+
+
+def test_an_unknown_key_far_from_any_valid_key_suggests_nothing() -> None:
+    with pytest.raises(ConfigError, match=r"^Unknown config key 'zzzz' \(from layer 0\)\.$"):
+        resolve({"zzzz": 1})
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"toy": {"width": "wide"}}, "Config key 'toy.width' must be int, but is 'wide' (str) instead (from layer 0)."),
+        ({"toy": {"width": 2.5}}, "Config key 'toy.width' must be int, but is 2.5 (float)"),
+        ({"toy": {"width": True}}, "Config key 'toy.width' must be int, but is True (bool)"),
+        ({"toy": {"scale": "big"}}, "Config key 'toy.scale' must be float, but is 'big' (str)"),
+        ({"toy": {"tags": "a"}}, "Config key 'toy.tags' must be a list of str, but is 'a' (str)"),
+        ({"toy": {"tags": [1]}}, "Config key 'toy.tags' must be a list of str, but is [1] (list)"),
+        ({"toy": {"note": 3}}, "Config key 'toy.note' must be str or null, but is 3 (int)"),
+        ({"trainer": {"max_num_steps": "x"}}, "Config key 'trainer.max_num_steps' must be int or null"),
+        ({"trainer": 5}, "Config key 'trainer' must be a mapping (TrainerSection), but is 5 (int)"),
+        (
+            {"trainer": {"mixed_precision": "fp32"}},
+            "Config key 'trainer.mixed_precision' must be one of 'none', 'bf16', 'fp16', but is 'fp32' (str)",
+        ),
+        ({"metrics": {"jsonl": "yes please"}}, "Config key 'metrics.jsonl' must be bool"),
+    ],
+)
+def test_a_wrong_type_names_the_key_and_the_expected_type(layer: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(layer)
+
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.grad_accumulation=0", "Invalid config in 'trainer': `grad_accumulation` must be >= 1, but is 0"),
+        ("trainer.max_num_steps=0", "`max_num_steps` must be >= 1 or null, but is 0 instead."),
+        ("optimizer.lr=-1", "Invalid config in 'optimizer': `lr` must be > 0, but is -1.0 instead."),
+        ("optimizer.betas=[0.9]", "`betas` must have 2 values, but has 1 instead."),
+        ("trainer.early_stopping.patience=0", "in 'trainer.early_stopping': `patience` must be >= 1"),
+        ("checkpoint.keep_last_n=0", "`keep_last_n` must be >= 1 or null, but is 0 instead."),
+        ("gang.tp_size=0", "`tp_size` must be >= 1, but is 0 instead."),
+    ],
+)
+def test_an_invalid_value_is_a_clear_error(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_overrides(override)
+
+    assert message in str(info.value)
+
+
+def test_both_step_and_epoch_limits_null_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="must not both be null, or training never ends"):
+        resolve_overrides("trainer.max_num_steps=null")
+
+
+def test_valid_keys_lists_nested_keys_with_dots() -> None:
+    keys = valid_keys(ToyConfig)
+
+    assert {"seed", "toy", "toy.width", "trainer.early_stopping.patience", "metrics.wandb.mode"} <= set(keys)
+
+
+# Through presets and files (resolve_job) -------------------------------------------------------
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_defaults_preset_files_overrides(tmp_path: Path) -> None:
+    first = write(tmp_path / "first.yaml", "optimizer:\n  lr: 0.01\n  weight_decay: 0.1\nseed: 5\n")
+    second = write(tmp_path / "second.yaml", "optimizer:\n  lr: 0.02\n  eps: 1.0e-6\n")
+
+    files_only = resolve_job(JobSpec("ctr_tiny", config_files=[first, second])).config
+    overridden = resolve_job(
+        JobSpec("ctr_tiny", config_files=[first, second], overrides=["optimizer.lr=0.05", "seed=9"]),
+    ).config
+
+    assert isinstance(files_only, CTRConfig)
+    assert files_only.trainer.max_num_steps == 300  # preset over default (1000)
+    assert files_only.trainer.score_metric == "auc"  # preset over default (None)
+    assert files_only.optimizer.lr == 0.02  # the later file over the earlier, over the preset's 0.003
+    assert files_only.optimizer.weight_decay == 0.1  # the earlier file, not overridden by the later
+    assert files_only.optimizer.eps == 1e-6
+    assert files_only.trainer.grad_accumulation == 1  # the default, touched by no layer
+    assert (overridden.optimizer.lr, overridden.seed) == (0.05, 9)  # overrides over files
+    assert overridden.optimizer.weight_decay == 0.1
+
+
+def test_an_error_names_the_file_it_came_from(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", "trainer:\n  max_num_steps: many\n")
+
+    with pytest.raises(ConfigError, match=rf"'trainer.max_num_steps' must be int or null.*from --config-file {bad}"):
+        resolve_job(JobSpec("ctr_tiny", config_files=[bad]))
+
+
+def test_an_error_in_a_preset_names_the_preset(tmp_path: Path) -> None:
+    write(tmp_path / "recipes.yaml", "mine:\n  recipe: ctr\n  config:\n    optimiser:\n      lr: 0.1\n")
+
+    with pytest.raises(ConfigError, match=r"Unknown config key 'optimiser' \(from preset 'mine' .*Did you mean"):
+        resolve_job(JobSpec("mine"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: [1", "is not valid YAML"),
+        ("- 1\n- 2\n", "must hold a mapping, but holds a list"),
+        ("recipe: other\nconfig: {}\n", "is for recipe 'other', not 'ctr'"),
+    ],
+)
+def test_a_bad_config_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "c.yaml", text)
+
+    with pytest.raises(UserError, match=message):
+        resolve_job(JobSpec("ctr_tiny", config_files=[path]))
+
+
+def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"The config file .*nope\.yaml does not exist"):
+        resolve_job(JobSpec("ctr_tiny", config_files=[str(tmp_path / "nope.yaml")]))
+
+
+def test_the_dumped_config_resolves_to_the_same_config(tmp_path: Path) -> None:
+    job = resolve_job(JobSpec("ctr_tiny_long", overrides=["optimizer.lr=0.5", "model.hidden_dims=[8]"]))
+    dumped = write(tmp_path / "config.yaml", dump_yaml(config_document(job)))
+
+    as_preset = resolve_job(JobSpec(dumped))
+    as_config_file = resolve_job(JobSpec("ctr_tiny", config_files=[dumped]))
+
+    assert as_preset.config == job.config
+    assert as_config_file.config == job.config
+    assert as_preset.recipe.name == "ctr"
+    assert to_dict(as_preset.config)["model"]["hidden_dims"] == [8]

@@ -1,0 +1,139 @@
+"""Recorders: JSONL lines, TensorBoard scalars read back by TensorBoard, and an offline WandB run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
+from recipes.recorders.base import flatten
+
+
+def test_jsonl_appends_one_object_per_record_per_run(tmp_path: Path, read_jsonl: Any) -> None:
+    recorder = JsonlRecorder(str(tmp_path / "metrics"))
+
+    recorder.record("train", 10, {"loss": 0.5})
+    recorder.record("valid", 10, {"auc": 0.7})
+    recorder.record("train", 20, {"loss": 0.25, "lr": 1e-3})
+    recorder.close()
+
+    assert read_jsonl(tmp_path / "metrics" / "train.jsonl") == [
+        {"step": 10, "loss": 0.5},
+        {"step": 20, "loss": 0.25, "lr": 1e-3},
+    ]
+    assert read_jsonl(tmp_path / "metrics" / "valid.jsonl") == [{"step": 10, "auc": 0.7}]
+
+
+def test_jsonl_on_resume_drops_the_lines_after_the_resume_step(tmp_path: Path, read_jsonl: Any) -> None:
+    first = JsonlRecorder(str(tmp_path))
+    for step in (10, 20, 30):
+        first.record("train", step, {"loss": float(step)})
+    first.record("valid", 20, {"auc": 0.5})
+    first.record("valid", 30, {"auc": 0.6})
+
+    resumed = JsonlRecorder(str(tmp_path), resume_step=20)
+    resumed.record("train", 30, {"loss": 3.0})
+
+    assert [row["step"] for row in read_jsonl(tmp_path / "train.jsonl")] == [10, 20, 30]
+    assert read_jsonl(tmp_path / "train.jsonl")[-1]["loss"] == 3.0
+    assert read_jsonl(tmp_path / "valid.jsonl") == [{"step": 20, "auc": 0.5}]
+
+
+def test_jsonl_writes_through_fsspec(read_jsonl: Any) -> None:
+    import fsspec
+
+    recorder = JsonlRecorder("memory://recorder_test/metrics")
+    recorder.record("train", 1, {"loss": 2.0})
+
+    with fsspec.open("memory://recorder_test/metrics/train.jsonl", "r") as f:
+        assert f.read() == '{"step": 1, "loss": 2.0}\n'
+
+
+def test_tensorboard_scalars_read_back_per_run_with_the_same_tags(tmp_path: Path) -> None:
+    recorder = TensorBoardRecorder(str(tmp_path / "tb"))
+
+    recorder.record_config({"trainer": {"max_num_steps": 5, "score_metric": None}, "optimizer": {"betas": [0.9]}})
+    recorder.record("train", 1, {"loss": 2.0})
+    recorder.record("train", 2, {"loss": 1.5})
+    recorder.record("valid", 2, {"loss": 1.75, "auc": 0.6})
+    recorder.close()
+
+    train = EventAccumulator(str(tmp_path / "tb" / "train"))
+    train.Reload()
+    valid = EventAccumulator(str(tmp_path / "tb" / "valid"))
+    valid.Reload()
+    assert [(e.step, e.value) for e in train.Scalars("loss")] == [(1, 2.0), (2, 1.5)]
+    assert [(e.step, e.value) for e in valid.Scalars("loss")] == [(2, 1.75)]
+    assert [(e.step, pytest.approx(e.value)) for e in valid.Scalars("auc")] == [(2, pytest.approx(0.6))]
+
+
+def test_flatten_joins_keys_with_dots_and_stringifies_lists() -> None:
+    assert flatten({"a": {"b": 1, "c": {"d": None}}, "e": [1, 2], "f": "x"}) == {
+        "a.b": 1,
+        "a.c.d": None,
+        "e": "[1, 2]",
+        "f": "x",
+    }
+
+
+class ListRecorder(MetricRecorder):
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
+        self.calls.append(("record", run, step_nr, dict(values)))
+
+    def record_config(self, config: Mapping[str, Any]) -> None:
+        self.calls.append(("config", dict(config)))
+
+    def close(self) -> None:
+        self.calls.append(("close",))
+
+
+def test_composite_forwards_every_call_to_every_recorder() -> None:
+    recorders = [ListRecorder(), ListRecorder()]
+    composite = CompositeRecorder(recorders)
+
+    composite.record_config({"seed": 1})
+    composite.record("train", 3, {"loss": 1.0})
+    composite.close()
+
+    expected = [("config", {"seed": 1}), ("record", "train", 3, {"loss": 1.0}), ("close",)]
+    assert recorders[0].calls == recorders[1].calls == expected
+
+
+def test_wandb_offline_writes_a_run_under_the_output_dir(tmp_path: Path, run_cli: Any) -> None:
+    wandb_home = tmp_path / "wandb_home"
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(wandb_home / "dir"),
+        "WANDB_CACHE_DIR": str(wandb_home / "cache"),
+        "WANDB_CONFIG_DIR": str(wandb_home / "config"),
+        "WANDB_DATA_DIR": str(wandb_home / "data"),
+        "HOME": str(wandb_home / "home"),
+    }
+    start = time.perf_counter()
+
+    result = run_cli(
+        "train",
+        "ctr_tiny",
+        "-o",
+        "out",
+        "metrics.wandb.enabled=true",
+        "metrics.console=false",
+        "trainer.max_num_steps=10",
+        "metrics.tensorboard=false",
+        cwd=tmp_path,
+        env=env,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - start < 120
+    runs = list((tmp_path / "out" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((tmp_path / "out").rglob("*"))
+    assert list(runs[0].glob("run-*.wandb")), "the offline run holds its data file"

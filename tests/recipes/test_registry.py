@@ -1,0 +1,236 @@
+"""Presets from YAML files and Python, their precedence, inheritance and imports; recipes by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipes import registry
+from recipes.errors import UserError
+from recipes.registry import all_presets, find_preset, get_recipe, register_preset, resolve_preset
+from recipes.run import JobSpec, resolve_job
+
+pytestmark = pytest.mark.usefixtures("isolated_presets")
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def lr_of(preset: str) -> float:
+    return resolve_job(JobSpec(preset)).config.optimizer.lr
+
+
+def test_the_project_presets_are_found_from_any_directory() -> None:
+    presets = all_presets()
+
+    assert presets["ctr_tiny"].recipe == "ctr"
+    assert presets["ctr_tiny"].source == str(registry.PROJECT_PRESETS)
+    assert presets["ctr_tiny_long"].based_on == "ctr_tiny"
+
+
+def test_a_recipes_yaml_in_the_current_directory_adds_presets(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "mine:\n  recipe: ctr\n  description: Mine.\n  config: {seed: 3}\n")
+
+    preset = find_preset("mine")
+
+    assert (preset.recipe, preset.description, dict(preset.config)) == ("ctr", "Mine.", {"seed": 3})
+    assert "ctr_tiny" in all_presets()
+
+
+def test_files_in_the_environment_variable_add_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = write(tmp_path / "a.yaml", "from_a:\n  recipe: ctr\n")
+    second = write(tmp_path / "b.yaml", "from_b:\n  recipe: ctr\n")
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, f"{first}:{second}")
+
+    assert {"from_a", "from_b", "ctr_tiny"} <= set(all_presets())
+
+
+def test_a_missing_file_in_the_environment_variable_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(tmp_path / "nope.yaml"))
+
+    with pytest.raises(UserError, match=r"nope\.yaml named in \$RECIPES_PRESET_FILES does not exist"):
+        all_presets()
+
+
+def test_precedence_project_then_env_files_then_cwd_then_python(
+    isolated_presets: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_dir = tmp_path_factory.mktemp("env")
+    env_file = write(env_dir / "env.yaml", "ctr_tiny:\n  recipe: ctr\n  config: {optimizer: {lr: 0.2}}\n")
+    assert lr_of("ctr_tiny") == 0.003  # The project's.
+
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(env_file))
+    assert lr_of("ctr_tiny") == 0.2  # An environment file over the project's.
+
+    write(isolated_presets / "recipes.yaml", "ctr_tiny:\n  recipe: ctr\n  config: {optimizer: {lr: 0.3}}\n")
+    assert lr_of("ctr_tiny") == 0.3  # The current directory's over an environment file.
+
+    register_preset("ctr_tiny", "ctr", {"optimizer": {"lr": 0.4}})
+    assert lr_of("ctr_tiny") == 0.4  # Python over every file.
+
+
+def test_a_python_preset_can_be_based_on_a_yaml_preset() -> None:
+    register_preset("py_long", "ctr", {"seed": 11}, description="From Python.", based_on="ctr_tiny_long")
+
+    config = resolve_job(JobSpec("py_long")).config
+
+    assert (config.seed, config.trainer.max_num_steps, config.optimizer.lr) == (11, 2000, 0.003)
+    assert find_preset("py_long").source == "python"
+
+
+def test_based_on_layers_from_the_farthest_base(isolated_presets: Path) -> None:
+    write(
+        isolated_presets / "recipes.yaml",
+        "child:\n  based_on: ctr_tiny_long\n  config: {trainer: {max_num_steps: 7}, seed: 4}\n",
+    )
+
+    recipe, layers = resolve_preset(find_preset("child"))
+    config = resolve_job(JobSpec("child")).config
+
+    assert recipe.name == "ctr"
+    assert [source.split(" (")[0] for source, _ in layers] == [
+        "preset 'ctr_tiny'",
+        "preset 'ctr_tiny_long'",
+        "preset 'child'",
+    ]
+    assert config.trainer.max_num_steps == 7  # child over ctr_tiny_long's 2000 over ctr_tiny's 300
+    assert config.trainer.early_stopping.patience == 3  # from ctr_tiny_long
+    assert config.optimizer.lr == 0.003  # from ctr_tiny
+
+
+def test_an_inheritance_loop_is_an_error(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "a:\n  based_on: b\nb:\n  based_on: c\nc:\n  based_on: a\n")
+
+    with pytest.raises(UserError, match="Preset inheritance must not loop, but does: a -> b -> c -> a"):
+        resolve_preset(find_preset("a"))
+
+
+def test_a_preset_based_on_itself_is_a_loop(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "a:\n  recipe: ctr\n  based_on: a\n")
+
+    with pytest.raises(UserError, match="must not loop, but does: a -> a"):
+        resolve_preset(find_preset("a"))
+
+
+def test_a_chain_without_a_recipe_is_an_error(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "orphan:\n  description: no recipe\n")
+
+    with pytest.raises(UserError, match=r"Preset 'orphan' .* must name a `recipe`, but none in its chain does"):
+        resolve_preset(find_preset("orphan"))
+
+
+USER_RECIPE = """\
+from dataclasses import dataclass
+
+from recipes.builtin.ctr import CTRConfig, build_ctr
+from recipes.registry import register_recipe
+
+
+@dataclass
+class MyConfig(CTRConfig):
+    my_knob: int = 1
+
+
+register_recipe("my_ctr", MyConfig, "A user's recipe.")(build_ctr)
+"""
+
+
+def test_imports_import_the_users_module_from_the_presets_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    write(folder / "my_recipe_module.py", USER_RECIPE)
+    presets = write(
+        folder / "presets.yaml", "mine:\n  recipe: my_ctr\n  imports: [my_recipe_module]\n  config: {my_knob: 5}\n"
+    )
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(presets))
+
+    job = resolve_job(JobSpec("mine"))
+
+    assert job.recipe.name == "my_ctr" and job.recipe.description == "A user's recipe."
+    assert job.config.my_knob == 5  # type: ignore[attr-defined]
+    assert get_recipe("my_ctr") is job.recipe
+
+
+def test_a_single_preset_file_imports_from_its_own_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    write(folder / "my_recipe_module.py", USER_RECIPE)
+    preset = write(folder / "mine.yaml", "recipe: my_ctr\nimports: [my_recipe_module]\nconfig: {my_knob: 6}\n")
+
+    job = resolve_job(JobSpec(str(preset)))
+
+    assert (job.preset.name, job.recipe.name, job.config.my_knob) == ("mine", "my_ctr", 6)  # type: ignore[attr-defined]
+
+
+def test_a_failing_import_is_a_user_error(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "mine:\n  recipe: ctr\n  imports: [no_such_module_here]\n")
+
+    with pytest.raises(UserError, match=r"Preset 'mine' .* imports 'no_such_module_here', which fails: No module"):
+        resolve_preset(find_preset("mine"))
+
+
+def test_an_unknown_preset_suggests_the_closest_names() -> None:
+    with pytest.raises(UserError) as info:
+        find_preset("ctr_tiny_lng")
+
+    assert "Unknown preset 'ctr_tiny_lng'. Did you mean 'ctr_tiny_long' or 'ctr_tiny'?" in str(info.value)
+
+
+def test_an_unknown_recipe_suggests_the_closest_name(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "mine:\n  recipe: crt\n")
+
+    with pytest.raises(UserError, match=r"Unknown recipe 'crt'\. Did you mean 'ctr'\?"):
+        resolve_preset(find_preset("mine"))
+
+
+def test_a_file_path_works_where_a_preset_name_does(isolated_presets: Path) -> None:
+    write(isolated_presets / "one.yaml", "based_on: ctr_tiny\nconfig:\n  seed: 21\n")
+    (isolated_presets / "sub").mkdir()
+    write(isolated_presets / "sub" / "two", "recipe: ctr\nconfig: {seed: 22}\n")
+
+    assert resolve_job(JobSpec("one.yaml")).config.seed == 21
+    assert resolve_job(JobSpec("one.yaml")).config.trainer.max_num_steps == 300
+    assert resolve_job(JobSpec("sub/two")).config.seed == 22  # A path with a separator, whatever its suffix.
+
+
+def test_register_recipe_needs_a_recipe_config() -> None:
+    class NotAConfig:
+        pass
+
+    with pytest.raises(TypeError, match="`config_class` must subclass RecipeConfig, but is NotAConfig instead"):
+        registry.register_recipe("bad", NotAConfig)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mine: [1, 2\n", r"recipes\.yaml is not valid YAML"),
+        ("- mine\n", r"must map preset names to presets, but holds a list"),
+        ("mine: 3\n", r"A preset must be a mapping, but 'mine' in .* is a int"),
+        (
+            "mine:\n  recipe: ctr\n  confg: {}\n",
+            r"Unknown preset key 'confg' \(.*, preset 'mine'\)\. Did you mean 'config'\?",
+        ),
+        ("mine:\n  recipe: ctr\n  config: [1]\n", r"The `config` of a preset must be a mapping"),
+        ("mine:\n  recipe: ctr\n  imports: my_module\n", r"The `imports` of a preset must be a list of module names"),
+    ],
+)
+def test_a_malformed_presets_file_is_a_clear_error(isolated_presets: Path, text: str, message: str) -> None:
+    write(isolated_presets / "recipes.yaml", text)
+
+    with pytest.raises(UserError, match=message):
+        all_presets()
+
+
+def test_a_single_preset_file_without_a_recipe_is_an_error(isolated_presets: Path) -> None:
+    write(isolated_presets / "plain.yaml", "trainer:\n  max_num_steps: 3\n")
+
+    with pytest.raises(UserError, match=r"plain\.yaml must hold one preset with a `recipe` key, but does not"):
+        find_preset("plain.yaml")

@@ -1,0 +1,401 @@
+"""The Trainer's loop on a tiny linear regression: accumulation, limits, schedules, NaN policy, early stopping."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from gang import FakeGang, Gangs
+from recipes.cli import main
+from recipes.data.memory import InMemoryReader
+from recipes.early_stopping import PatienceEarlyStopper
+from recipes.errors import UserError
+from recipes.parts import RecipeContext, RecipeParts
+from recipes.profiler import Profiler
+from recipes.recorders import MetricRecorder
+from recipes.registry import register_preset, register_recipe
+from recipes.sections import RecipeConfig, TrainerSection
+from recipes.trainer import LossNotFiniteError, Trainer, Validation
+from units import EvalUnit, Mean, MetricBag, TrainUnit
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+NUM_FEATURES = 3
+
+generator = torch.Generator().manual_seed(0)
+FEATURES = torch.randn(64, NUM_FEATURES, generator=generator)
+TARGETS = FEATURES @ torch.tensor([1.0, -2.0, 0.5]) + 0.3
+
+
+def reader(batch_size: int, num_accumulate: int = 1, num_samples: int = 64) -> InMemoryReader[Batch]:
+    return InMemoryReader(
+        lambda rows: (FEATURES[rows], TARGETS[rows]), num_samples, batch_size, num_accumulate, shuffle=False
+    )
+
+
+class SquaredErrorUnit(TrainUnit[Batch]):
+    """Summed squared error; ``nan_at_steps`` turns the loss of those steps into NaN."""
+
+    def __init__(self, model: nn.Module, nan_at_steps: frozenset[int] = frozenset()) -> None:
+        super().__init__(model, MetricBag(FakeGang()))
+        self._nan_at_steps = nan_at_steps
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+        features, targets = batch
+        loss = ((self.model(features).squeeze(1) - targets) ** 2).sum()
+        if self.step_nr in self._nan_at_steps:
+            loss = loss * float("nan")
+        return loss, len(targets)
+
+
+class SequenceEvalUnit(EvalUnit[Batch]):
+    """Reports ``score`` = the next value of a known sequence at each validation (one batch each)."""
+
+    def __init__(self, model: nn.Module, scores: list[float]) -> None:
+        super().__init__(model, MetricBag(FakeGang()))
+        self.metric_bag.register("score", Mean())
+        self._scores = iter(scores)
+
+    def __call__(self, batch: Batch) -> None:
+        self.metric_bag["score"].update(torch.tensor(next(self._scores)))
+
+
+class ListRecorder(MetricRecorder):
+    def __init__(self) -> None:
+        self.records: list[tuple[str, int, dict[str, float]]] = []
+
+    def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
+        self.records.append((run, step_nr, dict(values)))
+
+    def steps(self, run: str) -> list[int]:
+        return [step for name, step, _ in self.records if name == run]
+
+
+def linear_model() -> nn.Linear:
+    torch.manual_seed(1)
+    return nn.Linear(NUM_FEATURES, 1)
+
+
+def make_trainer(
+    config: TrainerSection,
+    *,
+    unit: TrainUnit[Batch] | None = None,
+    data: InMemoryReader[Batch] | None = None,
+    validations: list[Validation[Any]] | None = None,
+    recorder: MetricRecorder | None = None,
+    early_stopper: PatienceEarlyStopper | None = None,
+) -> Trainer[Batch]:
+    unit = unit or SquaredErrorUnit(linear_model())
+    optimizer = torch.optim.SGD(unit.model.parameters(), lr=0.05)
+    gang = FakeGang()
+    return Trainer(
+        unit=unit,
+        data_reader=data or reader(batch_size=8),
+        optimizer=optimizer,
+        lr_scheduler=LambdaLR(optimizer, lambda step: 1.0),
+        gangs=Gangs(root=gang, dp=gang, tp=gang),
+        device=torch.device("cpu"),
+        config=config,
+        validations=validations or [],
+        recorder=recorder or ListRecorder(),
+        profiler=Profiler(False, 0, 1, "unused", 0),
+        early_stopper=early_stopper,
+    )
+
+
+def sequence_validation(model: nn.Module, scores: list[float]) -> Validation[Batch]:
+    return Validation(SequenceEvalUnit(model, scores), reader(batch_size=8, num_samples=8))
+
+
+def test_accumulating_two_batches_of_b_equals_one_batch_of_2b() -> None:
+    accumulated = SquaredErrorUnit(linear_model())
+    whole = SquaredErrorUnit(linear_model())
+    config = TrainerSection(max_num_steps=5)
+
+    make_trainer(config, unit=accumulated, data=reader(batch_size=4, num_accumulate=2)).run()
+    make_trainer(config, unit=whole, data=reader(batch_size=8)).run()
+
+    # The same 5 steps by hand: SGD on the mean squared error of 8 samples at a time.
+    expected = linear_model()
+    optimizer = torch.optim.SGD(expected.parameters(), lr=0.05)
+    for step in range(5):
+        rows = slice(8 * step, 8 * step + 8)
+        loss = ((expected(FEATURES[rows]).squeeze(1) - TARGETS[rows]) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for a, b, c in zip(accumulated.model.parameters(), whole.model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(b, c)
+    assert not torch.allclose(expected.weight, linear_model().weight), "the steps must have changed the model"
+
+
+@pytest.mark.parametrize(("num_epochs", "expected_steps"), [(1, 8), (3, 24)])
+def test_max_num_data_epochs_stops_after_that_many_passes(num_epochs: int, expected_steps: int) -> None:
+    recorder = ListRecorder()
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=None, max_num_data_epochs=num_epochs, publish_metrics_every_n_steps=100),
+        recorder=recorder,
+    )
+
+    trainer.run()
+
+    assert trainer.step_nr == expected_steps  # 64 samples / batch 8 = 8 steps per epoch
+    assert recorder.records[-1][1] == expected_steps
+    assert recorder.records[-1][2]["data_epoch"] == num_epochs
+
+
+def test_the_step_limit_wins_over_the_epoch_limit_and_epochs_continue() -> None:
+    trainer = make_trainer(TrainerSection(max_num_steps=12, max_num_data_epochs=5))
+
+    trainer.run()
+
+    assert trainer.step_nr == 12
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "publish_every", "validate_every", "published", "validated"),
+    [
+        (7, 3, 2, [3, 6, 7], [2, 4, 6, 7]),
+        (6, 3, 2, [3, 6], [2, 4, 6]),  # No second record of the last step.
+        (5, 10, None, [5], [5]),  # Without a schedule: once, at the end.
+    ],
+)
+def test_publish_and_validate_at_the_configured_steps_and_at_the_end(
+    max_steps: int, publish_every: int, validate_every: int | None, published: list[int], validated: list[int]
+) -> None:
+    recorder = ListRecorder()
+    model = linear_model()
+    trainer = make_trainer(
+        TrainerSection(
+            max_num_steps=max_steps,
+            publish_metrics_every_n_steps=publish_every,
+            validate_every_n_steps=validate_every,
+        ),
+        unit=SquaredErrorUnit(model),
+        validations=[sequence_validation(model, [float(i) for i in range(10)])],
+        recorder=recorder,
+    )
+
+    trainer.run()
+
+    assert recorder.steps("train") == published
+    assert recorder.steps("valid") == validated
+    assert [values["score"] for run, _, values in recorder.records if run == "valid"] == list(
+        map(float, range(len(validated)))
+    )
+    first_train = next(values for run, _, values in recorder.records if run == "train")
+    assert {"loss", "grad_norm", "throughput", "lr", "data_epoch"} <= set(first_train)
+
+
+def test_the_published_loss_is_the_mean_over_the_targets_of_the_published_steps() -> None:
+    recorder = ListRecorder()
+    make_trainer(TrainerSection(max_num_steps=2, publish_metrics_every_n_steps=2), recorder=recorder).run()
+
+    by_hand = linear_model()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.05)
+    losses = []
+    for step in range(2):
+        rows = slice(8 * step, 8 * step + 8)
+        loss = ((by_hand(FEATURES[rows]).squeeze(1) - TARGETS[rows]) ** 2).mean()
+        losses.append(float(loss.detach()))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    [(run, step, values)] = recorder.records
+    assert (run, step) == ("train", 2)
+    assert values["loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+    assert values["lr"] == 0.05
+
+
+@pytest.mark.parametrize("score_metric", ["scor", "valid/auc", "other/score"])
+def test_a_score_metric_naming_a_missing_metric_is_a_user_error(score_metric: str) -> None:
+    model = linear_model()
+
+    with pytest.raises(UserError) as info:
+        make_trainer(
+            TrainerSection(score_metric=score_metric),
+            unit=SquaredErrorUnit(model),
+            validations=[sequence_validation(model, [])],
+        )
+
+    message = str(info.value)
+    assert f"`trainer.score_metric` must name a validation metric (one of valid/score), but is '{score_metric}'" in (
+        message
+    )
+
+
+def test_a_misspelt_score_metric_gets_a_hint() -> None:
+    model = linear_model()
+
+    with pytest.raises(UserError, match=r"Did you mean 'valid/score'\?"):
+        make_trainer(
+            TrainerSection(score_metric="scor"),
+            unit=SquaredErrorUnit(model),
+            validations=[sequence_validation(model, [])],
+        )
+
+
+def test_a_score_metric_without_validations_is_a_user_error() -> None:
+    with pytest.raises(UserError, match=r"must name a validation metric \(one of none\), but is 'auc' instead"):
+        make_trainer(TrainerSection(score_metric="auc"))
+
+
+@pytest.mark.parametrize("score_metric", ["score", "valid/score"])
+def test_a_score_metric_names_the_metric_alone_or_with_its_unit(score_metric: str) -> None:
+    model = linear_model()
+
+    make_trainer(
+        TrainerSection(score_metric=score_metric),
+        unit=SquaredErrorUnit(model),
+        validations=[sequence_validation(model, [])],
+    )
+
+
+def test_a_nan_loss_with_nan_policy_stop_raises_naming_the_step() -> None:
+    trainer = make_trainer(TrainerSection(max_num_steps=10), unit=SquaredErrorUnit(linear_model(), frozenset({3})))
+
+    with pytest.raises(LossNotFiniteError, match=r"The loss is nan at step 3; stopping \(trainer.nan_policy=stop\)"):
+        trainer.run()
+
+
+def test_a_nan_loss_with_nan_policy_skip_skips_the_step_without_touching_the_model() -> None:
+    recorder = ListRecorder()
+    skipping = SquaredErrorUnit(linear_model(), frozenset({2}))
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=4, nan_policy="skip", publish_metrics_every_n_steps=1),
+        unit=skipping,
+        recorder=recorder,
+    )
+
+    trainer.run()
+
+    assert trainer.step_nr == 4
+    skipped = dict((step, values) for _, step, values in recorder.records)
+    assert skipped[2]["num_skipped_steps"] == 1.0 and "loss" not in skipped[2]
+    assert skipped[3]["num_skipped_steps"] == 0.0
+    # The skipped step changed nothing: 3 real steps on batches 1, 3 and 4 give the same model.
+    by_hand = linear_model()
+    optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.05)
+    for step in (0, 2, 3):
+        rows = slice(8 * step, 8 * step + 8)
+        optimizer.zero_grad()
+        ((by_hand(FEATURES[rows]).squeeze(1) - TARGETS[rows]) ** 2).mean().backward()
+        optimizer.step()
+    for actual, expected in zip(skipping.model.parameters(), by_hand.parameters()):
+        torch.testing.assert_close(actual, expected)
+
+
+def test_too_many_skipped_steps_in_a_row_stop_training() -> None:
+    unit = SquaredErrorUnit(linear_model(), frozenset({2, 4, 5, 6, 7}))
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=20, nan_policy="skip", max_consecutive_skipped_steps=3), unit=unit
+    )
+
+    with pytest.raises(LossNotFiniteError, match=r"not finite for 3 steps in a row \(up to step 6\)"):
+        trainer.run()
+
+
+@pytest.mark.parametrize(
+    ("scores", "lower_better", "stop_step"),
+    [
+        ([0.5, 0.6, 0.55, 0.58, 0.9, 0.9], False, 8),  # two validations without a new best after 0.6
+        ([0.5, 0.4, 0.3, 0.2, 0.1, 0.05], False, 6),
+        ([0.5, 0.4, 0.3, 0.2, 0.1, 0.05], True, 12),  # always improving: runs to max_num_steps
+    ],
+)
+def test_early_stopping_stops_at_the_expected_validation(
+    scores: list[float], lower_better: bool, stop_step: int
+) -> None:
+    recorder = ListRecorder()
+    model = linear_model()
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=12, validate_every_n_steps=2, score_metric="score", lower_better=lower_better),
+        unit=SquaredErrorUnit(model),
+        validations=[sequence_validation(model, scores)],
+        recorder=recorder,
+        early_stopper=PatienceEarlyStopper(2, lower_better=lower_better),
+    )
+
+    trainer.run()
+
+    assert trainer.step_nr == stop_step
+    assert recorder.steps("valid") == list(range(2, stop_step + 1, 2))
+    assert recorder.steps("train")[-1] == stop_step
+
+
+def test_bf16_mixed_precision_trains_on_cpu() -> None:
+    recorder = ListRecorder()
+    model = linear_model()
+    before = model.weight.detach().clone()
+
+    make_trainer(
+        TrainerSection(max_num_steps=8, mixed_precision="bf16", publish_metrics_every_n_steps=4),
+        unit=SquaredErrorUnit(model),
+        recorder=recorder,
+    ).run()
+
+    losses = [values["loss"] for _, _, values in recorder.records]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[1] < losses[0]
+    assert model.weight.dtype == torch.float32  # autocast, not a cast of the model
+    assert not torch.equal(model.weight, before)
+
+
+# Early stopping through the config, in a recipe -------------------------------------------------
+
+
+@dataclass
+class SequenceDataSection:
+    scores: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SequenceConfig(RecipeConfig):
+    data: SequenceDataSection = field(default_factory=SequenceDataSection)
+
+
+def build_sequence_recipe(context: RecipeContext[SequenceConfig]) -> RecipeParts:
+    model = linear_model()
+    return RecipeParts(
+        train_unit=SquaredErrorUnit(model),
+        train_reader=reader(batch_size=8),
+        validations=[sequence_validation(model, context.config.data.scores)],
+    )
+
+
+def test_trainer_early_stopping_patience_in_the_config_stops_training(
+    isolated_presets: Path, read_jsonl: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    register_recipe("score_sequence", SequenceConfig)(build_sequence_recipe)
+    register_preset(
+        "score_sequence",
+        "score_sequence",
+        {
+            "trainer": {"max_num_steps": 40, "validate_every_n_steps": 5, "score_metric": "score"},
+            "optimizer": {"name": "sgd", "lr": 0.01},
+            "metrics": {"console": False, "tensorboard": False},
+        },
+    )
+
+    code = main(
+        [
+            "train",
+            "score_sequence",
+            "-o",
+            "out",
+            "data.scores=[0.1, 0.3, 0.2, 0.25, 0.29, 0.9, 0.9, 0.9]",
+            "trainer.early_stopping.patience=3",
+        ]
+    )
+
+    assert code == 0, capsys.readouterr().err
+    valid = read_jsonl(isolated_presets / "out" / "metrics" / "valid.jsonl")
+    assert [row["step"] for row in valid] == [5, 10, 15, 20, 25]  # 0.2, 0.25, 0.29 fail to beat 0.3
+    assert read_jsonl(isolated_presets / "out" / "metrics" / "train.jsonl")[-1]["step"] == 25
