@@ -73,9 +73,7 @@ def test_gzip_and_plain_files_read_the_same(tmp_path: Path) -> None:
     packed = write_lines(tmp_path / "day.tsv.gz", lines)
 
     def read(path: str) -> list[list[list[int]]]:
-        return row_ids(
-            read_all(CriteoReader(path, batch_size=8, num_embeddings_per_feature=NO_FOLDING, seed=3))
-        )
+        return row_ids(read_all(CriteoReader(path, batch_size=8, num_embeddings_per_feature=NO_FOLDING, seed=3)))
 
     assert read(plain) == read(packed)
     assert sorted(i for step in read(plain) for batch in step for i in batch) == sorted(
@@ -86,9 +84,7 @@ def test_gzip_and_plain_files_read_the_same(tmp_path: Path) -> None:
 def test_steps_have_num_accumulate_micro_batches_and_drop_the_incomplete_step(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(23)])
 
-    reader = CriteoReader(
-        path, batch_size=4, num_accumulate=2, num_embeddings_per_feature=NO_FOLDING, shuffle=False
-    )
+    reader = CriteoReader(path, batch_size=4, num_accumulate=2, num_embeddings_per_feature=NO_FOLDING, shuffle=False)
 
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]]
     with pytest.raises(StopIteration):
@@ -99,9 +95,7 @@ def test_globs_read_files_in_order_and_a_missing_file_is_a_data_error(tmp_path: 
     write_lines(tmp_path / "day_0", [numbered_line(i) for i in range(3)])
     write_lines(tmp_path / "day_1.gz", [numbered_line(i) for i in range(3, 6)])
 
-    reader = CriteoReader(
-        str(tmp_path / "day_*"), batch_size=6, num_embeddings_per_feature=NO_FOLDING, shuffle=False
-    )
+    reader = CriteoReader(str(tmp_path / "day_*"), batch_size=6, num_embeddings_per_feature=NO_FOLDING, shuffle=False)
 
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3, 4, 5]]]
     with pytest.raises(DataError, match="day_9"):
@@ -121,9 +115,7 @@ def test_memory_filesystem_paths() -> None:
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3, 4]], [[5, 6, 7, 8, 9]]]
 
 
-def test_malformed_rows_are_logged_skipped_and_then_an_error(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_malformed_rows_are_logged_skipped_and_then_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     lines = [numbered_line(i) for i in range(6)]
     lines[1] = lines[1].replace("\t", "\t\t", 1)  # 41 fields
     lines[3] = "2" + lines[3][1:]  # bad label

@@ -36,9 +36,7 @@ def write_dataset(directory: Path, movies: str = MOVIES, ratings: str = RATINGS)
 
 def rows_of(steps: list[list[CTRBatch]]) -> list[list[list[int]]]:
     """Per step, per micro-batch, the (user, movie, year) triples flattened into row keys."""
-    return [
-        [(b.sparse["user"].ids * 1_000_000 + b.sparse["movie"].ids).tolist() for b in step] for step in steps
-    ]
+    return [[(b.sparse["user"].ids * 1_000_000 + b.sparse["movie"].ids).tolist() for b in step] for step in steps]
 
 
 def test_hand_written_files_give_exact_features(tmp_path: Path) -> None:
@@ -76,9 +74,7 @@ def test_hand_written_files_give_exact_features(tmp_path: Path) -> None:
         ("userId,movieId,rating,timestamp\n", r"ratings.csv must hold at least one rating"),
     ],
 )
-def test_malformed_files_are_data_errors_naming_file_and_line(
-    tmp_path: Path, ratings: str, message: str
-) -> None:
+def test_malformed_files_are_data_errors_naming_file_and_line(tmp_path: Path, ratings: str, message: str) -> None:
     with pytest.raises(DataError, match=message):
         load_movielens(write_dataset(tmp_path / "ml", ratings=ratings))
 
@@ -135,9 +131,7 @@ def test_two_ranks_share_every_row_once_with_equal_step_counts(shipped: MovieLen
     rows = np.arange(1000)
 
     def read(rank: int) -> list[list[CTRBatch]]:
-        reader = MovieLensReader(
-            shipped, rows, batch_size=16, num_accumulate=3, dp_rank=rank, dp_size=2, seed=4
-        )
+        reader = MovieLensReader(shipped, rows, batch_size=16, num_accumulate=3, dp_rank=rank, dp_size=2, seed=4)
         return list(reader)
 
     rank_0, rank_1 = read(0), read(1)
@@ -150,9 +144,7 @@ def test_two_ranks_share_every_row_once_with_equal_step_counts(shipped: MovieLen
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_resume_mid_epoch_reads_what_an_uninterrupted_run_reads(
-    shipped: MovieLensData, shuffle: bool
-) -> None:
+def test_resume_mid_epoch_reads_what_an_uninterrupted_run_reads(shipped: MovieLensData, shuffle: bool) -> None:
     def reader() -> MovieLensReader:
         return MovieLensReader(shipped, np.arange(500, 900), batch_size=8, num_accumulate=2, shuffle=shuffle)
 
