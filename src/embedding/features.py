@@ -12,6 +12,9 @@ import torch
 class JaggedIds:
     """The ids of one feature for a batch: sample ``i`` has ``ids[offsets[i]:offsets[i + 1]]``.
 
+    ``offsets`` starts at 0 and ends at ``len(ids)``: lookups concatenate features by shifting
+    offsets, which a sync-free check cannot verify on an accelerator.
+
     ``weights``, when given, holds one weight per id (for weighted pooling).
     """
 

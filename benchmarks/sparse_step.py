@@ -1,0 +1,149 @@
+"""One full sparse training step (lookup, backward, fused update) against torch's sparse baselines.
+
+A batch of 4096 samples x 26 features x 1 id, Zipf-distributed (numpy zipf a=1.1, fixed seed),
+over 1,000,000 rows of dim 64 in two layouts: 26 tables that together hold 1,000,000 rows (one
+per feature), and one 1,000,000-row table shared by the 26 features. The baselines are
+``nn.EmbeddingBag(sparse=True)`` (one per table, the shared one called once per feature) with
+``torch.optim.SparseAdam`` and with ``torch.optim.Adagrad``. The loss is the sum of the pooled
+outputs times a fixed random tensor.
+
+    python benchmarks/sparse_step.py [--steps 20] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from embedding import (
+    EmbeddingTableConfig,
+    JaggedIds,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizer,
+    SparseOptimizerConfig,
+)
+
+TOTAL_ROWS = 1_000_000
+DIM = 64
+BATCH = 4096
+NUM_FEATURES = 26
+FEATURES = [f"f{i}" for i in range(NUM_FEATURES)]
+
+
+def table_configs(layout: str) -> list[EmbeddingTableConfig]:
+    if layout == "shared":
+        return [EmbeddingTableConfig("shared", TOTAL_ROWS, DIM, tuple(FEATURES))]
+    rows = [TOTAL_ROWS // NUM_FEATURES + (i < TOTAL_ROWS % NUM_FEATURES) for i in range(NUM_FEATURES)]
+    return [EmbeddingTableConfig(f"t{i}", rows[i], DIM, (name,)) for i, name in enumerate(FEATURES)]
+
+
+def make_features(tables: list[EmbeddingTableConfig]) -> SparseFeatures:
+    rng = np.random.default_rng(0)
+    zipf = rng.zipf(1.1, size=(NUM_FEATURES, BATCH))
+    rows_of = {feature: table.num_rows for table in tables for feature in table.features}
+    return SparseFeatures(
+        {
+            name: JaggedIds.from_dense(torch.from_numpy(zipf[i] % rows_of[name]).view(BATCH, 1))
+            for i, name in enumerate(FEATURES)
+        }
+    )
+
+
+def coefficients() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return {name: torch.randn(BATCH, DIM, generator=generator) for name in FEATURES}
+
+
+def ours(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[], None]:
+    collection = ShardedEmbeddingCollection(tables)
+    optimizer = SparseOptimizer(collection, SparseOptimizerConfig(optimizer_name))
+    features, coefficient = make_features(tables), coefficients()
+
+    def step() -> None:
+        outputs = collection(features)
+        sum((outputs[name] * coefficient[name]).sum() for name in FEATURES).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def baseline(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[], None]:
+    bags = {table.name: nn.EmbeddingBag(table.num_rows, DIM, mode="sum", sparse=True) for table in tables}
+    bag_of = {feature: bags[table.name] for table in tables for feature in table.features}
+    parameters = [bag.weight for bag in bags.values()]
+    optimizer: torch.optim.Optimizer
+    if optimizer_name == "SparseAdam":
+        optimizer = torch.optim.SparseAdam(parameters, lr=0.01)
+    else:
+        optimizer = torch.optim.Adagrad(parameters, lr=0.01)
+    features, coefficient = make_features(tables), coefficients()
+
+    def step() -> None:
+        loss = sum(
+            (bag_of[name](features[name].ids, features[name].offsets[:-1]) * coefficient[name]).sum()
+            for name in FEATURES
+        )
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+METHODS: list[tuple[str, Callable[[list[EmbeddingTableConfig], str], Callable[[], None]], str]] = [
+    ("EmbeddingBag+SparseAdam", baseline, "SparseAdam"),
+    ("EmbeddingBag+Adagrad", baseline, "Adagrad"),
+    ("ours rowwise_adagrad", ours, "rowwise_adagrad"),
+    ("ours adam", ours, "adam"),
+]
+
+
+def median_ms(steps_by_method: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, float]:
+    """The median time of one step of every method; the methods take turns, step by step, so
+    that the load of other processes on the machine weighs on them alike."""
+    for step in steps_by_method.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {method: [] for method in steps_by_method}
+    for _ in range(steps):
+        for method, step in steps_by_method.items():
+            start = time.perf_counter()
+            step()
+            times[method].append((time.perf_counter() - start) * 1000)
+    return {method: statistics.median(method_times) for method, method_times in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+
+    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(f"torch threads: {torch.get_num_threads()}; batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}")
+    print("layouts: '26 tables' = 26 tables holding 1,000,000 rows together, one per feature;")
+    print("         'shared' = one 1,000,000-row table looked up by all 26 features\n")
+    print("| layout | method | median ms/step | vs EmbeddingBag+SparseAdam | vs EmbeddingBag+Adagrad |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for layout in ("26 tables", "shared"):
+        tables = table_configs("shared" if layout == "shared" else "split")
+        steps_by_method = {method: build(tables, optimizer_name) for method, build, optimizer_name in METHODS}
+        results = median_ms(steps_by_method, args.steps, args.warmup)
+        del steps_by_method
+        for method, ms in results.items():
+            sparse_adam = results["EmbeddingBag+SparseAdam"] / ms
+            adagrad = results["EmbeddingBag+Adagrad"] / ms
+            print(f"| {layout} | {method} | {ms:.2f} | {sparse_adam:.2f}x | {adagrad:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The embedding collection: pooled lookups of many tables, sharded over a gang.
+
+The tables are not ``nn.Parameter``s: a dense optimizer never sees them, DDP never syncs them,
+and ``nn.Module.state_dict`` leaves them out. Backward records their gradients in the form the
+fused kernels consume (see :class:`embedding.sharding.GradRecord`), and the
+:class:`embedding.optimizer.SparseOptimizer` applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from embedding.config import EmbeddingTableConfig, check_tables
+from embedding.features import JaggedIds, SparseFeatures
+from embedding.lookup import Bags, TableLookup, make_lookup
+from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
+from embedding.sharding import ShardGroup, TableShard, build_groups
+from embedding.state import load_shard_states, shard_states
+from gang import FakeGang, Gang
+
+
+class SparseFeatureError(ValueError):
+    """Raised when the sparse features of a batch do not fit the tables that look them up."""
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """Embedding tables placed over the ranks of ``gang`` (one process by default).
+
+    ``forward`` maps the sparse features of this rank's batch to one output per feature:
+    ``[batch, dim]`` for pooled tables, the ``[num_ids, dim]`` rows for pooling ``"none"``.
+    Every rank must call it with the same features, as lookups are collective. The result
+    equals, to float tolerance, a single process looking up the same batch. Tables are
+    initialised from ``seed`` so that every placement starts from the same values.
+
+    ``shards`` maps each table to this rank's rows of it; ``groups`` are the buffers that hold
+    them (see :class:`embedding.sharding.ShardGroup`), each looked up and stepped at once.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingTableConfig],
+        gang: Gang | None = None,
+        *,
+        seed: int = 0,
+        replicate_max_bytes: int = DEFAULT_REPLICATE_MAX_BYTES,
+    ) -> None:
+        super().__init__()
+        check_tables(tables)
+        self.tables = tuple(tables)
+        self.gang = gang if gang is not None else FakeGang()
+        self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
+        self.groups: list[ShardGroup] = build_groups(
+            self.tables, self.plan, self.gang.size, self.gang.rank, seed, self.gang.device
+        )
+        self.shards: Mapping[str, TableShard] = {
+            shard.config.name: shard for group in self.groups for shard in group.shards
+        }
+        # Autograd calls a function's backward only if one of its inputs requires grad; the
+        # tables are not inputs, so this empty tensor stands in for them.
+        self._grad_anchor = torch.empty(0, requires_grad=True)
+
+    def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
+        features = features.to(self.gang.device)
+        _check_features(self.tables, features)
+        lookups = [make_lookup(group, self.gang) for group in self.groups]
+        bags = [_group_bags(group, features) for group in self.groups]
+        pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags)
+
+        outputs: dict[str, torch.Tensor] = {}
+        for group, group_pooled in zip(self.groups, pooled):
+            tables = [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
+            sizes = [_num_bags(table, features[feature]) for table, feature in tables]
+            for (table, feature), rows in zip(tables, torch.split(group_pooled, sizes)):
+                if table.pooling == "mean":
+                    lengths = torch.diff(features[feature].offsets).clamp(min=1).to(rows.dtype)
+                    rows = rows / lengths.unsqueeze(1)
+                outputs[feature] = rows
+        return outputs
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's rows of every table and their optimizer state, with global row ranges.
+
+        Like ``nn.Module.state_dict``, the tensors share storage with the live tables: save
+        or copy them before the next optimizer step.
+        """
+        return shard_states(self.shards.values())
+
+    def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
+        """Copy in the rows this rank owns from the sharded state dicts of every rank of a
+        saving job, whatever its number of ranks or placements."""
+        load_shard_states(self.shards.values(), pieces)
+
+
+class _PooledLookup(torch.autograd.Function):
+    """Looks every table up in one autograd node, so that the backward of every rank runs the
+    tables' collectives in the same order."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, grad_anchor: torch.Tensor, lookups: list[TableLookup], bags: list[Bags]
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.lookups = lookups
+        return tuple(lookup.forward(table_bags) for lookup, table_bags in zip(lookups, bags))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, None, None]:
+        for lookup, grad in zip(ctx.lookups, grads):
+            lookup.backward(grad)
+        return None, None, None
+
+
+def _check_features(tables: Sequence[EmbeddingTableConfig], features: SparseFeatures) -> None:
+    for table in tables:
+        for feature in table.features:
+            if feature not in features:
+                raise SparseFeatureError(
+                    f"`features` must hold feature '{feature}' of table '{table.name}', but holds only "
+                    f"{sorted(features)} instead."
+                )
+
+
+def _num_bags(table: EmbeddingTableConfig, jagged: JaggedIds) -> int:
+    return jagged.ids.numel() if table.pooling == "none" else jagged.batch_size
+
+
+def _group_bags(group: ShardGroup, features: SparseFeatures) -> Bags:
+    """The bags of every feature of every table of ``group``, concatenated: one lookup serves
+    them all. Ids move by their table's offset in the group's buffer."""
+    table_features = [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
+    weighted = any(features[feature].weights is not None for _, feature in table_features)
+    ids, offsets, scales = [], [], []
+    num_ids = 0
+    for shard, buffer_offset in zip(group.shards, group.buffer_offsets):
+        table = shard.config
+        for feature in table.features:
+            jagged = features[feature]
+            feature_ids = _checked_ids(table, feature, jagged.ids.to(torch.int64))
+            if table.pooling == "none":  # every id is a bag of its own
+                feature_offsets = torch.arange(feature_ids.numel() + 1, device=feature_ids.device)
+            else:
+                feature_offsets = jagged.offsets.to(torch.int64)
+            ids.append(feature_ids + buffer_offset if buffer_offset else feature_ids)
+            offsets.append(feature_offsets[:-1] + num_ids)
+            if weighted:
+                scales.append(_weights_or_ones(jagged))
+            num_ids += feature_ids.numel()
+    offsets.append(torch.tensor([num_ids], device=ids[0].device))
+    return Bags(torch.cat(ids), torch.cat(offsets), torch.cat(scales) if weighted else None)
+
+
+def _weights_or_ones(jagged: JaggedIds) -> torch.Tensor:
+    if jagged.weights is None:
+        return torch.ones_like(jagged.ids, dtype=torch.float32)
+    return jagged.weights.to(torch.float32)
+
+
+def _checked_ids(table: EmbeddingTableConfig, feature: str, ids: torch.Tensor) -> torch.Tensor:
+    if table.out_of_range == "hash":
+        return torch.remainder(ids, table.num_rows)
+    if ids.numel() > 0:
+        low, high = (int(value) for value in torch.aminmax(ids))
+        if low < 0 or high >= table.num_rows:
+            raise SparseFeatureError(
+                f"Ids of feature '{feature}' must be in [0, {table.num_rows}) as table '{table.name}' has "
+                f"{table.num_rows} rows, but contain {low if low < 0 else high} instead."
+            )
+    return ids

@@ -1,0 +1,106 @@
+"""The configuration of embedding tables: their shape, the features that look them up, how
+lookups are pooled, initialised, optimised and placed over the ranks of a gang."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from embedding.optim_config import SparseOptimizerConfig
+
+Pooling = Literal["sum", "mean", "none"]
+"""How the ids of one sample are combined: summed, averaged, or kept as one row each."""
+
+Initializer = Literal["uniform", "normal"]
+
+OutOfRangePolicy = Literal["error", "hash"]
+"""What an id outside ``[0, num_rows)`` does: raise, or wrap modulo ``num_rows``."""
+
+Placement = Literal["table_wise", "row_wise", "replicated"]
+"""Where the rows of a table live: all on one rank, in contiguous ranges over every rank, or
+every row on every rank (data-parallel)."""
+
+PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
+
+
+class EmbeddingConfigError(ValueError):
+    """Raised when an embedding table or collection is configured with invalid values."""
+
+
+@dataclass(frozen=True)
+class EmbeddingTableConfig:
+    """One embedding table of ``num_rows`` x ``dim`` float32 rows.
+
+    ``features`` names the sparse features that look the table up; several features may share
+    one table (the DLRM layout), each still getting its own output. ``init_scale`` is the bound
+    of the uniform initializer or the standard deviation of the normal one; by default it is
+    ``sqrt(1 / num_rows)``, torchrec's default bound. ``optimizer`` overrides the sparse
+    optimizer of the collection for this table, ``placement`` the planner's choice.
+    """
+
+    name: str
+    num_rows: int
+    dim: int
+    features: tuple[str, ...]
+    pooling: Pooling = "sum"
+    initializer: Initializer = "uniform"
+    init_scale: float | None = None
+    optimizer: SparseOptimizerConfig | None = None
+    out_of_range: OutOfRangePolicy = "error"
+    placement: Placement | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        # Configs read from YAML carry lists; a tuple keeps the config hashable and frozen.
+        object.__setattr__(self, "features", tuple(self.features))
+        if not self.name:
+            raise EmbeddingConfigError("`name` of an embedding table must be a non-empty string, but is '' instead.")
+        if self.num_rows < 1:
+            raise EmbeddingConfigError(
+                f"`num_rows` of table '{self.name}' must be at least 1, but is {self.num_rows} instead."
+            )
+        if self.dim < 1:
+            raise EmbeddingConfigError(f"`dim` of table '{self.name}' must be at least 1, but is {self.dim} instead.")
+        if not self.features:
+            raise EmbeddingConfigError(
+                f"`features` of table '{self.name}' must name at least one feature, but is empty instead."
+            )
+        _check_choice(self.name, "pooling", self.pooling, get_args(Pooling))
+        _check_choice(self.name, "initializer", self.initializer, get_args(Initializer))
+        _check_choice(self.name, "out_of_range", self.out_of_range, get_args(OutOfRangePolicy))
+        if self.placement is not None:
+            _check_choice(self.name, "placement", self.placement, PLACEMENTS)
+        if self.init_scale is not None and self.init_scale < 0.0:
+            raise EmbeddingConfigError(
+                f"`init_scale` of table '{self.name}' must be at least 0, but is {self.init_scale} instead."
+            )
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_rows * self.dim * 4
+
+
+def check_tables(tables: Sequence[EmbeddingTableConfig]) -> None:
+    """Raise if two tables share a name or a feature looks up two tables."""
+    if not tables:
+        raise EmbeddingConfigError("`tables` must hold at least one table, but is empty instead.")
+    table_of_feature: dict[str, str] = {}
+    names: set[str] = set()
+    for table in tables:
+        if table.name in names:
+            raise EmbeddingConfigError(f"Table names must be unique, but '{table.name}' is used twice.")
+        names.add(table.name)
+        for feature in table.features:
+            if feature in table_of_feature:
+                raise EmbeddingConfigError(
+                    f"A feature must look up one table, but '{feature}' looks up "
+                    f"'{table_of_feature[feature]}' and '{table.name}'."
+                )
+            table_of_feature[feature] = table.name
+
+
+def _check_choice(table: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise EmbeddingConfigError(
+            f"`{name}` of table '{table}' must be one of {', '.join(choices)}, but is '{value}' instead."
+        )

@@ -1,0 +1,212 @@
+"""Pooled lookups of one shard group, local or over a gang, and the gradients they record.
+
+Every lookup is a weighted sum per bag: ``out[b] = sum_k scale[k] * weight[ids[k]]`` over the
+ids ``k`` of bag ``b``, ``weight`` being the group's buffer. Mean pooling and unpooled rows are
+built on it by the collection. A lookup object serves one forward and its backward,
+remembering in between what the backward needs to route gradients to the rows' owners.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from embedding.sharding import GradRecord, ShardGroup
+from gang import Gang
+
+
+@dataclass(frozen=True)
+class Bags:
+    """The bags this rank looks up in one group: bag ``b`` holds ``ids[offsets[b]:offsets[b + 1]]``,
+    each weighted by ``scales`` (``None``: by 1). The ids are rows of the group's buffer when
+    every row is local, else global rows of the group's one table; checked or hashed already."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    scales: torch.Tensor | None
+
+    @property
+    def num_bags(self) -> int:
+        return self.offsets.numel() - 1
+
+    def bag_of_each_id(self) -> torch.Tensor:
+        bags = torch.arange(self.num_bags, device=self.ids.device)
+        return torch.repeat_interleave(bags, torch.diff(self.offsets), output_size=self.ids.numel())
+
+
+class TableLookup(ABC):
+    """One pooled lookup of one group: ``forward`` returns ``[num_bags, dim]`` and ``backward``
+    takes its gradient and records the rows' gradients on the groups that own them."""
+
+    @abstractmethod
+    def forward(self, bags: Bags) -> torch.Tensor: ...
+
+    @abstractmethod
+    def backward(self, grad_pooled: torch.Tensor) -> None: ...
+
+
+def make_lookup(group: ShardGroup, gang: Gang) -> TableLookup:
+    """The lookup for ``group``: local when this rank holds its whole tables, else all-to-all."""
+    if gang.size == 1:
+        return LocalLookup(group)
+    if group.placement == "replicated":
+        return ReplicatedLookup(group, gang)
+    return AllToAllLookup(group, gang)
+
+
+class LocalLookup(TableLookup):
+    """Every row is on this rank: no communication."""
+
+    def __init__(self, group: ShardGroup) -> None:
+        self._group = group
+        self._bags: Bags | None = None
+
+    def forward(self, bags: Bags) -> torch.Tensor:
+        self._bags = bags
+        return _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
+
+    def backward(self, grad_pooled: torch.Tensor) -> None:
+        self._group.record(self._local_record(grad_pooled))
+
+    def _local_record(self, grad_pooled: torch.Tensor) -> GradRecord:
+        assert self._bags is not None, "`backward` runs after `forward`."
+        bags = self._bags
+        return GradRecord(bags.ids, grad_pooled.contiguous(), bags.bag_of_each_id(), bags.scales)
+
+
+class ReplicatedLookup(LocalLookup):
+    """Every rank holds every row and looks up locally; in backward, every rank records the
+    gradients of all ranks, in rank order, so that every replica applies the same update."""
+
+    def __init__(self, group: ShardGroup, gang: Gang) -> None:
+        super().__init__(group)
+        self._gang = gang
+
+    def backward(self, grad_pooled: torch.Tensor) -> None:
+        record = self._local_record(grad_pooled)
+        scales = (
+            record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
+        )
+        row_counts = _all_gather_sizes(self._gang, record.grad_rows.size(0))
+        index_offsets = [sum(row_counts[:rank]) for rank in range(self._gang.size)]
+        id_counts = _all_gather_sizes(self._gang, record.ids.numel())
+        grad_index = _all_gather_rows(self._gang, record.grad_index, id_counts)
+        rank_of_id = torch.repeat_interleave(
+            torch.arange(self._gang.size, device=grad_index.device),
+            torch.tensor(id_counts, device=grad_index.device),
+            output_size=grad_index.numel(),
+        )
+        grad_index += torch.tensor(index_offsets, device=grad_index.device)[rank_of_id]
+        self._group.record(
+            GradRecord(
+                ids=_all_gather_rows(self._gang, record.ids, id_counts),
+                grad_rows=_all_gather_rows(self._gang, record.grad_rows, row_counts),
+                grad_index=grad_index,
+                grad_scale=_all_gather_rows(self._gang, scales, id_counts),
+            )
+        )
+
+
+class AllToAllLookup(TableLookup):
+    """The group's one table lives in row ranges over the ranks (row-wise, or table-wise: one
+    rank holds the whole range).
+
+    Forward, in phases: bucketize the ids by owner; exchange counts; exchange ids and their
+    scales; every owner pools what it received into partial sums, one per (requester, bag);
+    exchange the partial sums back; each requester adds its partial sums into its bags.
+    Backward sends each partial sum's gradient back to its owner, which records it.
+    """
+
+    def __init__(self, group: ShardGroup, gang: Gang) -> None:
+        (self._shard,) = group.shards
+        self._group = group
+        self._gang = gang
+
+    def forward(self, bags: Bags) -> torch.Tensor:
+        gang, device = self._gang, bags.ids.device
+
+        # Phase 1: bucketize ids by owner. Sorting stably keeps each owner's ids in bag order,
+        # so the ids of one bag at one owner are contiguous: one partial sum.
+        inner_bounds = torch.tensor(self._shard.sharding.row_bounds[1:-1], device=device)
+        owner = torch.bucketize(bags.ids, inner_bounds, right=True)
+        order = torch.argsort(owner, stable=True)
+        sent_owner, sent_ids, sent_bag = owner[order], bags.ids[order], bags.bag_of_each_id()[order]
+        sent_scales = bags.scales[order] if bags.scales is not None else torch.ones_like(sent_ids, dtype=torch.float32)
+        send_counts = torch.bincount(owner, minlength=gang.size)
+        starts = _partial_bag_starts(sent_bag, _segment_starts(send_counts))
+        self._partial_bag_target = sent_bag[starts]
+        self._partials_per_owner = torch.bincount(sent_owner[starts], minlength=gang.size).tolist()
+
+        # Phase 2: exchange counts, then ids, bags and scales.
+        recv_counts = torch.empty_like(send_counts)
+        gang.all_to_all(recv_counts, send_counts)
+        send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()
+        recv_ids = _exchange(gang, sent_ids, send_sizes, recv_sizes)
+        recv_bag = _exchange(gang, sent_bag, send_sizes, recv_sizes)
+        self._recv_scales = _exchange(gang, sent_scales, send_sizes, recv_sizes)
+
+        # Phase 3: local lookup, one partial sum per (requester, bag).
+        recv_starts = _partial_bag_starts(recv_bag, _segment_starts(recv_counts))
+        self._local_ids = recv_ids - self._shard.row_start
+        self._partial_of_id = torch.cumsum(recv_starts, 0) - 1
+        partial_offsets = torch.cat(
+            [torch.nonzero(recv_starts).flatten(), torch.tensor([recv_ids.numel()], device=device)]
+        )
+        partials = _weighted_sum(self._group.weight, self._local_ids, partial_offsets, self._recv_scales)
+        requester = torch.repeat_interleave(torch.arange(gang.size, device=device), recv_counts)
+        self._partials_per_requester = torch.bincount(requester[recv_starts], minlength=gang.size).tolist()
+
+        # Phase 4: exchange the partial sums back, and add them up per bag.
+        received = _exchange(gang, partials, self._partials_per_requester, self._partials_per_owner)
+        pooled = torch.zeros((bags.num_bags, self._shard.config.dim), dtype=partials.dtype, device=device)
+        return pooled.index_add_(0, self._partial_bag_target, received)
+
+    def backward(self, grad_pooled: torch.Tensor) -> None:
+        grad_partials = grad_pooled[self._partial_bag_target]
+        recv_grads = _exchange(self._gang, grad_partials, self._partials_per_owner, self._partials_per_requester)
+        self._group.record(GradRecord(self._local_ids, recv_grads, self._partial_of_id, self._recv_scales))
+
+
+def _weighted_sum(
+    weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor | None
+) -> torch.Tensor:
+    return F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
+
+
+def _segment_starts(counts: torch.Tensor) -> torch.Tensor:
+    """The first position of each non-empty segment of a tensor cut into ``counts`` pieces."""
+    starts = torch.cumsum(counts, 0) - counts
+    return starts[counts > 0]
+
+
+def _partial_bag_starts(bag: torch.Tensor, segment_starts: torch.Tensor) -> torch.Tensor:
+    """Where a new partial bag begins: at a change of bag or at the start of a segment (rank)."""
+    starts = torch.ones_like(bag, dtype=torch.bool)
+    starts[1:] = bag[1:] != bag[:-1]
+    starts[segment_starts] = True
+    return starts
+
+
+def _exchange(gang: Gang, tensor: torch.Tensor, send_sizes: Sequence[int], recv_sizes: Sequence[int]) -> torch.Tensor:
+    output = tensor.new_empty((sum(recv_sizes), *tensor.shape[1:]))
+    gang.all_to_all(output, tensor, recv_sizes, send_sizes)
+    return output
+
+
+def _all_gather_sizes(gang: Gang, size: int) -> list[int]:
+    sizes = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
+    gang.all_gather(sizes, torch.tensor([size], dtype=torch.int64, device=gang.device))
+    return sizes.flatten().tolist()
+
+
+def _all_gather_rows(gang: Gang, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """Every rank's ``tensor`` (``sizes[r]`` rows on rank ``r``), concatenated in rank order."""
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.size(0)] = tensor
+    gathered = tensor.new_empty((gang.size, *padded.shape))
+    gang.all_gather(gathered, padded)
+    return torch.cat([gathered[rank, :size] for rank, size in enumerate(sizes)])

@@ -1,0 +1,172 @@
+"""The sparse optimizer of an embedding collection, and its combination with a dense one.
+
+Each table's shard is stepped by the fused kernel of its optimizer (the table's override or
+the collection default). Every table appears as one parameter group without parameters
+whose ``"lr"`` the kernel reads, so that a torch LR scheduler drives sparse and dense learning
+rates alike through :class:`CombinedOptimizer`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from embedding.collection import ShardedEmbeddingCollection
+from embedding.kernels import fused_step
+from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+
+
+class SparseOptimizerStateError(ValueError):
+    """Raised when a sparse optimizer state dict does not fit the optimizer."""
+
+
+class SparseOptimizer:
+    """Steps every table of ``collection`` with the gradients recorded since ``zero_grad``.
+
+    One fused kernel call steps each shard group (tables sharing a buffer, a dim and an
+    optimizer). The tables of each optimizer config form one parameter group, ``{"params": [],
+    "lr", "tables": [names]}``, the same whatever the gang, so its state dict loads anywhere.
+    The optimizer state lives on the groups and shards, so that the collection's sharded state
+    dict saves and reshards it with the rows it belongs to; this object's own state dict holds
+    only the step count and learning rates. ``backend`` picks the kernel backend (default: by
+    device).
+    """
+
+    def __init__(
+        self,
+        collection: ShardedEmbeddingCollection,
+        config: SparseOptimizerConfig | None = None,
+        backend: str | None = None,
+    ) -> None:
+        default = config if config is not None else SparseOptimizerConfig()
+        self._groups = collection.groups
+        self._configs = [group.optimizer or default for group in self._groups]
+        self._backend = backend
+        self._step = 0
+        self._grad_multiplier = 1.0
+        for group, group_config in zip(self._groups, self._configs):
+            weight = group.weight
+            group.set_optimizer_state(
+                init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device)
+            )
+        overrides = list(dict.fromkeys(table.optimizer for table in collection.tables))
+        self.param_groups: list[dict[str, Any]] = [
+            {
+                "params": [],
+                "lr": (override or default).lr,
+                "tables": [table.name for table in collection.tables if table.optimizer == override],
+            }
+            for override in overrides
+        ]
+        self._param_group_of = [overrides.index(group.optimizer) for group in self._groups]
+
+    @property
+    def step_count(self) -> int:
+        return self._step
+
+    def scale_gradients(self, factor: float) -> None:
+        """Multiply the gradients recorded since ``zero_grad`` by ``factor`` before the next step.
+
+        A trainer normalises the gradient of a summed loss by the number of targets this way.
+        The factor scales the per-occurrence multipliers, a vector as long as the ids, rather
+        than the gradient rows.
+        """
+        self._grad_multiplier *= factor
+
+    def step(self) -> None:
+        self._step += 1
+        multiplier, self._grad_multiplier = self._grad_multiplier, 1.0
+        for group, group_config, param_group_index in zip(self._groups, self._configs, self._param_group_of):
+            grads = group.accumulated_grads()
+            if grads is None:
+                continue
+            grad_scale = grads.grad_scale
+            if multiplier != 1.0:
+                grad_scale = (
+                    torch.full(grads.ids.shape, multiplier, dtype=grads.grad_rows.dtype, device=grads.ids.device)
+                    if grad_scale is None
+                    else grad_scale * multiplier
+                )
+            fused_step(
+                group_config,
+                group.weight,
+                group.optimizer_state,
+                grads.ids,
+                grads.grad_rows,
+                grads.grad_index,
+                grad_scale,
+                step=self._step,
+                lr=float(self.param_groups[param_group_index]["lr"]),
+                backend=self._backend,
+            )
+
+    def zero_grad(self) -> None:
+        self._grad_multiplier = 1.0
+        for group in self._groups:
+            group.grads.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        groups = [{key: value for key, value in group.items() if key != "params"} for group in self.param_groups]
+        return {"step": self._step, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_tables = [group["tables"] for group in state_dict["param_groups"]]
+        tables = [group["tables"] for group in self.param_groups]
+        if saved_tables != tables:
+            raise SparseOptimizerStateError(
+                f"The state dict must hold the table groups {tables}, but holds {saved_tables} instead."
+            )
+        self._step = int(state_dict["step"])
+        # In place: an LR scheduler holds these very dicts.
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update(saved)
+
+
+class CombinedOptimizer(torch.optim.Optimizer):
+    """A dense torch optimizer and a sparse one, stepped as one.
+
+    ``param_groups`` are the dense groups followed by the sparse ones (the same dicts), so a
+    torch LR scheduler, which only accepts an ``Optimizer``, scales both. The base constructor
+    is not called: it would copy the groups; the attributes it sets are set here instead.
+    """
+
+    def __init__(self, dense: torch.optim.Optimizer, sparse: SparseOptimizer) -> None:
+        self.dense = dense
+        self.sparse = sparse
+        self.defaults: dict[str, Any] = {}
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        # Read on every access: loading a dense state dict replaces its group dicts.
+        return [*self.dense.param_groups, *self.sparse.param_groups]
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.dense.state
+
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        self.dense.step()
+        self.sparse.step()
+
+    def scale_sparse_gradients(self, factor: float) -> None:
+        """Scale the sparse gradients, which are not in ``param_groups`` (see ``SparseOptimizer``)."""
+        self.sparse.scale_gradients(factor)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.dense.zero_grad(set_to_none)
+        self.sparse.zero_grad()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.dense.load_state_dict(state_dict["dense"])
+        self.sparse.load_state_dict(state_dict["sparse"])

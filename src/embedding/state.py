@@ -1,0 +1,91 @@
+"""Checkpoint pieces of sharded tables: each rank's rows with their global row range.
+
+A rank's piece is ``{"tables": {name: {"row_start", "row_end", "num_rows", "weight",
+"optimizer_state": {state name: tensor}}}}``: tensors, ints and strs only, so that
+``torch.load(weights_only=True)`` reads it. Loading takes the pieces of every rank of the
+saving job and copies the rows this rank owns now, which reshards a checkpoint to any number
+of ranks or placement. Where the pieces are written is the checkpoint package's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from embedding.sharding import TableShard
+
+
+class ShardedStateError(ValueError):
+    """Raised when sharded checkpoint pieces do not fit the tables they are loaded into."""
+
+
+def shard_states(shards: Iterable[TableShard]) -> dict[str, Any]:
+    return {
+        "tables": {
+            shard.config.name: {
+                "row_start": shard.row_start,
+                "row_end": shard.row_end,
+                "num_rows": shard.config.num_rows,
+                "weight": shard.weight.detach(),
+                "optimizer_state": dict(shard.optimizer_state),
+            }
+            for shard in shards
+        }
+    }
+
+
+def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str, Any]]) -> None:
+    """Copy into every shard its rows (and their optimizer state) from ``pieces``.
+
+    Optimizer state is copied where the pieces hold some: a checkpoint saved without an
+    optimizer leaves the fresh state of the current one in place.
+
+    :raises ShardedStateError: if a table is missing, has another shape, was saved with
+        another optimizer, or if no piece holds some of this rank's rows.
+    """
+    for shard in shards:
+        name = shard.config.name
+        covered = torch.zeros(shard.num_rows, dtype=torch.bool)
+        for piece in pieces:
+            saved = piece["tables"].get(name)
+            if saved is None:
+                continue
+            _check_shape(shard, saved)
+            start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
+            if start >= end:
+                continue
+            target = slice(start - shard.row_start, end - shard.row_start)
+            source = slice(start - saved["row_start"], end - saved["row_start"])
+            shard.weight[target] = saved["weight"][source]
+            _copy_optimizer_state(shard, saved["optimizer_state"], target, source)
+            covered[target] = True
+        if not bool(covered.all()):
+            missing = shard.row_start + int(torch.nonzero(~covered)[0])
+            raise ShardedStateError(
+                f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
+            )
+
+
+def _check_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
+    saved_shape = (saved["num_rows"], saved["weight"].size(1))
+    shape = (shard.config.num_rows, shard.config.dim)
+    if saved_shape != shape:
+        raise ShardedStateError(
+            f"Table '{shard.config.name}' must have shape {shape} in the checkpoint, but has {saved_shape} instead."
+        )
+
+
+def _copy_optimizer_state(
+    shard: TableShard, saved_state: Mapping[str, torch.Tensor], target: slice, source: slice
+) -> None:
+    if not saved_state or not shard.optimizer_state:
+        return
+    if saved_state.keys() != shard.optimizer_state.keys():
+        raise ShardedStateError(
+            f"The optimizer state of table '{shard.config.name}' must have the keys "
+            f"{sorted(shard.optimizer_state)} in the checkpoint, but has {sorted(saved_state)} instead."
+        )
+    for key, tensor in shard.optimizer_state.items():
+        tensor[target] = saved_state[key][source]

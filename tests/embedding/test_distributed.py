@@ -1,0 +1,167 @@
+"""Sharded collections over real gloo processes equal one process looking up the whole batch.
+
+Two spawned jobs share the checks: 2 ranks (table-wise, row-wise, replicated lookups, two update
+steps, saving) and 4 ranks (loading the 2-rank pieces into other placements, one more step).
+"""
+
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import spawn as mp_spawn
+
+from embedding import (
+    EmbeddingTableConfig,
+    JaggedIds,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizer,
+    SparseOptimizerConfig,
+)
+from gang import FakeGang, Gang, ProcessGroupGang
+
+GLOBAL_BATCH = 8
+DIM = 4
+TABLES = [
+    EmbeddingTableConfig("user", 13, DIM, ("u",), placement="row_wise"),
+    EmbeddingTableConfig(
+        "item", 11, DIM, ("i1", "i2"), pooling="mean", placement="table_wise", optimizer=SparseOptimizerConfig("adam")
+    ),
+    EmbeddingTableConfig("cat", 5, DIM, ("c",), placement="replicated", optimizer=SparseOptimizerConfig("adagrad")),
+    EmbeddingTableConfig("hist", 9, DIM, ("h",), pooling="none", placement="row_wise"),
+]
+OPTIMIZER = SparseOptimizerConfig("rowwise_adagrad", lr=0.5)
+UNPOOLED_FEATURES = {name for table in TABLES if table.pooling == "none" for name in table.features}
+
+
+def global_batch(step: int) -> tuple[SparseFeatures, dict[str, torch.Tensor]]:
+    """The features of every sample and, per feature, a loss coefficient per output row."""
+    generator = torch.Generator().manual_seed(step)
+    features, coefficients = {}, {}
+    for table in TABLES:
+        for name in table.features:
+            lengths = torch.randint(0, 4, (GLOBAL_BATCH,), generator=generator)
+            ids = torch.randint(0, table.num_rows, (int(lengths.sum()),), generator=generator)
+            weights = torch.rand(ids.numel(), generator=generator) if name == "u" else None
+            features[name] = JaggedIds(ids, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]), weights)
+            rows = ids.numel() if table.pooling == "none" else GLOBAL_BATCH
+            coefficients[name] = torch.randn(rows, DIM, generator=generator)
+    return SparseFeatures(features), coefficients
+
+
+def rank_batch(step: int, rank: int, world_size: int) -> tuple[SparseFeatures, dict[str, torch.Tensor]]:
+    """This rank's contiguous share of the samples of ``global_batch(step)``."""
+    features, coefficients = global_batch(step)
+    per_rank = GLOBAL_BATCH // world_size
+    first, last = rank * per_rank, (rank + 1) * per_rank
+    local, local_coefficients = {}, {}
+    for name, jagged in features.items():
+        start, end = int(jagged.offsets[first]), int(jagged.offsets[last])
+        weights = None if jagged.weights is None else jagged.weights[start:end]
+        local[name] = JaggedIds(jagged.ids[start:end], jagged.offsets[first : last + 1] - start, weights)
+        rows = slice(start, end) if name in UNPOOLED_FEATURES else slice(first, last)
+        local_coefficients[name] = coefficients[name][rows]
+    return SparseFeatures(local), local_coefficients
+
+
+def train_step(
+    collection: ShardedEmbeddingCollection, optimizer: SparseOptimizer, step: int, rank: int, world_size: int
+) -> dict[str, torch.Tensor]:
+    features, coefficients = rank_batch(step, rank, world_size)
+    outputs = collection(features)
+    sum((outputs[name] * coefficients[name]).sum() for name in outputs).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return {name: output.detach() for name, output in outputs.items()}
+
+
+def build(gang: Gang, tables: list[EmbeddingTableConfig]) -> tuple[ShardedEmbeddingCollection, SparseOptimizer]:
+    collection = ShardedEmbeddingCollection(tables, gang, seed=7)
+    return collection, SparseOptimizer(collection, OPTIMIZER, backend="reference")
+
+
+def run_2_ranks(gang: Gang, out: Path) -> None:
+    collection, optimizer = build(gang, TABLES)
+    outputs = [train_step(collection, optimizer, step, gang.rank, gang.size) for step in (1, 2)]
+    saved = {"outputs": outputs, "sparse": collection.sharded_state_dict(), "optimizer": optimizer.state_dict()}
+    torch.save(saved, out / f"2_ranks_{gang.rank}.pt")
+
+
+def run_4_ranks(gang: Gang, out: Path) -> None:
+    # Other placements than the saving job: everything row-wise.
+    collection, optimizer = build(gang, [replace(table, placement="row_wise") for table in TABLES])
+    pieces = [torch.load(out / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]
+    collection.load_sharded_state_dict([piece["sparse"] for piece in pieces])
+    optimizer.load_state_dict(pieces[0]["optimizer"])
+    # Saved now: the pieces share storage with the shards, which the next step updates.
+    torch.save(collection.sharded_state_dict(), out / f"4_ranks_loaded_{gang.rank}.pt")
+    outputs = train_step(collection, optimizer, 3, gang.rank, gang.size)
+    torch.save({"outputs": outputs, "sparse": collection.sharded_state_dict()}, out / f"4_ranks_{gang.rank}.pt")
+
+
+def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        assert dist.group.WORLD is not None
+        gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
+        (run_2_ranks if job == "2_ranks" else run_4_ranks)(gang, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world_size: int, job: str, out: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp_spawn(_worker, args=(world_size, port, job, out), nprocs=world_size)
+
+
+def single_process_reference(steps: int) -> tuple[ShardedEmbeddingCollection, list[dict[str, torch.Tensor]]]:
+    collection, optimizer = build(FakeGang(), TABLES)
+    return collection, [train_step(collection, optimizer, step, 0, 1) for step in range(1, steps + 1)]
+
+
+def assemble(pieces: list[dict[str, Any]]) -> ShardedEmbeddingCollection:
+    """The tables of a job, loaded from its pieces into one process."""
+    collection, _ = build(FakeGang(), TABLES)
+    collection.load_sharded_state_dict(pieces)
+    return collection
+
+
+def assert_same_tables(actual: ShardedEmbeddingCollection, expected: ShardedEmbeddingCollection) -> None:
+    for name, shard in expected.shards.items():
+        torch.testing.assert_close(actual.shards[name].weight, shard.weight, msg=f"table {name}")
+        for key, state in shard.optimizer_state.items():
+            torch.testing.assert_close(actual.shards[name].optimizer_state[key], state, msg=f"{name} {key}")
+
+
+def assert_same_outputs(rank_outputs: list[dict[str, torch.Tensor]], expected: dict[str, torch.Tensor]) -> None:
+    for name, output in expected.items():
+        torch.testing.assert_close(torch.cat([outputs[name] for outputs in rank_outputs]), output, msg=name)
+
+
+@pytest.mark.slow
+def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) -> None:
+    spawn(2, "2_ranks", tmp_path)
+    two = [torch.load(tmp_path / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]
+    reference, reference_outputs = single_process_reference(steps=3)
+    for step in (0, 1):
+        assert_same_outputs([saved["outputs"][step] for saved in two], reference_outputs[step])
+
+    # The reference after two steps: saved on 2 ranks, loaded into 1.
+    after_two, _ = single_process_reference(steps=2)
+    assert_same_tables(assemble([saved["sparse"] for saved in two]), after_two)
+
+    spawn(4, "4_ranks", tmp_path)
+    four = [torch.load(tmp_path / f"4_ranks_{rank}.pt", weights_only=True) for rank in range(4)]
+    loaded = [torch.load(tmp_path / f"4_ranks_loaded_{rank}.pt", weights_only=True) for rank in range(4)]
+    assert_same_tables(assemble(loaded), after_two)
+    assert_same_outputs([saved["outputs"] for saved in four], reference_outputs[2])
+    assert_same_tables(assemble([saved["sparse"] for saved in four]), reference)
