@@ -3,6 +3,8 @@
 Both write to the same temporary directory; the repetitions are interleaved so that drift in
 the machine's state (page cache, other load) hits both alike, and medians are reported. The
 async row measures how long ``save(blocking=False)`` keeps the caller, against a blocking save.
+The sha256 row times hashing the plain file once, from the page cache: the manager checksums
+every byte it writes and reads, so that time bounds how close it can come to the baseline.
 
     python benchmarks/checkpoint_io.py [--size-mb 256] [--repetitions 5]
 """
@@ -10,6 +12,7 @@ async row measures how long ``save(blocking=False)`` keeps the caller, against a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import statistics
 import sys
@@ -44,18 +47,19 @@ def main() -> None:
 
     state = make_state(args.size_mb)
     size_mb = sum(t.numel() * t.element_size() for t in _tensors(state)) / 1e6
-    times: dict[str, list[float]] = {name: [] for name in ("torch.save", "save", "torch.load", "load", "async")}
+    names = ("torch.save", "save", "torch.load", "load", "async", "sha256")
+    times: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as directory:
         manager = CheckpointManager(f"{directory}/checkpoints", FakeGang(), CheckpointPolicy(keep_last_n=1))
         for repetition in range(args.repetitions):
             # Like the manager (keep_last_n=1), the baseline writes a new file and then drops the old one.
             plain_path = Path(directory) / f"plain_{repetition}.pt"
-            times["torch.save"].append(_timed(torch.save, state, plain_path))
-            Path(directory, f"plain_{repetition - 1}.pt").unlink(missing_ok=True)
+            times["torch.save"].append(_timed(_save_and_drop_previous, state, plain_path, repetition))
             sync_step, async_step = 2 * repetition + 1, 2 * repetition + 2
             times["save"].append(_timed(manager.save, sync_step, state))
             times["torch.load"].append(_timed(torch.load, plain_path, map_location="cpu", weights_only=True))
             times["load"].append(_timed(manager.load, sync_step))
+            times["sha256"].append(_timed(_sha256_of_file, plain_path))
             times["async"].append(_timed(manager.save, async_step, state, blocking=False))
             manager.wait()
 
@@ -70,6 +74,17 @@ def main() -> None:
     _row("CheckpointManager.load", median["load"], size_mb, median["torch.load"])
     blocked = median["async"] / median["save"]
     print(f"| async save, caller blocked | {median['async']:.3f} | - | {blocked:.3f} of a sync save's time |")
+    print(f"| sha256 of the file (reference) | {median['sha256']:.3f} | {size_mb / median['sha256']:.0f} | - |")
+
+
+def _save_and_drop_previous(state: object, path: Path, repetition: int) -> None:
+    torch.save(state, path)
+    path.with_name(f"plain_{repetition - 1}.pt").unlink(missing_ok=True)
+
+
+def _sha256_of_file(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _timed(action: Callable[..., object], *args: object, **kwargs: object) -> float:

@@ -99,7 +99,9 @@ class CheckpointManager:
 
     ``save`` and ``wait`` are collective: every rank of ``gang`` calls them at the same point.
     Listing and loading are not, and may be called on any rank; pruning and cleaning up
-    unfinished saves is done by rank 0 only.
+    unfinished saves is done by rank 0 only. With ``clean_up=False`` the manager never deletes
+    leftovers, which a reader of another run's directory needs: there, a temporary directory may
+    be a save still in flight.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class CheckpointManager:
         gang_sizes: Mapping[str, int] | None = None,
         config_hash: str | None = None,
         done_marker_timeout_s: float = 600.0,
+        clean_up: bool = True,
     ) -> None:
         self._store = CheckpointStore(root)
         self._gang = gang
@@ -118,6 +121,7 @@ class CheckpointManager:
         self._gang_sizes = dict(gang_sizes or {})
         self._config_hash = config_hash
         self._done_marker_timeout_s = done_marker_timeout_s
+        self._clean_up = clean_up
         self._writer: ThreadPoolExecutor | None = None
         self._pending: tuple[_SaveJob, Future[None]] | None = None
         # The CPU copy of the last asynchronous save, kept to copy the next one into.
@@ -313,10 +317,11 @@ class CheckpointManager:
                 self._store.remove(self._store.step_dir(step))
 
     def _scan(self) -> Scan:
-        """List the root; rank 0 also deletes unfinished or broken directories, except a pending save's."""
+        """List the root; rank 0 also deletes unfinished or broken directories, except a pending save's
+        (unless ``clean_up`` is off)."""
         with self._scan_lock:
             scan = self._store.scan()
-            if self._gang.rank == 0 and scan.leftovers:
+            if self._clean_up and self._gang.rank == 0 and scan.leftovers:
                 in_flight = set()
                 if self._pending is not None:
                     job = self._pending[0]

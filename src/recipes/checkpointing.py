@@ -46,7 +46,8 @@ def checkpoint_policy(config: RecipeConfig) -> CheckpointPolicy:
     )
 
 
-def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs) -> CheckpointManager:
+def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs, clean_up: bool = True) -> CheckpointManager:
+    """The manager of the run's checkpoints; ``clean_up=False`` for readers of another job's directory."""
     if config.checkpoint.keep_best_n is not None and config.trainer.score_metric is None:
         raise ConfigError("`checkpoint.keep_best_n` ranks checkpoints by `trainer.score_metric`, which must be set.")
     return CheckpointManager(
@@ -54,6 +55,7 @@ def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs) -> C
         gangs.root,
         checkpoint_policy(config),
         gang_sizes={"root": gangs.root.size, "dp": gangs.dp.size, "tp": gangs.tp.size},
+        clean_up=clean_up,
     )
 
 

@@ -143,7 +143,7 @@ def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
     with _job_gangs(job.config, output_dir) as gangs:
-        manager = checkpoint_manager(job.config, output_dir, gangs)
+        manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
         step = _checkpoint_step(manager, checkpoint, output_dir)
         trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer=None, resume_step=None, eval_only=True)
         try:
@@ -159,7 +159,8 @@ def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
     if not os.path.isfile(config_path):
         raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
     config = resolve_job(JobSpec(config_path)).config
-    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config))
+    # Read-only: listing a running job's directory must not delete its save in progress.
+    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
     return sorted(manager.list_checkpoints(), key=lambda info: info.step)
 
 

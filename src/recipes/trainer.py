@@ -287,8 +287,10 @@ class Trainer(Generic[BatchT]):
     def _normalize_gradients(self, num_targets: int) -> None:
         """Turn summed-loss gradients into the gradient of the mean loss over the whole global step.
 
-        DDP averages gradients over the DP gang, so the sum over ranks is ``size`` times
-        that; dividing by the global number of targets gives the mean.
+        DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
+        over the global number of targets gives the mean. Sparse tables sum their gradients
+        over the ranks instead; an optimizer holding such gradients outside ``param_groups``
+        says so with a ``scale_sparse_gradients(factor)`` method.
         """
         total = torch.tensor(float(num_targets), device=self._gangs.dp.device)
         self._gangs.dp.all_reduce(total, ReduceOperation.SUM)

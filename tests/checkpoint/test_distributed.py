@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 from checkpoint import CheckpointManager, CheckpointPolicy
 from gang import FakeGang, ProcessGroupGang
@@ -45,7 +45,7 @@ def save_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None
 @pytest.mark.slow
 def test_two_ranks_write_their_states_and_one_rank_reads_both(tmp_path: Path) -> None:
     root = str(tmp_path / "checkpoints")
-    mp.spawn(save_on_every_rank, args=(2, free_port(), root), nprocs=2, join=True)
+    spawn(save_on_every_rank, args=(2, free_port(), root), nprocs=2, join=True)
 
     loaded = CheckpointManager(root, FakeGang()).load(2)
 

@@ -232,3 +232,21 @@ def test_consecutive_async_saves_each_keep_their_own_values(root: str) -> None:
         state = manager.load(step).shared_state
         assert torch.equal(state["model"]["w"], torch.full((4, 3), float(step)))
         assert state["history"][0].item() == step
+
+
+def test_clean_up_false_never_deletes_leftovers(root: str) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    CheckpointManager(root, FakeGang()).save(1, make_state(1))
+    # A running job's save in flight, and a checkpoint that never committed.
+    fs.makedirs(f"{path}/step_2.tmp-0123abcd", exist_ok=True)
+    fs.pipe_file(f"{path}/step_2.tmp-0123abcd/shared.pt", b"partial")
+    fs.makedirs(f"{path}/step_3", exist_ok=True)
+    fs.pipe_file(f"{path}/step_3/shared.pt", b"partial")
+
+    reader = CheckpointManager(root, FakeGang(), clean_up=False)
+
+    assert [info.step for info in reader.list_checkpoints()] == [1]
+    assert reader.last_resumable_step() == 1 and reader.load(1).step == 1
+    assert fs.exists(f"{path}/step_2.tmp-0123abcd/shared.pt") and fs.exists(f"{path}/step_3/shared.pt")
+    CheckpointManager(root, FakeGang())  # The default still cleans up.
+    assert not fs.exists(f"{path}/step_2.tmp-0123abcd") and not fs.exists(f"{path}/step_3")
