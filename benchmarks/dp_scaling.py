@@ -1,0 +1,66 @@
+"""Steps/s of a built-in recipe on 1 and 2 data-parallel processes of this machine.
+
+Each run is ``python -m recipes train PRESET --nproc N`` with the same global batch (split over
+the ranks), so both do the same work per step. The rate is read from the run's own
+``throughput`` metric (targets/s over each publishing window, reduced over ranks), skipping the
+first window (start-up, numba compilation), and divided by the global batch. Runs of 1 and 2
+processes alternate; medians over rounds are reported.
+
+    python benchmarks/dp_scaling.py [--preset ctr_tiny] [--steps 200] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def steps_per_second(preset: str, nproc: int, steps: int, batch_size: int, output_dir: Path) -> float:
+    command = [sys.executable, "-m", "recipes", "train", preset, "-o", str(output_dir), "--nproc", str(nproc)]
+    command += [
+        f"trainer.max_num_steps={steps}",
+        "trainer.validate_every_n_steps=null",
+        "trainer.publish_metrics_every_n_steps=20",
+        f"dataset.batch_size={batch_size}",
+        "checkpoint.every_n_steps=null",
+        "metrics.console=false",
+        "metrics.tensorboard=false",
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
+    rates = [json.loads(line)["throughput"] for line in lines[1:]]
+    return statistics.median(rates) / batch_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="ctr_tiny")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=512, help="the global batch")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_nr in range(args.rounds):
+            for nproc in (1, 2):
+                output_dir = Path(folder) / f"run_{nproc}_{round_nr}"
+                rates[nproc].append(steps_per_second(args.preset, nproc, args.steps, args.batch_size, output_dir))
+
+    one, two = statistics.median(rates[1]), statistics.median(rates[2])
+    print(f"{args.preset}, global batch {args.batch_size}, {args.steps} steps, {os.cpu_count()} CPU cores")
+    print("| processes | median steps/s | rounds |")
+    print("| ---: | ---: | --- |")
+    for nproc, median in ((1, one), (2, two)):
+        print(f"| {nproc} | {median:.1f} | {', '.join(f'{r:.1f}' for r in rates[nproc])} |")
+    print(f"2 processes / 1 process: {two / one:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
