@@ -34,8 +34,8 @@ def steps_per_second(preset: str, nproc: int, steps: int, batch_size: int, outpu
     ]
     subprocess.run(command, check=True, capture_output=True)
     lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
-    rates = [json.loads(line)["throughput"] for line in lines[1:]]
-    return statistics.median(rates) / batch_size
+    rates = [float(json.loads(line)["throughput"]) for line in lines[1:]]
+    return float(statistics.median(rates)) / batch_size
 
 
 def main() -> None:
