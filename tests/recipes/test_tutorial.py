@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from recipes.data.memory import InMemoryReader
-from recipes.parts import RecipeContext, RecipeParts
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.trainer import Validation
@@ -34,7 +34,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class DataSection:
     num_features: int = 8
     num_samples: int = 4096
-    batch_size: int = 64
+    batch_size: int = 64  # global: split over the data-parallel ranks
     noise: float = 0.1
 
 
@@ -53,7 +53,7 @@ class RegressionReader(InMemoryReader[Batch]):
         super().__init__(
             make_batch,
             num_samples=len(targets),
-            batch_size=context.config.data.batch_size,
+            batch_size=per_rank_batch_size(context.config.data.batch_size, context.gangs.dp.size),
             num_accumulate=context.config.trainer.grad_accumulation if shuffle else 1,
             dp_rank=context.gangs.dp.rank,
             dp_size=context.gangs.dp.size,
@@ -162,3 +162,10 @@ def test_the_tutorial_recipe_takes_overrides_of_its_own_section(
     assert "batch_size: 32" in shown_out and "imports:\n- linreg" in shown_out
     assert wrong == 2
     assert "Did you mean 'data.batch_size'?" in wrong_err
+
+
+def test_the_readme_shows_the_tutorial_as_tested() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+
+    assert LINREG_PY in readme
+    assert RECIPES_YAML in readme

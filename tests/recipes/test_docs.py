@@ -1,0 +1,33 @@
+"""The README's reference stays in step with the code: every config key and every preset is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipes.config import valid_keys
+from recipes.registry import PROJECT_PRESETS, all_presets, get_recipe
+
+README = (Path(__file__).parents[2] / "README.md").read_text()
+
+
+def leaf_keys(config_class: type) -> list[str]:
+    keys = valid_keys(config_class)
+    return [key for key in keys if not any(other.startswith(key + ".") for other in keys)]
+
+
+@pytest.mark.parametrize("recipe", ["ctr", "dlrm", "movielens"])
+def test_every_config_key_is_in_the_readme(recipe: str) -> None:
+    missing = [key for key in leaf_keys(get_recipe(recipe).config_class) if f"`{key}`" not in README]
+
+    assert missing == []
+
+
+def test_every_project_preset_is_in_the_readme() -> None:
+    project = [name for name, preset in all_presets().items() if preset.source == str(PROJECT_PRESETS)]
+    missing = [name for name in project if f"`{name}`" not in README]
+
+    assert project
+
+    assert missing == []
