@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -132,9 +133,12 @@ def read_torch_file(fs: AbstractFileSystem, path: str, expected: FileRecord) -> 
                 f"`{path}` does not match the SHA-256 recorded in the metadata; it is corrupted."
             ) from load_error
     if isinstance(load_error, pickle.UnpicklingError):
-        reason = str(load_error).strip().splitlines()[0] if str(load_error).strip() else "unpickling refused"
+        # torch's message goes on to suggest `weights_only=False`, which is what must never happen
+        # to a checkpoint of unknown origin; name the offending object and stop there.
+        offending = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \S+", str(load_error))
+        reason = offending.group(0) if offending else "it holds objects other than tensors and plain values"
         raise UnsafeCheckpointError(
-            f"`{path}` holds objects that a weights-only load refuses, so it was not loaded: {reason}"
+            f"`{path}` holds objects that a weights-only load refuses ({reason}), so it was not loaded."
         ) from load_error
     if load_error is not None:
         raise load_error

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 import fsspec
 import torch
 
-from checkpoint import CheckpointManager, CheckpointPolicy, LoadedCheckpoint, load_model_state_for_init
-from gang import Gangs
+from checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    CheckpointPolicy,
+    LoadedCheckpoint,
+    load_model_state_for_init,
+)
+from gang import FakeGang, Gangs
 from recipes.config import ConfigError, to_dict
 from recipes.recorders.base import flatten
 from recipes.sections import CheckpointSection, RecipeConfig
@@ -72,8 +79,8 @@ class TrainerCheckpointer:
     ) -> None:
         mode = self._section.model_only
         model_only = mode == "all" or (mode == "all_but_last" and not last)
-        if model_only:
-            shared_state, rank_state = {"model": shared_state["model"]}, {}
+        if model_only:  # The model: its dense part, and its sparse tables, which are sharded.
+            shared_state, rank_state = {"model": shared_state["model"]}, {"sharded": rank_state["sharded"]}
         self._manager.save(
             step_nr,
             shared_state,
@@ -132,23 +139,82 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
             rank,
             old_rank,
         )
-    all_ranks = [loaded.load_rank_state(k) for k in range(loaded.num_ranks)]
+    all_ranks = all_rank_states(loaded)
     trainer.load_rank_state(all_ranks[old_rank], all_ranks)
     log.info("Resumed from the checkpoint of step %d.", loaded.step)
 
 
-def initialize_from(model: torch.nn.Module, section: CheckpointSection) -> None:
-    """Copy the selected parameters of another run's checkpoint into ``model`` (``checkpoint.init_from``)."""
+def all_rank_states(loaded: LoadedCheckpoint) -> list[dict[str, Any]]:
+    """The rank states of every rank of the job that saved ``loaded``."""
+    return [loaded.load_rank_state(k) for k in range(loaded.num_ranks)]
+
+
+def initialize_from(model: torch.nn.Module, sharded_state: Mapping[str, Any], section: CheckpointSection) -> None:
+    """Copy the selected parameters and sparse tables of another run's checkpoint (``checkpoint.init_from``).
+
+    Patterns match parameter names (``mlp.0.weight``) and sparse tables as
+    ``<sharded state>.<table>`` (``embeddings.cat_0``). With ``init_strict``, selecting
+    nothing at all is an error too.
+    """
     assert section.init_from is not None
-    state = load_model_state_for_init(
+    dense = load_model_state_for_init(
         section.init_from,
         model.state_dict(),
         include=section.init_include,
         exclude=section.init_exclude,
         strict=section.init_strict,
     )
-    model.load_state_dict(state, strict=False)
-    log.info("Initialised %d tensors of the model from %s.", len(state), section.init_from)
+    model.load_state_dict(dense, strict=False)
+    num_tables = _initialize_sharded_state(sharded_state, section) if sharded_state else 0
+    if section.init_strict and not dense and num_tables == 0:
+        raise CheckpointError(
+            f"`checkpoint.init_include`/`init_exclude` must select something of {section.init_from}, "
+            "but select nothing."
+        )
+    log.info("Initialised %d tensors and %d sparse tables from %s.", len(dense), num_tables, section.init_from)
+
+
+def _initialize_sharded_state(sharded_state: Mapping[str, Any], section: CheckpointSection) -> int:
+    """Load the selected tables of the source's rank files; returns how many were selected.
+
+    A rank loads only the rows it owns, so its own current rows stand in for the tables that
+    are not selected.
+    """
+    assert section.init_from is not None
+    source = open_checkpoint(section.init_from)
+    old_ranks = all_rank_states(source)
+    num_selected = 0
+    for name, stateful in sharded_state.items():
+        own = stateful.sharded_state_dict()
+        selected = {
+            table for table in own["tables"] if _selected(f"{name}.{table}", section.init_include, section.init_exclude)
+        }
+        pieces = [
+            {"tables": {t: v for t, v in old["sharded"][name]["tables"].items() if t in selected}} for old in old_ranks
+        ]
+        pieces.append({"tables": {t: v for t, v in own["tables"].items() if t not in selected}})
+        stateful.load_sharded_state_dict(pieces)
+        num_selected += len(selected)
+    return num_selected
+
+
+def _selected(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    return any(fnmatchcase(name, p) for p in include) and not any(fnmatchcase(name, p) for p in exclude)
+
+
+def open_checkpoint(path: str) -> LoadedCheckpoint:
+    """The checkpoint at ``path``: a ``step_N`` directory, or a checkpoints directory meaning its last one."""
+    root, _, leaf = path.rstrip("/").rpartition("/")
+    manager_root, step = (
+        (root, int(leaf[len("step_") :])) if leaf.startswith("step_") and leaf[5:].isdigit() else (path, None)
+    )
+    manager = CheckpointManager(manager_root, FakeGang(), clean_up=False)
+    if step is None:
+        steps = [info.step for info in manager.list_checkpoints()]
+        if not steps:
+            raise CheckpointError(f"`checkpoint.init_from` must name a checkpoint, but {path} holds none.")
+        step = max(steps)
+    return manager.load(step)
 
 
 def archive_checkpoints(output_dir: str) -> None:

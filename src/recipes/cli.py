@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from checkpoint import CheckpointError
+from embedding import EmbeddingConfigError, SparseFeatureError
 from recipes.config import dump_yaml
 from recipes.errors import UserError
 from recipes.launch import launch_with_torchrun
@@ -20,6 +22,8 @@ from recipes.run import JobSpec, config_document, evaluate, list_checkpoints, re
 
 log = logging.getLogger(__name__)
 
+# Mistakes in what the user asked for or gave: a bad preset, key, value, path, checkpoint or id.
+USER_ERRORS = (UserError, CheckpointError, EmbeddingConfigError, SparseFeatureError)
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 
@@ -149,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "checkpoints":
             _checkpoints(args.output_dir)
         return 0
-    except UserError as ex:
+    except USER_ERRORS as ex:
         print(f"error: {ex}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from checkpoint import CheckpointInfo, CheckpointManager
 from gang import FakeGang, Gangs, default_device, setup_gangs
 from recipes.checkpointing import (
     TrainerCheckpointer,
+    all_rank_states,
     archive_checkpoints,
     checkpoint_manager,
     checkpoint_policy,
@@ -115,13 +116,13 @@ def train(spec: JobSpec) -> str:
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
     with _job_gangs(job.config, output_dir) as gangs:
-        if gangs.root.rank == 0:
-            if job.config.checkpoint.start_over:
-                archive_checkpoints(output_dir)
-            write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
+        if gangs.root.rank == 0 and job.config.checkpoint.start_over:
+            archive_checkpoints(output_dir)
         gangs.root.barrier()
         manager = checkpoint_manager(job.config, output_dir, gangs)
-        loaded = find_resume_checkpoint(manager, job.config)
+        loaded = find_resume_checkpoint(manager, job.config)  # Refuses a changed config before anything is written.
+        if gangs.root.rank == 0:
+            write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
         resume_step = None if loaded is None else loaded.step
         if job.config.checkpoint.start_over:
             resume_step = 0  # Hide the earlier run's curves too.
@@ -147,7 +148,9 @@ def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
         step = _checkpoint_step(manager, checkpoint, output_dir)
         trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer=None, resume_step=None, eval_only=True)
         try:
-            trainer.load_model_state(manager.load(step).shared_state["model"])
+            loaded = manager.load(step)
+            trainer.load_model_state(loaded.shared_state["model"])
+            trainer.load_sharded_state(all_rank_states(loaded))
             return trainer.validate_only(step)
         finally:
             recorder.close()
@@ -193,7 +196,7 @@ def build_trainer(
     device = gangs.root.device
     parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
     if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
-        initialize_from(parts.train_unit.model, config.checkpoint)
+        initialize_from(parts.train_unit.model, parts.sharded_state, config.checkpoint)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model
     if parts.make_optimizer is not None:

@@ -134,6 +134,7 @@ class Trainer(Generic[BatchT]):
         self._published_step = -1
         self._validated_step = -1
         self._checkpointed_step = -1
+        self._last_checkpoint_was_final = False
         self.check_score_metric()
 
     @property
@@ -172,14 +173,20 @@ class Trainer(Generic[BatchT]):
         if every_n is not None and self._step_nr % every_n == 0:
             self._validate()
         if self._checkpoint_due(epoch_ended):
-            self._checkpoint(last=False)
+            self._checkpoint(last=self._is_last_step())
+
+    def _is_last_step(self) -> bool:
+        """Whether no step follows this one, as far as can be known before a stop request arrives."""
+        max_steps = self._config.max_num_steps
+        return self._early_stopped or (max_steps is not None and self._step_nr >= max_steps)
 
     def _finish(self) -> None:
         if self._published_step != self._step_nr:
             self._publish_metrics()
         if self._validations and self._validated_step != self._step_nr:
             self._validate()
-        if self._checkpointed_step != self._step_nr:
+        # The last checkpoint is saved as such (a full one, even when others are model-only).
+        if self._checkpointed_step != self._step_nr or not self._last_checkpoint_was_final:
             self._checkpoint(last=True)
         log.info("Training ends at step %d.", self._step_nr)
 
@@ -392,6 +399,7 @@ class Trainer(Generic[BatchT]):
         score = self._last_score if self._validated_step == self._step_nr else None
         self._checkpointer.save(self._step_nr, score, self.shared_state(), self.rank_state(), last)
         self._checkpointed_step = self._step_nr
+        self._last_checkpoint_was_final = last
 
     # State ----------------------------------------------------------------------------------
 
@@ -407,6 +415,7 @@ class Trainer(Generic[BatchT]):
                 "data_epoch_nr": self._data_epoch_nr,
                 "num_consecutive_skipped": self._num_consecutive_skipped,
                 "last_score": self._last_score,
+                "early_stopped": self._early_stopped,
             },
             "early_stopper": None if self._early_stopper is None else self._early_stopper.state_dict(),
         }
@@ -434,7 +443,9 @@ class Trainer(Generic[BatchT]):
         self._data_epoch_nr = counters["data_epoch_nr"]
         self._num_consecutive_skipped = counters["num_consecutive_skipped"]
         self._last_score = counters["last_score"]
+        self._early_stopped = counters["early_stopped"]
         self._published_step = self._validated_step = self._checkpointed_step = self._step_nr
+        self._last_checkpoint_was_final = True  # A resumable checkpoint is what we resumed from.
         if self._early_stopper is not None and state["early_stopper"] is not None:
             self._early_stopper.load_state_dict(state["early_stopper"])
 
@@ -444,6 +455,10 @@ class Trainer(Generic[BatchT]):
         self._metrics.load_state_dict(state["metrics"])
         self._unit.metric_bag.load_state_dict(state["unit_metrics"])
         set_rng_state(state["rng"])
+        self.load_sharded_state(all_ranks)
+
+    def load_sharded_state(self, all_ranks: Sequence[Mapping[str, Any]]) -> None:
+        """Rebuild this rank's sharded state (sparse tables) from the rank states of a saving job."""
         for name, stateful in self._sharded_state.items():
             stateful.load_sharded_state_dict([rank_state["sharded"][name] for rank_state in all_ranks])
 

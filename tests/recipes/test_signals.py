@@ -1,0 +1,56 @@
+"""A stop request, end to end: SIGTERM (a scheduler's preemption notice) or SIGUSR1 makes a training
+process finish its step, save a checkpoint and exit 0; running the command again resumes there."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from resume_helpers import (
+    check_ok,
+    checkpoints_dir,
+    committed_steps,
+    load_verified,
+    metric_history,
+    read_metadata,
+    run_recipes,
+    start_recipes,
+    train_args,
+    wait_for_checkpoint,
+)
+
+# Far more steps than the test lets it run: only the signal ends it.
+LONG_RUN = "trainer.max_num_steps=5000"
+
+
+@pytest.mark.parametrize(
+    "signum",
+    [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGUSR1, id="SIGUSR1", marks=pytest.mark.slow)],
+)
+def test_a_stop_signal_saves_a_checkpoint_exits_0_and_a_rerun_resumes_there(tmp_path: Path, signum: int) -> None:
+    output_dir = tmp_path / "run"
+    process = start_recipes(tmp_path, *train_args(output_dir, LONG_RUN))
+    wait_for_checkpoint(output_dir, 10, process)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 0, stderr
+    assert f"Received signal {int(signum)}; stopping after this step." in stderr
+    stop_step = committed_steps(output_dir)[-1]
+    assert 10 <= stop_step < 5000
+    last = checkpoints_dir(output_dir) / f"step_{stop_step}"
+    assert read_metadata(last).resumable
+    assert load_verified(last, "shared.pt")["trainer"]["step_nr"] == stop_step
+    log = (output_dir / "logs" / "rank_0.log").read_text()
+    assert f"Training ends at step {stop_step}." in log
+    # The step the signal interrupted was finished and its metrics published.
+    assert metric_history(output_dir)["train"][-1]["step"] == stop_step
+
+    check_ok(run_recipes(tmp_path, *train_args(output_dir, f"trainer.max_num_steps={stop_step + 3}")))
+
+    log = (output_dir / "logs" / "rank_0.log").read_text()
+    assert f"Resumed from the checkpoint of step {stop_step}." in log
+    assert re.search(rf"Training starts at step {stop_step} ", log)
+    assert committed_steps(output_dir)[-1] == stop_step + 3
