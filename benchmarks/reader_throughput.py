@@ -68,9 +68,7 @@ def peak_bytes(read: Callable[[str], int], path: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-rows", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -93,9 +91,7 @@ def main() -> None:
         f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: {args.num_rows} rows, {size_mb:.0f} MB, "
         f"median of {args.repeats}\n"
     )
-    print(
-        f"| side | rows/s | median s | peak MB ({args.num_rows // 5} rows) | peak MB ({args.num_rows} rows) |"
-    )
+    print(f"| side | rows/s | median s | peak MB ({args.num_rows // 5} rows) | peak MB ({args.num_rows} rows) |")
     print("| --- | --- | --- | --- | --- |")
     for name, seconds, rows in (
         ("CriteoReader", reader_s, reader_rows),
