@@ -281,6 +281,7 @@ def _job_gangs(config: RecipeConfig, output_dir: str) -> Iterator[Gangs]:
     try:
         _setup_logging(output_dir, gangs.root.rank)
         yield gangs
+        gangs.root.barrier()  # On success, no rank tears down gloo while a peer still talks to it.
     finally:
         gangs.close()
 

@@ -113,6 +113,7 @@ def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
         gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
         (run_2_ranks if job == "2_ranks" else run_4_ranks)(gang, out)
     finally:
+        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
 
 

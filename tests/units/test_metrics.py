@@ -144,6 +144,7 @@ def compute_on_two_ranks(rank: int, world_size: int, port: int, out_dir: str) ->
         values = bag.compute()
         Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(values))
     finally:
+        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
 
 

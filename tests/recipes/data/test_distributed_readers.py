@@ -70,6 +70,7 @@ def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
         ]
         results[rank] = gang.all_gather_object((first_epoch, second_epoch, pairs, movielens.num_steps_per_epoch))
     finally:
+        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
 
 
