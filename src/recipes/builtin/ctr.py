@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.builtin.ctr_units import click_prediction_parts
 from recipes.data.memory import InMemoryReader
 from recipes.data.synthetic import SyntheticCTRData
 from recipes.models.ctr import CTRModel
@@ -12,15 +12,11 @@ from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
     build_embeddings,
-    sparse_state,
-    with_sparse_optimizer,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
-from recipes.trainer import Validation
-from units import MetricBag
 
 
 @dataclass
@@ -88,12 +84,4 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
         seed=config.seed,
     )
     valid_reader = InMemoryReader(valid.batch, len(valid), batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False)
-    return RecipeParts(
-        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
-        train_reader=train_reader,
-        validations=[Validation(CTREvalUnit(model, MetricBag(dp), context.device), valid_reader)],
-        make_optimizer=lambda wrapped: with_sparse_optimizer(
-            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
-        ),
-        sharded_state=sparse_state(embeddings),
-    )
+    return click_prediction_parts(context, model, embeddings, section, train_reader, valid_reader)

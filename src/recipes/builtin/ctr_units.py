@@ -1,12 +1,20 @@
-"""Units for binary click prediction: BCE loss for training, AUC and log-loss for validation."""
+"""Units for binary click prediction (BCE loss for training, AUC and log-loss for validation), and the
+parts the built-in click-prediction recipes share."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.functional import binary_cross_entropy_with_logits
+from torch.optim import Optimizer
 
 from recipes.data.batch import CTRBatch
+from recipes.data.reader import DataReader
+from recipes.models.embeddings import EmbeddingSection, sparse_state, with_sparse_optimizer
+from recipes.parts import RecipeContext, RecipeParts, build_optimizer
+from recipes.trainer import Validation
 from units import BinaryAUC, EvalUnit, Mean, MetricBag, TrainUnit
 
 
@@ -46,3 +54,28 @@ class CTREvalUnit(EvalUnit[CTRBatch]):
         self.metric_bag["accuracy"].update(
             ((logits > 0).float() == batch.labels).float().mean(), weight=batch.batch_size
         )
+
+
+def click_prediction_parts(
+    context: RecipeContext[Any],
+    model: nn.Module,
+    embeddings: nn.Module,
+    embedding_section: EmbeddingSection,
+    train_reader: DataReader[CTRBatch],
+    valid_reader: DataReader[CTRBatch],
+) -> RecipeParts:
+    """The parts every built-in click-prediction recipe shares: BCE/AUC units, and an optimizer that
+    steps the dense layers with the ``optimizer`` section and sparse tables with their fused one."""
+    dp, device = context.gangs.dp, context.device
+
+    def make_optimizer(wrapped: nn.Module) -> Optimizer:
+        dense = build_optimizer(context.config.optimizer, wrapped.parameters())
+        return with_sparse_optimizer(dense, embeddings, embedding_section)
+
+    return RecipeParts(
+        train_unit=CTRTrainUnit(model, MetricBag(dp), device),
+        train_reader=train_reader,
+        validations=[Validation(CTREvalUnit(model, MetricBag(dp), device), valid_reader)],
+        make_optimizer=make_optimizer,
+        sharded_state=sparse_state(embeddings),
+    )

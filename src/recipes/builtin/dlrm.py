@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.builtin.ctr_units import click_prediction_parts
 from recipes.config import ConfigError
 from recipes.data.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
 from recipes.data.criteo_synthetic import write_synthetic_criteo
@@ -14,15 +14,11 @@ from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
     build_embeddings,
-    sparse_state,
-    with_sparse_optimizer,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
-from recipes.trainer import Validation
-from units import MetricBag
 
 
 @dataclass
@@ -101,19 +97,13 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
             max_malformed_rows=data.max_malformed_rows,
         )
 
-    dp = gangs.dp
-    return RecipeParts(
-        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
-        train_reader=reader(train_path, shuffle=True, num_accumulate=config.trainer.grad_accumulation),
-        validations=[
-            Validation(
-                CTREvalUnit(model, MetricBag(dp), context.device), reader(valid_path, shuffle=False, num_accumulate=1)
-            )
-        ],
-        make_optimizer=lambda wrapped: with_sparse_optimizer(
-            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
-        ),
-        sharded_state=sparse_state(embeddings),
+    return click_prediction_parts(
+        context,
+        model,
+        embeddings,
+        section,
+        reader(train_path, shuffle=True, num_accumulate=config.trainer.grad_accumulation),
+        reader(valid_path, shuffle=False, num_accumulate=1),
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from recipes.builtin.ctr_units import CTREvalUnit, CTRTrainUnit
+from recipes.builtin.ctr_units import click_prediction_parts
 from recipes.data.movielens import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, MovieLensReader, load_movielens
 from recipes.models.ctr import CTRModel
 from recipes.models.dlrm import DLRM
@@ -18,15 +18,11 @@ from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
     build_embeddings,
-    sparse_state,
-    with_sparse_optimizer,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, build_optimizer, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
-from recipes.trainer import Validation
-from units import MetricBag
 
 SHIPPED_DATA = str(Path(__file__).resolve().parents[3] / "data" / "movielens-small")
 
@@ -97,13 +93,4 @@ def build_movielens(context: RecipeContext[MovieLensConfig]) -> RecipeParts:
 
     train_reader = reader(train_rows, shuffle=True, num_accumulate=config.trainer.grad_accumulation)
     valid_reader = reader(valid_rows, shuffle=False, num_accumulate=1)
-    dp = gangs.dp
-    return RecipeParts(
-        train_unit=CTRTrainUnit(model, MetricBag(dp), context.device),
-        train_reader=train_reader,
-        validations=[Validation(CTREvalUnit(model, MetricBag(dp), context.device), valid_reader)],
-        make_optimizer=lambda wrapped: with_sparse_optimizer(
-            build_optimizer(config.optimizer, wrapped.parameters()), embeddings, section
-        ),
-        sharded_state=sparse_state(embeddings),
-    )
+    return click_prediction_parts(context, model, embeddings, section, train_reader, valid_reader)
