@@ -3,7 +3,9 @@
 The batch is a DLRM-like one: 4096 samples with 26 Zipf(1.1) ids each into one 1,000,000 x 64
 table, sum-pooled, so each sample's pooled gradient row feeds its 26 occurrences.
 
-    python benchmarks/kernel_update.py [--optimizers adam rowwise_adagrad] [--repeats 20]
+    python benchmarks/kernel_update.py [--optimizers adam rowwise_adagrad] [--repeats 20] [--threads N]
+
+``--threads`` (default: torch's default) sets both torch's and numba's thread counts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".numba_cache"))
 
+import numba
 import numpy as np
 import torch
 
@@ -45,7 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--optimizers", nargs="+", default=list(SPARSE_OPTIMIZERS), choices=SPARSE_OPTIMIZERS)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
+    # numba first: its first call starts its thread pool, which under the OpenMP layer sets
+    # the OpenMP thread count that torch shares, undoing an earlier torch.set_num_threads.
+    numba.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     rng = np.random.default_rng(0)
     num_ids = BATCH_SIZE * IDS_PER_SAMPLE
@@ -55,7 +63,8 @@ def main() -> None:
 
     print(
         f"table {NUM_ROWS} x {DIM}, {num_ids} ids ({ids.unique().numel()} unique), "
-        f"torch threads {torch.get_num_threads()}, median of {args.repeats}"
+        f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} "
+        f"({numba.threading_layer()} layer), median of {args.repeats}"
     )
     for name in args.optimizers:
         config = SparseOptimizerConfig(name)

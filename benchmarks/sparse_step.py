@@ -3,21 +3,31 @@
 A batch of 4096 samples x 26 features x 1 id, Zipf-distributed (numpy zipf a=1.1, fixed seed),
 over 1,000,000 rows of dim 64 in two layouts: 26 tables that together hold 1,000,000 rows (one
 per feature), and one 1,000,000-row table shared by the 26 features. The baselines are
-``nn.EmbeddingBag(sparse=True)`` (one per table, the shared one called once per feature) with
-``torch.optim.SparseAdam`` and with ``torch.optim.Adagrad``. The loss is the sum of the pooled
-outputs times a fixed random tensor.
+``nn.EmbeddingBag(sparse=True)`` with ``torch.optim.SparseAdam`` and with ``torch.optim.Adagrad``:
+one bag per table, called once per step with the ids of all its features, as the collection
+looks up each buffer once (calling the shared bag once per feature made its step about twice as
+slow). Every method runs the same step on the same batch: lookup, the loss (the sum of the
+pooled outputs times a fixed random tensor), backward, the optimizer's ``step`` and
+``zero_grad``. Methods take turns step by step; the table gives each one's median and
+interquartile range.
 
-    python benchmarks/sparse_step.py [--steps 20] [--warmup 3]
+    python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
+
+``--threads`` (default: torch's default) sets both torch's and numba's thread counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".numba_cache"))
+
+import numba
 import numpy as np
 import torch
 from torch import nn
@@ -78,7 +88,6 @@ def ours(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[]
 
 def baseline(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[], None]:
     bags = {table.name: nn.EmbeddingBag(table.num_rows, DIM, mode="sum", sparse=True) for table in tables}
-    bag_of = {feature: bags[table.name] for table in tables for feature in table.features}
     parameters = [bag.weight for bag in bags.values()]
     optimizer: torch.optim.Optimizer
     if optimizer_name == "SparseAdam":
@@ -86,12 +95,17 @@ def baseline(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callabl
     else:
         optimizer = torch.optim.Adagrad(parameters, lr=0.01)
     features, coefficient = make_features(tables), coefficients()
+    # Every feature has one id per sample: the bags of a table's features, one after the other,
+    # are its ids one by one.
+    table_ids = {table.name: torch.cat([features[name].ids for name in table.features]) for table in tables}
+    table_offsets = {name: torch.arange(ids.numel()) for name, ids in table_ids.items()}
 
     def step() -> None:
-        loss = sum(
-            (bag_of[name](features[name].ids, features[name].offsets[:-1]) * coefficient[name]).sum()
-            for name in FEATURES
-        )
+        loss = torch.zeros(())
+        for table in tables:
+            pooled = bags[table.name](table_ids[table.name], table_offsets[table.name])
+            for name, rows in zip(table.features, torch.split(pooled, BATCH)):
+                loss = loss + (rows * coefficient[name]).sum()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -107,8 +121,8 @@ METHODS: list[tuple[str, Callable[[list[EmbeddingTableConfig], str], Callable[[]
 ]
 
 
-def median_ms(steps_by_method: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, float]:
-    """The median time of one step of every method; the methods take turns, step by step, so
+def step_times_ms(steps_by_method: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, list[float]]:
+    """The times of ``steps`` steps of every method; the methods take turns, step by step, so
     that the load of other processes on the machine weighs on them alike."""
     for step in steps_by_method.values():
         for _ in range(warmup):
@@ -119,30 +133,47 @@ def median_ms(steps_by_method: dict[str, Callable[[], None]], steps: int, warmup
             start = time.perf_counter()
             step()
             times[method].append((time.perf_counter() - start) * 1000)
-    return {method: statistics.median(method_times) for method, method_times in times.items()}
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
+    # numba first: its first call starts its thread pool, which under the OpenMP layer sets
+    # the OpenMP thread count that torch shares, undoing an earlier torch.set_num_threads.
+    numba.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
-    print(f"torch threads: {torch.get_num_threads()}; batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}")
+    print(f"batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}, {args.steps} steps after {args.warmup} warm-up")
     print("layouts: '26 tables' = 26 tables holding 1,000,000 rows together, one per feature;")
     print("         'shared' = one 1,000,000-row table looked up by all 26 features\n")
-    print("| layout | method | median ms/step | vs EmbeddingBag+SparseAdam | vs EmbeddingBag+Adagrad |")
-    print("| --- | --- | ---: | ---: | ---: |")
     for layout in ("26 tables", "shared"):
         tables = table_configs("shared" if layout == "shared" else "split")
         steps_by_method = {method: build(tables, optimizer_name) for method, build, optimizer_name in METHODS}
-        results = median_ms(steps_by_method, args.steps, args.warmup)
+        times = step_times_ms(steps_by_method, args.steps, args.warmup)
         del steps_by_method
-        for method, ms in results.items():
-            sparse_adam = results["EmbeddingBag+SparseAdam"] / ms
-            adagrad = results["EmbeddingBag+Adagrad"] / ms
-            print(f"| {layout} | {method} | {ms:.2f} | {sparse_adam:.2f}x | {adagrad:.2f}x |", flush=True)
+        if layout == "26 tables":
+            print(
+                f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} "
+                f"(threading layer {numba.threading_layer()})\n"
+            )
+            print(
+                "| layout | method | median ms/step | IQR ms | vs EmbeddingBag+SparseAdam | vs EmbeddingBag+Adagrad |"
+            )
+            print("| --- | --- | ---: | ---: | ---: | ---: |")
+        medians = {method: statistics.median(method_times) for method, method_times in times.items()}
+        for method, ms in medians.items():
+            low, _, high = statistics.quantiles(times[method], n=4)
+            sparse_adam = medians["EmbeddingBag+SparseAdam"] / ms
+            adagrad = medians["EmbeddingBag+Adagrad"] / ms
+            print(
+                f"| {layout} | {method} | {ms:.2f} | {low:.1f}-{high:.1f} | {sparse_adam:.2f}x | {adagrad:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

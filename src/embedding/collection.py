@@ -8,6 +8,7 @@ fused kernels consume (see :class:`embedding.sharding.GradRecord`), and the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,17 +69,16 @@ class ShardedEmbeddingCollection(nn.Module):
         _check_features(self.tables, features)
         lookups = [make_lookup(group, self.gang) for group in self.groups]
         bags = [_group_bags(group, features) for group in self.groups]
-        pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags)
+        pairs_by_group = [_table_features(group) for group in self.groups]
+        sizes = [[_num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
+        pooled = _PooledLookup.apply(self._grad_anchor, self.groups, lookups, bags, sizes)
 
         outputs: dict[str, torch.Tensor] = {}
-        for group, group_pooled in zip(self.groups, pooled):
-            tables = [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
-            sizes = [_num_bags(table, features[feature]) for table, feature in tables]
-            for (table, feature), rows in zip(tables, torch.split(group_pooled, sizes)):
-                if table.pooling == "mean":
-                    lengths = torch.diff(features[feature].offsets).clamp(min=1).to(rows.dtype)
-                    rows = rows / lengths.unsqueeze(1)
-                outputs[feature] = rows
+        for (table, feature), rows in zip(itertools.chain.from_iterable(pairs_by_group), pooled):
+            if table.pooling == "mean":
+                lengths = torch.diff(features[feature].offsets).clamp(min=1).to(rows.dtype)
+                rows = rows / lengths.unsqueeze(1)
+            outputs[feature] = rows
         return outputs
 
     def sharded_state_dict(self) -> dict[str, Any]:
@@ -97,20 +97,35 @@ class ShardedEmbeddingCollection(nn.Module):
 
 class _PooledLookup(torch.autograd.Function):
     """Looks every table up in one autograd node, so that the backward of every rank runs the
-    tables' collectives in the same order."""
+    tables' collectives in the same order.
+
+    It returns one output per feature (the group's pooled rows, split by ``sizes``) rather than
+    leaving the split to autograd, whose backward would concatenate the features' gradients
+    into a fresh tensor every step: the group concatenates them into a buffer it reuses.
+    """
 
     @staticmethod
     def forward(
-        ctx: Any, grad_anchor: torch.Tensor, lookups: list[TableLookup], bags: list[Bags]
+        ctx: Any,
+        grad_anchor: torch.Tensor,
+        groups: list[ShardGroup],
+        lookups: list[TableLookup],
+        bags: list[Bags],
+        sizes: list[list[int]],
     ) -> tuple[torch.Tensor, ...]:
-        ctx.lookups = lookups
-        return tuple(lookup.forward(table_bags) for lookup, table_bags in zip(lookups, bags))
+        ctx.groups, ctx.lookups, ctx.sizes = groups, lookups, sizes
+        outputs: list[torch.Tensor] = []
+        for lookup, group_bags, group_sizes in zip(lookups, bags, sizes):
+            outputs.extend(torch.split(lookup.forward(group_bags), group_sizes))
+        return tuple(outputs)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, None, None]:
-        for lookup, grad in zip(ctx.lookups, grads):
-            lookup.backward(grad)
-        return None, None, None
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
+        first = 0
+        for group, lookup, group_sizes in zip(ctx.groups, ctx.lookups, ctx.sizes):
+            lookup.backward(group.concat_grad_rows(grads[first : first + len(group_sizes)]))
+            first += len(group_sizes)
+        return None, None, None, None, None
 
 
 def _check_features(tables: Sequence[EmbeddingTableConfig], features: SparseFeatures) -> None:
@@ -127,11 +142,15 @@ def _num_bags(table: EmbeddingTableConfig, jagged: JaggedIds) -> int:
     return jagged.ids.numel() if table.pooling == "none" else jagged.batch_size
 
 
+def _table_features(group: ShardGroup) -> list[tuple[EmbeddingTableConfig, str]]:
+    """Every (table, feature) pair of ``group``, in the order of its bags and outputs."""
+    return [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
+
+
 def _group_bags(group: ShardGroup, features: SparseFeatures) -> Bags:
     """The bags of every feature of every table of ``group``, concatenated: one lookup serves
     them all. Ids move by their table's offset in the group's buffer."""
-    table_features = [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
-    weighted = any(features[feature].weights is not None for _, feature in table_features)
+    weighted = any(features[feature].weights is not None for _, feature in _table_features(group))
     ids, offsets, scales = [], [], []
     num_ids = 0
     for shard, buffer_offset in zip(group.shards, group.buffer_offsets):
