@@ -12,7 +12,7 @@ import pickle
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,27 +31,56 @@ _HASH_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 class _HashingWriter:
-    """A file-like object that hashes each chunk on its way to the file.
+    """A file-like object that writes each chunk and hashes it on a helper thread, in order.
 
-    ``torch.save`` hands over memory views of tensor storages, so the checksum costs one pass
-    over memory already in cache and no second read of the file. (Hashing each chunk on a helper
-    thread while the main thread writes it measured slower on the shared 2-core machine, where
-    no core is free and each hand-over waits for the scheduler.)
+    ``torch.save`` hands over memory views of tensor storages. Hashing them on another thread
+    (hashlib releases the GIL) while this one serialises and writes takes SHA-256 off the
+    critical path when a core is free: measured 0.73-0.76x of plain ``torch.save``'s throughput
+    against 0.56-0.58x hashing inline, on the idle 2-core machine (an equal cost when no core is
+    free). Chunks are queued in order to one thread, small ones gathered first; the views stay
+    valid because the caller holds the state until ``finish`` returns.
     """
 
     def __init__(self, file: Any) -> None:
         self._file = file
-        self.sha256 = hashlib.sha256()
+        self._sha256 = hashlib.sha256()
+        self._small: bytearray = bytearray()
+        self._last: Future[None] | None = None
         self.size = 0
 
     def write(self, chunk: bytes | memoryview) -> int:
-        self.sha256.update(chunk)
         self._file.write(chunk)
-        self.size += len(chunk)
-        return len(chunk)
+        length = len(chunk)
+        self.size += length
+        if length < _HASH_BATCH_BYTES:
+            self._small += chunk
+            if len(self._small) >= _HASH_BATCH_BYTES:
+                self._hash_small()
+        else:
+            self._hash_small()
+            self._last = _HASHER.submit(self._sha256.update, chunk)
+        return length
+
+    def _hash_small(self) -> None:
+        if self._small:
+            self._last = _HASHER.submit(self._sha256.update, bytes(self._small))
+            self._small.clear()
 
     def flush(self) -> None:
         self._file.flush()
+
+    def finish(self) -> str:
+        """The SHA-256 of everything written, once every queued chunk is hashed."""
+        self._hash_small()
+        if self._last is not None:
+            self._last.result()
+        return self._sha256.hexdigest()
+
+
+# One thread hashes every file's chunks in the order they were written; a save hashes one file
+# at a time, so the queue holds one file's chunks.
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-sha256")
+_HASH_BATCH_BYTES = 1 << 20
 
 
 def check_serializable(state: Mapping[str, Any], name: str) -> None:
@@ -85,7 +114,8 @@ def write_torch_file(fs: AbstractFileSystem, path: str, state: Mapping[str, Any]
     with fs.open(path, "wb") as file, _zip_crc32_disabled():
         writer = _HashingWriter(file)
         torch.save(state, writer)  # type: ignore[arg-type]  # Any object with write() will do.
-    return FileRecord(size=writer.size, sha256=writer.sha256.hexdigest())
+        sha256 = writer.finish()
+    return FileRecord(size=writer.size, sha256=sha256)
 
 
 @contextmanager
@@ -164,25 +194,7 @@ def stage_to_cpu(value: Any, previous: Any = None) -> Any:
     same shape, dtype and strides: copying into memory already mapped is several times faster
     than into fresh memory, and it is the time the training loop waits.
     """
-    with _one_intra_op_thread():
-        return _copy_to_cpu(value, previous)
-
-
-@contextmanager
-def _one_intra_op_thread() -> Iterator[None]:
-    """Copy tensors on the calling thread alone.
-
-    Torch splits each large copy over its intra-op threads and waits for the slowest; when
-    every core is busy, as on a shared machine or a node full of ranks, that one waits for the
-    scheduler. Staging 252 MB took 0.30 s with 2 threads and 0.05 s with 1 on a loaded 2-core
-    machine. The setting is process-wide, and restored before ``save`` returns to the caller.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    return _copy_to_cpu(value, previous)
 
 
 def _copy_to_cpu(value: Any, previous: Any) -> Any:

@@ -60,18 +60,14 @@ def test_recorded_sha256_is_that_of_the_bytes_on_disk(root: str) -> None:
 
 
 def test_saving_restores_the_torch_settings_it_changes(root: str) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        manager = CheckpointManager(root, FakeGang())
-        manager.save(1, {"w": torch.ones(3)})
-        assert torch.serialization.get_crc32_options()
-        manager.save(2, {"w": torch.ones(3)}, blocking=False)
-        assert torch.get_num_threads() == 2  # The write goes on in the background, with the CRC-32 off.
-        manager.wait()
-        assert torch.serialization.get_crc32_options()
-    finally:
-        torch.set_num_threads(threads)
+    manager = CheckpointManager(root, FakeGang())
+
+    manager.save(1, {"w": torch.ones(3)})
+    assert torch.serialization.get_crc32_options()
+    manager.save(2, {"w": torch.ones(3)}, blocking=False)
+    manager.wait()
+
+    assert torch.serialization.get_crc32_options()
 
 
 def test_a_loaded_state_owns_its_memory(tmp_path: Path) -> None:
