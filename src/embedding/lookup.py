@@ -91,22 +91,23 @@ class ReplicatedLookup(LocalLookup):
         scales = (
             record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
         )
-        row_counts = _all_gather_sizes(self._gang, record.grad_rows.size(0))
+        # Three collectives per step: the sizes, the per-id columns (the scales travel as their
+        # bit patterns beside the ids and indices), and the gradient rows.
+        row_counts, id_counts = _all_gather_sizes(self._gang, [record.grad_rows.size(0), record.ids.numel()])
+        per_id = torch.stack([record.ids, record.grad_index, scales.view(torch.int32).to(torch.int64)], dim=1)
+        ids, grad_index, scale_bits = _all_gather_rows(self._gang, per_id, id_counts).unbind(1)
         index_offsets = [sum(row_counts[:rank]) for rank in range(self._gang.size)]
-        id_counts = _all_gather_sizes(self._gang, record.ids.numel())
-        grad_index = _all_gather_rows(self._gang, record.grad_index, id_counts)
         rank_of_id = torch.repeat_interleave(
             torch.arange(self._gang.size, device=grad_index.device),
             torch.tensor(id_counts, device=grad_index.device),
             output_size=grad_index.numel(),
         )
-        grad_index += torch.tensor(index_offsets, device=grad_index.device)[rank_of_id]
         self._group.record(
             GradRecord(
-                ids=_all_gather_rows(self._gang, record.ids, id_counts),
+                ids=ids.contiguous(),
                 grad_rows=_all_gather_rows(self._gang, record.grad_rows, row_counts),
-                grad_index=grad_index,
-                grad_scale=_all_gather_rows(self._gang, scales, id_counts),
+                grad_index=grad_index + torch.tensor(index_offsets, device=grad_index.device)[rank_of_id],
+                grad_scale=scale_bits.to(torch.int32).view(torch.float32).contiguous(),
             )
         )
 
@@ -197,10 +198,11 @@ def _exchange(gang: Gang, tensor: torch.Tensor, send_sizes: Sequence[int], recv_
     return output
 
 
-def _all_gather_sizes(gang: Gang, size: int) -> list[int]:
-    sizes = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
-    gang.all_gather(sizes, torch.tensor([size], dtype=torch.int64, device=gang.device))
-    return sizes.flatten().tolist()
+def _all_gather_sizes(gang: Gang, sizes: Sequence[int]) -> list[list[int]]:
+    """For each of ``sizes``, its value on every rank, in rank order (one collective)."""
+    gathered = torch.empty((gang.size, len(sizes)), dtype=torch.int64, device=gang.device)
+    gang.all_gather(gathered, torch.tensor(list(sizes), dtype=torch.int64, device=gang.device))
+    return gathered.t().tolist()
 
 
 def _all_gather_rows(gang: Gang, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:

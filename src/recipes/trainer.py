@@ -130,6 +130,7 @@ class Trainer(Generic[BatchT]):
         self._num_consecutive_skipped = 0
         self._last_score: float | None = None
         self._stop_requested = False
+        self._stop_agreed = False
         self._early_stopped = False
         self._published_step = -1
         self._validated_step = -1
@@ -142,7 +143,10 @@ class Trainer(Generic[BatchT]):
         return self._step_nr
 
     def request_stop(self) -> None:
-        """Ask the trainer to finish the current step, save a checkpoint and return (a signal handler calls it)."""
+        """Ask the trainer to stop after the next step's agreement, save a checkpoint and return.
+
+        A signal handler calls it; every rank stops after the same step.
+        """
         self._stop_requested = True
 
     # The loop -------------------------------------------------------------------------------
@@ -164,7 +168,7 @@ class Trainer(Generic[BatchT]):
         max_steps = self._config.max_num_steps
         if max_steps is not None and self._step_nr >= max_steps:
             return True
-        return self._early_stopped or self._agree_on_stop_request()
+        return self._early_stopped or self._stop_agreed
 
     def _after_step(self, epoch_ended: bool) -> None:
         if self._step_nr % self._config.publish_metrics_every_n_steps == 0:
@@ -197,14 +201,6 @@ class Trainer(Generic[BatchT]):
             return True
         return epoch_ended and every_n_epochs is not None and self._data_epoch_nr % every_n_epochs == 0
 
-    def _agree_on_stop_request(self) -> bool:
-        """A stop asked of one rank (a signal) stops every rank at the same step."""
-        if self._gangs.root.size == 1:
-            return self._stop_requested
-        flag = torch.tensor(float(self._stop_requested), device=self._gangs.root.device)
-        self._gangs.root.all_reduce(flag, ReduceOperation.MAX)
-        return bool(flag)
-
     # One step -------------------------------------------------------------------------------
 
     def _run_step(self) -> bool | None:
@@ -216,12 +212,13 @@ class Trainer(Generic[BatchT]):
         self._unit.set_step_nr(self._step_nr)
 
         loss_sum, num_targets = self._forward_backward(batches)
-        if not self._loss_is_finite(loss_sum):
+        loss_is_finite, total_targets = self._agree_on_step(loss_sum, num_targets)
+        if not loss_is_finite:
             self._skip_step(loss_sum)
             return epoch_ended
         self._num_consecutive_skipped = 0
 
-        self._normalize_gradients(num_targets)
+        self._normalize_gradients(total_targets)
         self._grad_scaler.unscale_(self._optimizer)
         grad_norm = self._clip_gradients()
         self._grad_scaler.step(self._optimizer)
@@ -269,11 +266,23 @@ class Trainer(Generic[BatchT]):
             return contextlib.nullcontext()
         return torch.autocast(self._device.type, dtype=self._autocast_dtype)
 
-    def _loss_is_finite(self, loss_sum: torch.Tensor) -> bool:
-        """Whether the loss is finite on every rank, so that all ranks step or skip together."""
-        bad = (~torch.isfinite(loss_sum)).to(torch.float32)
-        self._gangs.root.all_reduce(bad, ReduceOperation.MAX)
-        return not bool(bad)
+    def _agree_on_step(self, loss_sum: torch.Tensor, num_targets: int) -> tuple[bool, float]:
+        """One collective for what every rank must agree on after the backward pass.
+
+        It tells whether the loss is finite on every rank (so all step or skip together),
+        whether any rank was asked to stop (a signal reaches ranks at different times), and
+        the number of targets of the global step. Every DP replica is counted once by each of
+        its TP ranks, which see the same data.
+        """
+        not_finite = float(not bool(torch.isfinite(loss_sum)))
+        stats = torch.tensor(
+            [not_finite, float(self._stop_requested), float(num_targets)],
+            dtype=torch.float64,
+            device=self._gangs.root.device,
+        )
+        self._gangs.root.all_reduce(stats, ReduceOperation.SUM)
+        self._stop_agreed = bool(stats[1] > 0)
+        return bool(stats[0] == 0), float(stats[2]) / self._gangs.tp.size
 
     def _skip_step(self, loss_sum: torch.Tensor) -> None:
         self._optimizer.zero_grad(set_to_none=True)
@@ -291,7 +300,7 @@ class Trainer(Generic[BatchT]):
                 f"The loss was not finite for {limit} steps in a row (up to step {self._step_nr}); stopping."
             )
 
-    def _normalize_gradients(self, num_targets: int) -> None:
+    def _normalize_gradients(self, total_targets: float) -> None:
         """Turn summed-loss gradients into the gradient of the mean loss over the whole global step.
 
         DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
@@ -299,16 +308,15 @@ class Trainer(Generic[BatchT]):
         over the ranks instead; an optimizer holding such gradients outside ``param_groups``
         says so with a ``scale_sparse_gradients(factor)`` method.
         """
-        total = torch.tensor(float(num_targets), device=self._gangs.dp.device)
-        self._gangs.dp.all_reduce(total, ReduceOperation.SUM)
-        scale = self._gangs.dp.size / max(float(total), 1.0)
+        total = max(total_targets, 1.0)
+        scale = self._gangs.dp.size / total
         for group in self._optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
                     param.grad.mul_(scale)
         scale_sparse = getattr(self._optimizer, "scale_sparse_gradients", None)
         if scale_sparse is not None:
-            scale_sparse(1.0 / max(float(total), 1.0))
+            scale_sparse(1.0 / total)
 
     def _clip_gradients(self) -> float:
         params = [p for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
