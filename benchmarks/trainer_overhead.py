@@ -25,8 +25,9 @@ from recipes.builtin.dlrm import DLRMConfig
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler
 from recipes.profiler import Profiler
 from recipes.recorders import CompositeRecorder
+from recipes.rng import seed_everything
 from recipes.run import JobSpec, ResolvedJob, resolve_job
-from recipes.trainer import Trainer, seed_everything
+from recipes.trainer import Trainer
 
 GANGS = Gangs(FakeGang(), FakeGang(), FakeGang())
 

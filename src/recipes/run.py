@@ -44,8 +44,9 @@ from recipes.recorders import (
     WandbRecorder,
 )
 from recipes.registry import Preset, Recipe, find_preset, resolve_preset
+from recipes.rng import seed_everything
 from recipes.sections import RecipeConfig
-from recipes.trainer import Trainer, seed_everything
+from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

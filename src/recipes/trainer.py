@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-import numpy as np
 import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -33,6 +31,7 @@ from recipes.parallel import (
 )
 from recipes.profiler import Profiler
 from recipes.recorders import MetricRecorder
+from recipes.rng import rng_state, set_rng_state
 from recipes.sections import TrainerSection
 from units import EvalUnit, Mean, MetricBag, Throughput, TrainUnit
 
@@ -469,43 +468,3 @@ class Trainer(Generic[BatchT]):
         """Rebuild this rank's sharded state (sparse tables) from the rank states of a saving job."""
         for name, stateful in self._sharded_state.items():
             stateful.load_sharded_state_dict([rank_state["sharded"][name] for rank_state in all_ranks])
-
-
-def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": list_state(random.getstate()),
-        "numpy": numpy_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(tuple_state(state["python"]))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def list_state(state: Any) -> Any:
-    """Python's RNG state with tuples as lists, which ``torch.load(weights_only=True)`` reads back."""
-    return [list_state(s) for s in state] if isinstance(state, tuple) else state
-
-
-def tuple_state(state: Any) -> Any:
-    return tuple(tuple_state(s) for s in state) if isinstance(state, list) else state
-
-
-def numpy_state() -> list[Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
