@@ -24,7 +24,7 @@ from recipes.sections import RecipeConfig
 @dataclass
 class CriteoDataSection:
     train_path: str | None = None
-    """Training day files: an fsspec path or glob, plain or gzip (``/data/day_{0..22}.gz``)."""
+    """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
     valid_path: str | None = None
     synthetic_rows: int | None = None
     """Instead of paths: write this many synthetic training rows (and a quarter as many for
