@@ -164,10 +164,9 @@ class Trainer(Generic[BatchT]):
         self._finish()
 
     def _should_stop(self) -> bool:
+        """Whether the step just taken is the last: the step limit, early stopping or an agreed stop request."""
         max_steps = self._config.max_num_steps
-        if max_steps is not None and self._step_nr >= max_steps:
-            return True
-        return self._early_stopped or self._stop_agreed
+        return self._early_stopped or self._stop_agreed or (max_steps is not None and self._step_nr >= max_steps)
 
     def _after_step(self, epoch_ended: bool) -> None:
         if self._step_nr % self._config.publish_metrics_every_n_steps == 0:
@@ -176,12 +175,7 @@ class Trainer(Generic[BatchT]):
         if every_n is not None and self._step_nr % every_n == 0:
             self._validate()
         if self._checkpoint_due(epoch_ended):
-            self._checkpoint(last=self._is_last_step())
-
-    def _is_last_step(self) -> bool:
-        """Whether no step follows this one, as far as can be known before a stop request arrives."""
-        max_steps = self._config.max_num_steps
-        return self._early_stopped or (max_steps is not None and self._step_nr >= max_steps)
+            self._checkpoint(last=self._should_stop())
 
     def _finish(self) -> None:
         if self._published_step != self._step_nr:
