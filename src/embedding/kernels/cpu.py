@@ -16,7 +16,6 @@ It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numba
@@ -28,17 +27,16 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from embedding.kernels.common import (
+    ADAGRAD,
+    ADAMW,
+    OPTIMIZER_CODES,
+    ROWWISE_ADAGRAD,
+    SGD,
+    state_tensors,
+    update_factors,
+)
 from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
-
-_SGD, _ROWWISE_ADAGRAD, _ADAGRAD, _ADAM, _ADAMW = range(5)
-
-_OPTIMIZER_CODES = {
-    "sgd": _SGD,
-    "rowwise_adagrad": _ROWWISE_ADAGRAD,
-    "adagrad": _ADAGRAD,
-    "adam": _ADAM,
-    "adamw": _ADAMW,
-}
 
 # A row's update costs about as much as summing this many of its occurrences; used to give
 # every thread the same amount of work although Zipf ids make a few rows very long.
@@ -82,20 +80,14 @@ def fused_step(
     # torch's stable sort of int64 is a parallel radix sort, several times faster than numba's.
     sorted_ids, order = torch.sort(ids, stable=True)
 
-    row_state, element_state_1, element_state_2 = _NO_ROW_STATE, _NO_ELEMENT_STATE, _NO_ELEMENT_STATE
-    if config.name == "rowwise_adagrad":
-        row_state = _as_numpy(state["sum"])
-    elif config.name == "adagrad":
-        element_state_1 = _as_numpy(state["sum"])
-    elif config.name in ("adam", "adamw"):
-        element_state_1, element_state_2 = _as_numpy(state["exp_avg"]), _as_numpy(state["exp_avg_sq"])
-
-    bias_correction1 = 1.0 - config.beta1**step
-    bias_correction2 = 1.0 - config.beta2**step
+    row, element_1, element_2 = state_tensors(config, state)
+    row_state = _NO_ROW_STATE if row is None else _as_numpy(row)
+    element_state_1 = _NO_ELEMENT_STATE if element_1 is None else _as_numpy(element_1)
+    element_state_2 = _NO_ELEMENT_STATE if element_2 is None else _as_numpy(element_2)
 
     # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
     _fused_step_kernel(
-        _OPTIMIZER_CODES[config.name],
+        OPTIMIZER_CODES[config.name],
         _as_numpy(weight),
         row_state,
         element_state_1,
@@ -106,13 +98,7 @@ def fused_step(
         _as_numpy(grad_index),
         _NO_GRAD_SCALE if grad_scale is None else _as_numpy(grad_scale),
         grad_scale is not None,
-        np.float32(lr),
-        np.float32(config.weight_decay),
-        np.float32(1.0 - lr * config.weight_decay),
-        np.float32(config.eps),
-        np.float32(1.0 - config.beta1),
-        np.float32(1.0 - config.beta2),
-        np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
+        *update_factors(config, step, lr),
         numba.get_num_threads() * _CHUNKS_PER_THREAD,
     )
 
@@ -166,19 +152,19 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
             row = sorted_ids[begin]
             _sum_row_grad(grad, order, begin, end, end_position, grad_rows, grad_index, grad_scale, has_grad_scale)
 
-            if optimizer == _ADAMW:
+            if optimizer == ADAMW:
                 for d in range(dim):
                     weight[row, d] = decoupled_decay_factor * weight[row, d]
             elif weight_decay != 0:
                 for d in range(dim):
                     grad[d] = grad[d] + weight_decay * weight[row, d]
 
-            if optimizer == _SGD:
+            if optimizer == SGD:
                 for d in range(dim):
                     weight[row, d] = weight[row, d] - lr * grad[d]
-            elif optimizer == _ROWWISE_ADAGRAD:
+            elif optimizer == ROWWISE_ADAGRAD:
                 _rowwise_adagrad_row(weight, row_state, row, grad, lr, eps)
-            elif optimizer == _ADAGRAD:
+            elif optimizer == ADAGRAD:
                 _adagrad_row(weight, element_state_1, row, grad, lr, eps)
             else:
                 _adam_row(

@@ -21,17 +21,16 @@ import numpy as np
 import torch
 from numba import cuda
 
+from embedding.kernels.common import (
+    ADAGRAD,
+    ADAMW,
+    OPTIMIZER_CODES,
+    ROWWISE_ADAGRAD,
+    SGD,
+    state_tensors,
+    update_factors,
+)
 from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
-
-_SGD, _ROWWISE_ADAGRAD, _ADAGRAD, _ADAM, _ADAMW = range(5)
-
-_OPTIMIZER_CODES = {
-    "sgd": _SGD,
-    "rowwise_adagrad": _ROWWISE_ADAGRAD,
-    "adagrad": _ADAGRAD,
-    "adam": _ADAM,
-    "adamw": _ADAMW,
-}
 
 # One thread per element up to this many: a narrower block still fills whole warps on the GPU,
 # and is faster in the simulator.
@@ -69,24 +68,19 @@ def fused_step(
     torch.cumsum(counts, dim=0, out=segment_starts[1:])
 
     unused = _UNUSED.to(weight.device)
-    row_state, element_state_1, element_state_2 = unused, unused.view(1, 1), unused.view(1, 1)
-    if config.name == "rowwise_adagrad":
-        row_state = state["sum"]
-    elif config.name == "adagrad":
-        element_state_1 = state["sum"]
-    elif config.name in ("adam", "adamw"):
-        element_state_1, element_state_2 = state["exp_avg"], state["exp_avg_sq"]
+    row, element_1, element_2 = state_tensors(config, state)
+    row_state = unused if row is None else row
+    element_state_1 = unused.view(1, 1) if element_1 is None else element_1
+    element_state_2 = unused.view(1, 1) if element_2 is None else element_2
 
     dim = weight.size(1)
     threads_per_row = min(_MAX_THREADS_PER_ROW, dim)
     shared_bytes = dim * np.dtype(np.float32).itemsize
-    bias_correction1 = 1.0 - config.beta1**step
-    bias_correction2 = 1.0 - config.beta2**step
 
     launch = _fused_step_kernel[counts.numel(), threads_per_row, _stream_of(weight), shared_bytes]
     # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
     launch(
-        _OPTIMIZER_CODES[config.name],
+        OPTIMIZER_CODES[config.name],
         _as_device_array(weight),
         _as_device_array(row_state),
         _as_device_array(element_state_1),
@@ -98,13 +92,7 @@ def fused_step(
         _as_device_array(grad_index),
         _as_device_array(unused if grad_scale is None else grad_scale),
         grad_scale is not None,
-        np.float32(lr),
-        np.float32(config.weight_decay),
-        np.float32(1.0 - lr * config.weight_decay),
-        np.float32(config.eps),
-        np.float32(1.0 - config.beta1),
-        np.float32(1.0 - config.beta2),
-        np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
+        *update_factors(config, step, lr),
     )
 
 
@@ -162,16 +150,16 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
             else:
                 grad += grad_rows[grad_index[k], d]
 
-        if optimizer == _ADAMW:
+        if optimizer == ADAMW:
             weight[row, d] = decoupled_decay_factor * weight[row, d]
         elif weight_decay != 0:
             grad = grad + weight_decay * weight[row, d]
 
-        if optimizer == _SGD:
+        if optimizer == SGD:
             weight[row, d] = weight[row, d] - lr * grad
-        elif optimizer == _ROWWISE_ADAGRAD:
+        elif optimizer == ROWWISE_ADAGRAD:
             row_grad[d] = grad  # applied below, once the whole row's gradient is known
-        elif optimizer == _ADAGRAD:
+        elif optimizer == ADAGRAD:
             element_sum = element_state_1[row, d] + grad * grad
             element_state_1[row, d] = element_sum
             weight[row, d] = weight[row, d] - lr * (grad / (math.sqrt(element_sum) + eps))
@@ -183,7 +171,7 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
             element_state_2[row, d] = exp_avg_sq
             weight[row, d] = weight[row, d] - adam_step_size * (exp_avg / (math.sqrt(exp_avg_sq) + eps))
 
-    if optimizer == _ROWWISE_ADAGRAD:
+    if optimizer == ROWWISE_ADAGRAD:
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             squared = numba.float32(0)
