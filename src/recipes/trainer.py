@@ -299,7 +299,8 @@ class Trainer(Generic[BatchT]):
         DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
         over the global number of targets gives the mean. Sparse tables sum their gradients
         over the ranks instead; an optimizer holding such gradients outside ``param_groups``
-        says so with a ``scale_sparse_gradients(factor)`` method.
+        says so with a ``scale_sparse_gradients(factor)`` method. The fp16 loss scaler unscales
+        only the gradients it can see, so the sparse ones are unscaled here.
         """
         total = max(total_targets, 1.0)
         scale = self._gangs.dp.size / total
@@ -309,7 +310,8 @@ class Trainer(Generic[BatchT]):
                     param.grad.mul_(scale)
         scale_sparse = getattr(self._optimizer, "scale_sparse_gradients", None)
         if scale_sparse is not None:
-            scale_sparse(1.0 / total)
+            loss_scale = self._grad_scaler.get_scale() if self._grad_scaler.is_enabled() else 1.0
+            scale_sparse(1.0 / (total * loss_scale))
 
     def _clip_gradients(self) -> float:
         params = [p for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]

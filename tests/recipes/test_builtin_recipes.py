@@ -90,3 +90,18 @@ def test_movielens_preset_beats_logistic_regression_on_user_and_movie_ids(tmp_pa
 
     assert baseline_auc > 0.6
     assert preset_auc > baseline_auc
+
+
+def test_fp16_loss_scaling_leaves_sparse_updates_as_in_full_precision(tmp_path: Path) -> None:
+    # SGD is not scale-invariant: a sparse gradient left multiplied by the loss scale (65536)
+    # would blow the tables up.
+    common = [
+        "trainer.max_num_steps=20",
+        "model.embeddings.sparse_optimizer.name=sgd",
+        "trainer.validate_every_n_steps=20",
+    ]
+
+    full = train("ctr_tiny", tmp_path / "full", *common)
+    half = train("ctr_tiny", tmp_path / "half", *common, "trainer.mixed_precision=fp16")
+
+    assert abs(full - half) < 0.01
