@@ -61,7 +61,7 @@ def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs, clea
         f"{output_dir}/checkpoints",
         gangs.root,
         checkpoint_policy(config),
-        gang_sizes={"root": gangs.root.size, "dp": gangs.dp.size, "tp": gangs.tp.size},
+        gang_sizes=gang_sizes(gangs),
         clean_up=clean_up,
     )
 
@@ -130,18 +130,36 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
     """
     trainer.load_shared_state(loaded.shared_state)
     rank = gangs.root.rank
-    old_rank = rank if rank < loaded.num_ranks else 0
     if loaded.num_ranks != gangs.root.size:
         log.warning(
             "Resuming a checkpoint of %d ranks on %d: rank %d takes old rank %d's data position and RNG.",
             loaded.num_ranks,
             gangs.root.size,
             rank,
-            old_rank,
+            rank if rank < loaded.num_ranks else 0,
         )
-    all_ranks = all_rank_states(loaded)
-    trainer.load_rank_state(all_ranks[old_rank], all_ranks)
+    own, pieces = rank_states_to_load(loaded, gangs)
+    trainer.load_rank_state(own, pieces)
     log.info("Resumed from the checkpoint of step %d.", loaded.step)
+
+
+def gang_sizes(gangs: Gangs) -> dict[str, int]:
+    return {"root": gangs.root.size, "dp": gangs.dp.size, "tp": gangs.tp.size}
+
+
+def rank_states_to_load(loaded: LoadedCheckpoint, gangs: Gangs) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """This rank's old state, and the old rank states its sharded state is rebuilt from.
+
+    In the layout that saved the checkpoint (the same gang sizes, so the same plan puts the
+    same rows on each rank) a rank's own file holds exactly its rows, and it reads no other.
+    In another layout every rank reads every old rank's file and keeps the rows it now owns.
+    """
+    rank = gangs.root.rank
+    if dict(loaded.metadata.gang_sizes) == gang_sizes(gangs):
+        own = loaded.load_rank_state(rank)
+        return own, [own]
+    all_ranks = all_rank_states(loaded)
+    return all_ranks[rank if rank < loaded.num_ranks else 0], all_ranks
 
 
 def all_rank_states(loaded: LoadedCheckpoint) -> list[dict[str, Any]]:

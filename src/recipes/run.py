@@ -21,12 +21,12 @@ from checkpoint import CheckpointInfo, CheckpointManager
 from gang import FakeGang, Gangs, default_device, setup_gangs
 from recipes.checkpointing import (
     TrainerCheckpointer,
-    all_rank_states,
     archive_checkpoints,
     checkpoint_manager,
     checkpoint_policy,
     find_resume_checkpoint,
     initialize_from,
+    rank_states_to_load,
     resume,
 )
 from recipes.config import ConfigError, dump_yaml, load_yaml, overrides_to_dict, resolve_config, to_dict
@@ -151,7 +151,7 @@ def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
         try:
             loaded = manager.load(step)
             trainer.load_model_state(loaded.shared_state["model"])
-            trainer.load_sharded_state(all_rank_states(loaded))
+            trainer.load_sharded_state(rank_states_to_load(loaded, gangs)[1])
             return trainer.validate_only(step)
         finally:
             recorder.close()
