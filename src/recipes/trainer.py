@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -62,6 +62,21 @@ class ShardedStateful(Protocol):
     def sharded_state_dict(self) -> dict[str, Any]: ...
 
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+@dataclass
+class _StepTotals:
+    """What the steps since the last publish or checkpoint add to the Trainer's metrics.
+
+    Kept as plain numbers and handed to the metric bag in one update each: a torchmetrics
+    update per metric per step cost more than the rest of the loop's own bookkeeping.
+    """
+
+    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    num_targets: int = 0
+    grad_norm_sum: float = 0.0
+    num_updates: int = 0
+    num_skipped: int = 0
 
 
 class Checkpointer(Protocol):
@@ -123,6 +138,7 @@ class Trainer(Generic[BatchT]):
         self._metrics.register("grad_norm", Mean())
         self._metrics.register("throughput", Throughput())
         self._metrics.register("num_skipped_steps", Mean())
+        self._totals = _StepTotals()
 
         self._step_nr = 0
         self._data_epoch_nr = 0
@@ -219,10 +235,11 @@ class Trainer(Generic[BatchT]):
         self._lr_scheduler.step()
         self._optimizer.zero_grad(set_to_none=True)
 
-        self._metrics["loss"].update(loss_sum / max(num_targets, 1), weight=num_targets)
-        self._metrics["grad_norm"].update(grad_norm)
-        self._metrics["throughput"].update(num_targets)
-        self._metrics["num_skipped_steps"].update(0.0)
+        totals = self._totals
+        totals.loss_sum += loss_sum
+        totals.num_targets += num_targets
+        totals.grad_norm_sum += grad_norm
+        totals.num_updates += 1
         return epoch_ended
 
     def _next_batches(self) -> tuple[list[BatchT] | None, bool]:
@@ -285,7 +302,7 @@ class Trainer(Generic[BatchT]):
                 "Set trainer.nan_policy=skip to skip such steps."
             )
         self._num_consecutive_skipped += 1
-        self._metrics["num_skipped_steps"].update(1.0)
+        self._totals.num_skipped += 1
         log.warning("The loss is %s at step %d; the step is skipped.", float(loss_sum), self._step_nr)
         limit = self._config.max_consecutive_skipped_steps
         if self._num_consecutive_skipped >= limit:
@@ -322,6 +339,7 @@ class Trainer(Generic[BatchT]):
     # Metrics, validation, checkpoints ---------------------------------------------------------
 
     def _publish_metrics(self) -> None:
+        self._flush_step_totals()
         values = self._metrics.compute()
         values.update(self._unit.metric_bag.compute())
         values["lr"] = float(self._lr_scheduler.get_last_lr()[0])
@@ -331,6 +349,18 @@ class Trainer(Generic[BatchT]):
         if self._gangs.root.rank == 0:
             self._recorder.record("train", self._step_nr, values)
         self._published_step = self._step_nr
+
+    def _flush_step_totals(self) -> MetricBag:
+        """Hand the steps' totals to the metric bag (before publishing or checkpointing it)."""
+        totals, self._totals = self._totals, _StepTotals()
+        if totals.num_updates > 0:
+            self._metrics["loss"].update(totals.loss_sum / max(totals.num_targets, 1), weight=totals.num_targets)
+            self._metrics["grad_norm"].update(totals.grad_norm_sum / totals.num_updates, weight=totals.num_updates)
+            self._metrics["throughput"].update(totals.num_targets)
+        num_steps = totals.num_updates + totals.num_skipped
+        if num_steps > 0:
+            self._metrics["num_skipped_steps"].update(totals.num_skipped / num_steps, weight=num_steps)
+        return self._metrics
 
     def _validate(self) -> None:
         """Run every validation, record it, compute the score and consult the early stopper."""
@@ -427,7 +457,7 @@ class Trainer(Generic[BatchT]):
         """What differs between ranks: the data position, RNG streams, unreduced metrics and shards."""
         return {
             "data_reader": self._reader.state_dict(),
-            "metrics": self._metrics.state_dict(),
+            "metrics": self._flush_step_totals().state_dict(),
             "unit_metrics": self._unit.metric_bag.state_dict(),
             "rng": rng_state(),
             "sharded": {name: stateful.sharded_state_dict() for name, stateful in self._sharded_state.items()},
