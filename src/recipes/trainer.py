@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -22,7 +23,7 @@ from recipes.data.reader import DataError, DataReader
 from recipes.early_stopping import EarlyStopper
 from recipes.errors import UserError, closest
 from recipes.parallel import (
-    clip_gradient_norm,
+    DenseGradients,
     gradient_sync,
     load_model_state,
     load_optimizer_state,
@@ -72,7 +73,7 @@ class _StepTotals:
     update per metric per step cost more than the rest of the loop's own bookkeeping.
     """
 
-    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    loss_sum: float = 0.0
     num_targets: int = 0
     grad_norm_sum: float = 0.0
     num_updates: int = 0
@@ -132,6 +133,7 @@ class Trainer(Generic[BatchT]):
 
         self._autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.mixed_precision]
         self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
+        self._dense_gradients = DenseGradients(optimizer.param_groups)
 
         self._metrics = MetricBag(gangs.dp)
         self._metrics.register("loss", Mean())
@@ -227,9 +229,7 @@ class Trainer(Generic[BatchT]):
             return epoch_ended
         self._num_consecutive_skipped = 0
 
-        self._normalize_gradients(total_targets)
-        self._grad_scaler.unscale_(self._optimizer)
-        grad_norm = self._clip_gradients()
+        grad_norm = self._normalize_and_clip_gradients(total_targets)
         self._grad_scaler.step(self._optimizer)
         self._grad_scaler.update()
         self._lr_scheduler.step()
@@ -258,17 +258,22 @@ class Trainer(Generic[BatchT]):
         except StopIteration:
             raise DataError("The training data reader yields no step in a data epoch; is the data empty?") from None
 
-    def _forward_backward(self, batches: list[BatchT]) -> tuple[torch.Tensor, int]:
-        """Sum the losses and targets of the step's micro-batches, back-propagating each."""
-        loss_sum = torch.zeros((), device=self._device, dtype=torch.float64)
+    def _forward_backward(self, batches: list[BatchT]) -> tuple[float, int]:
+        """Sum the losses and targets of the step's micro-batches, back-propagating each.
+
+        The losses are summed as tensors and read once, after the last backward: reading a loss
+        waits for the device, and the step's single read is the one that tells if it is finite.
+        """
+        losses = []
         num_targets = 0
         for index, batch in enumerate(batches):
             is_last = index == len(batches) - 1
             with gradient_sync(self._unit.model, enabled=is_last), self._autocast():
                 loss, batch_targets = self._unit(batch)
             self._grad_scaler.scale(loss).backward()
-            loss_sum += loss.detach().to(torch.float64)
+            losses.append(loss.detach())
             num_targets += int(batch_targets)
+        loss_sum = float(losses[0]) if len(losses) == 1 else float(torch.stack(losses).double().sum())
         return loss_sum, num_targets
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -276,65 +281,62 @@ class Trainer(Generic[BatchT]):
             return contextlib.nullcontext()
         return torch.autocast(self._device.type, dtype=self._autocast_dtype)
 
-    def _agree_on_step(self, loss_sum: torch.Tensor, num_targets: int) -> tuple[bool, float]:
+    def _agree_on_step(self, loss_sum: float, num_targets: int) -> tuple[bool, float]:
         """One collective for what every rank must agree on after the backward pass.
 
         It tells whether the loss is finite on every rank (so all step or skip together),
         whether any rank was asked to stop (a signal reaches ranks at different times), and
         the number of targets of the global step. Every DP replica is counted once by each of
-        its TP ranks, which see the same data.
+        its TP ranks, which see the same data. A single process has no one to agree with.
         """
-        not_finite = float(not bool(torch.isfinite(loss_sum)))
-        stats = torch.tensor(
-            [not_finite, float(self._stop_requested), float(num_targets)],
-            dtype=torch.float64,
-            device=self._gangs.root.device,
-        )
-        self._gangs.root.all_reduce(stats, ReduceOperation.SUM)
-        self._stop_agreed = bool(stats[1] > 0)
-        return bool(stats[0] == 0), float(stats[2]) / self._gangs.tp.size
+        stats = [float(not math.isfinite(loss_sum)), float(self._stop_requested), float(num_targets)]
+        root = self._gangs.root
+        if root.size > 1:
+            reduced = torch.tensor(stats, dtype=torch.float64, device=root.device)
+            root.all_reduce(reduced, ReduceOperation.SUM)
+            stats = reduced.tolist()
+        self._stop_agreed = stats[1] > 0
+        return stats[0] == 0, stats[2] / self._gangs.tp.size
 
-    def _skip_step(self, loss_sum: torch.Tensor) -> None:
+    def _skip_step(self, loss_sum: float) -> None:
         self._optimizer.zero_grad(set_to_none=True)
         if self._config.nan_policy == "stop":
             raise LossNotFiniteError(
-                f"The loss is {float(loss_sum)} at step {self._step_nr}; stopping (trainer.nan_policy=stop). "
+                f"The loss is {loss_sum} at step {self._step_nr}; stopping (trainer.nan_policy=stop). "
                 "Set trainer.nan_policy=skip to skip such steps."
             )
         self._num_consecutive_skipped += 1
         self._totals.num_skipped += 1
-        log.warning("The loss is %s at step %d; the step is skipped.", float(loss_sum), self._step_nr)
+        log.warning("The loss is %s at step %d; the step is skipped.", loss_sum, self._step_nr)
         limit = self._config.max_consecutive_skipped_steps
         if self._num_consecutive_skipped >= limit:
             raise LossNotFiniteError(
                 f"The loss was not finite for {limit} steps in a row (up to step {self._step_nr}); stopping."
             )
 
-    def _normalize_gradients(self, total_targets: float) -> None:
-        """Turn summed-loss gradients into the gradient of the mean loss over the whole global step.
+    def _normalize_and_clip_gradients(self, total_targets: float) -> float:
+        """Turn summed-loss gradients into the gradient of the mean loss over the whole global
+        step, clip them, and return their norm before clipping.
 
         DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
         over the global number of targets gives the mean. Sparse tables sum their gradients
         over the ranks instead; an optimizer holding such gradients outside ``param_groups``
         says so with a ``scale_sparse_gradients(factor)`` method. The fp16 loss scaler unscales
-        only the gradients it can see, so the sparse ones are unscaled here.
+        (and checks) the dense gradients itself, but not the sparse ones, which are unscaled
+        here. Without it, normalisation and clipping take one pass over the gradients.
         """
         total = max(total_targets, 1.0)
-        scale = self._gangs.dp.size / total
-        for group in self._optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    param.grad.mul_(scale)
+        factor = self._gangs.dp.size / total
+        gradients = self._dense_gradients
         scale_sparse = getattr(self._optimizer, "scale_sparse_gradients", None)
         if scale_sparse is not None:
             loss_scale = self._grad_scaler.get_scale() if self._grad_scaler.is_enabled() else 1.0
             scale_sparse(1.0 / (total * loss_scale))
-
-    def _clip_gradients(self) -> float:
-        params = [p for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not params:
-            return 0.0
-        return clip_gradient_norm(params, self._config.max_grad_norm or float("inf"))
+        if self._grad_scaler.is_enabled():
+            gradients.scale_(factor)
+            self._grad_scaler.unscale_(self._optimizer)
+            factor = 1.0
+        return gradients.scale_and_clip_(factor, self._config.max_grad_norm or float("inf"))
 
     # Metrics, validation, checkpoints ---------------------------------------------------------
 
