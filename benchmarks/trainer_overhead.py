@@ -2,9 +2,9 @@
 
 Both sides train the same model through the same TrainUnit with the same optimizer and LR
 scheduler: read a batch, forward, summed BCE, backward, normalisation by the number of targets,
-optimizer and LR scheduler step. The Trainer adds what it always does (metric bags, gradient
-norm, NaN check, stop-request agreement, publishing to no recorder once per round); validation
-and checkpoints are off.
+optimizer and LR scheduler step. The Trainer adds what it always does (metric bags, NaN check,
+stop-request agreement, publishing to no recorder once per round); validation, checkpoints and
+gradient clipping (and so the gradient norm) are off, as in the preset.
 
 The two sides take turns step by step: each time the Trainer pulls a batch, one step of the
 hand-written loop runs (timed on its own) before the Trainer gets it. On this shared machine

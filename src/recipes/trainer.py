@@ -137,7 +137,8 @@ class Trainer(Generic[BatchT]):
 
         self._metrics = MetricBag(gangs.dp)
         self._metrics.register("loss", Mean())
-        self._metrics.register("grad_norm", Mean())
+        if config.max_grad_norm is not None:
+            self._metrics.register("grad_norm", Mean())
         self._metrics.register("throughput", Throughput())
         self._metrics.register("num_skipped_steps", Mean())
         self._totals = _StepTotals()
@@ -238,7 +239,8 @@ class Trainer(Generic[BatchT]):
         totals = self._totals
         totals.loss_sum += loss_sum
         totals.num_targets += num_targets
-        totals.grad_norm_sum += grad_norm
+        if grad_norm is not None:
+            totals.grad_norm_sum += grad_norm
         totals.num_updates += 1
         return epoch_ended
 
@@ -314,16 +316,19 @@ class Trainer(Generic[BatchT]):
                 f"The loss was not finite for {limit} steps in a row (up to step {self._step_nr}); stopping."
             )
 
-    def _normalize_and_clip_gradients(self, total_targets: float) -> float:
+    def _normalize_and_clip_gradients(self, total_targets: float) -> float | None:
         """Turn summed-loss gradients into the gradient of the mean loss over the whole global
-        step, clip them, and return their norm before clipping.
+        step and clip them if ``max_grad_norm`` is set; returns their norm before clipping, which
+        only clipping takes (``None`` without it).
 
         DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
         over the global number of targets gives the mean. Sparse tables sum their gradients
         over the ranks instead; an optimizer holding such gradients outside ``param_groups``
         says so with a ``scale_sparse_gradients(factor)`` method. The fp16 loss scaler unscales
         (and checks) the dense gradients itself, but not the sparse ones, which are unscaled
-        here. Without it, normalisation and clipping take one pass over the gradients.
+        here. Without it, normalisation and clipping take one pass over the gradients. Like
+        torchtune, the norm is not taken without clipping: on a small model it cost 1.5% of
+        the step, more than the rest of the Trainer's own work.
         """
         total = max(total_targets, 1.0)
         factor = self._gangs.dp.size / total
@@ -336,7 +341,12 @@ class Trainer(Generic[BatchT]):
             gradients.scale_(factor)
             self._grad_scaler.unscale_(self._optimizer)
             factor = 1.0
-        return gradients.scale_and_clip_(factor, self._config.max_grad_norm or float("inf"))
+        max_norm = self._config.max_grad_norm
+        if max_norm is not None:
+            return gradients.scale_and_clip_(factor, max_norm)
+        if factor != 1.0:
+            gradients.scale_(factor)
+        return None
 
     # Metrics, validation, checkpoints ---------------------------------------------------------
 
@@ -357,7 +367,8 @@ class Trainer(Generic[BatchT]):
         totals, self._totals = self._totals, _StepTotals()
         if totals.num_updates > 0:
             self._metrics["loss"].update(totals.loss_sum / max(totals.num_targets, 1), weight=totals.num_targets)
-            self._metrics["grad_norm"].update(totals.grad_norm_sum / totals.num_updates, weight=totals.num_updates)
+            if "grad_norm" in self._metrics:
+                self._metrics["grad_norm"].update(totals.grad_norm_sum / totals.num_updates, weight=totals.num_updates)
             self._metrics["throughput"].update(totals.num_targets)
         num_steps = totals.num_updates + totals.num_skipped
         if num_steps > 0:

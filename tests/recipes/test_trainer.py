@@ -191,7 +191,8 @@ def test_publish_and_validate_at_the_configured_steps_and_at_the_end(
         map(float, range(len(validated)))
     )
     first_train = next(values for run, _, values in recorder.records if run == "train")
-    assert {"loss", "grad_norm", "throughput", "lr", "data_epoch"} <= set(first_train)
+    assert {"loss", "throughput", "lr", "data_epoch"} <= set(first_train)
+    assert "grad_norm" not in first_train  # Without clipping, no norm is taken.
 
 
 def test_the_published_loss_is_the_mean_over_the_targets_of_the_published_steps() -> None:
@@ -399,3 +400,27 @@ def test_trainer_early_stopping_patience_in_the_config_stops_training(
     valid = read_jsonl(isolated_presets / "out" / "metrics" / "valid.jsonl")
     assert [row["step"] for row in valid] == [5, 10, 15, 20, 25]  # 0.2, 0.25, 0.29 fail to beat 0.3
     assert read_jsonl(isolated_presets / "out" / "metrics" / "train.jsonl")[-1]["step"] == 25
+
+
+def test_clipping_scales_the_mean_gradient_to_the_limit_and_records_the_norm_before() -> None:
+    """One step of SGD (lr 0.05) on one batch of 8 rows, against the hand-computed clipped update."""
+    recorder = ListRecorder()
+    unit = SquaredErrorUnit(linear_model())
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=1, publish_metrics_every_n_steps=1, max_grad_norm=0.01),
+        unit=unit,
+        recorder=recorder,
+    )
+    model = linear_model()
+    loss = ((model(FEATURES[:8]).squeeze(1) - TARGETS[:8]) ** 2).mean()
+    loss.backward()
+    grads = [param.grad for param in model.parameters()]
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+    trainer.run()
+
+    (values,) = [values for run, _, values in recorder.records if run == "train"]
+    assert values["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert norm > 0.01
+    for param, start, grad in zip(unit.model.parameters(), model.parameters(), grads):
+        torch.testing.assert_close(param.detach(), start.detach() - 0.05 * grad * (0.01 / norm))

@@ -77,8 +77,10 @@ def fused_step(
         return
     lr = config.lr if lr is None else lr
 
-    # torch's stable sort of int64 is a parallel radix sort, several times faster than numba's.
-    sorted_ids, order = torch.sort(ids, stable=True)
+    # torch's stable sort is a radix sort, several times faster than numba's, and three times
+    # faster again on int32 keys, which hold the row of any table under 2**31 rows.
+    keys = ids.to(torch.int32) if weight.size(0) <= torch.iinfo(torch.int32).max else ids
+    sorted_ids, order = torch.sort(keys, stable=True)
 
     row, element_1, element_2 = state_tensors(config, state)
     row_state = _NO_ROW_STATE if row is None else _as_numpy(row)
@@ -141,7 +143,7 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
         end_position = segment_starts[end_segment]
         for segment in range(first_segment, end_segment):
             if segment + _ROW_PREFETCH_DISTANCE < end_segment:
-                coming_row = sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]]
+                coming_row = np.intp(sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]])
                 _prefetch_row_for_write(weight, coming_row)
                 _prefetch_row_for_write(element_state_1, coming_row)
                 _prefetch_row_for_write(element_state_2, coming_row)
@@ -149,7 +151,7 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
                     _prefetch_for_write(row_state, (coming_row,))
 
             begin, end = segment_starts[segment], segment_starts[segment + 1]
-            row = sorted_ids[begin]
+            row = np.intp(sorted_ids[begin])
             _sum_row_grad(grad, order, begin, end, end_position, grad_rows, grad_index, grad_scale, has_grad_scale)
 
             if optimizer == ADAMW:
