@@ -6,10 +6,10 @@ per feature), and one 1,000,000-row table shared by the 26 features. The baselin
 ``nn.EmbeddingBag(sparse=True)`` with ``torch.optim.SparseAdam`` and with ``torch.optim.Adagrad``:
 one bag per table, called once per step with the ids of all its features, as the collection
 looks up each buffer once (calling the shared bag once per feature made its step about twice as
-slow). Every method runs the same step on the same batch: lookup, the loss (the sum of the
-pooled outputs times a fixed random tensor), backward, the optimizer's ``step`` and
-``zero_grad``. Methods take turns step by step; the table gives each one's median and
-interquartile range.
+slow). Every method runs the same step on the same batch: lookup, backward from a fixed random
+gradient of every feature's pooled output (what the dense part of a model would hand back),
+the optimizer's ``step`` and ``zero_grad``. Methods take turns step by step; the table gives
+each one's median and interquartile range.
 
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -67,7 +68,8 @@ def make_features(tables: list[EmbeddingTableConfig]) -> SparseFeatures:
     )
 
 
-def coefficients() -> dict[str, torch.Tensor]:
+def upstream_gradients() -> dict[str, torch.Tensor]:
+    """The gradient of each feature's pooled output, the same at every step."""
     generator = torch.Generator().manual_seed(1)
     return {name: torch.randn(BATCH, DIM, generator=generator) for name in FEATURES}
 
@@ -75,11 +77,11 @@ def coefficients() -> dict[str, torch.Tensor]:
 def ours(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[], None]:
     collection = ShardedEmbeddingCollection(tables)
     optimizer = SparseOptimizer(collection, SparseOptimizerConfig(optimizer_name))
-    features, coefficient = make_features(tables), coefficients()
+    features, upstream = make_features(tables), upstream_gradients()
 
     def step() -> None:
         outputs = collection(features)
-        sum((outputs[name] * coefficient[name]).sum() for name in FEATURES).backward()
+        torch.autograd.backward([outputs[name] for name in FEATURES], [upstream[name] for name in FEATURES])
         optimizer.step()
         optimizer.zero_grad()
 
@@ -94,24 +96,26 @@ def baseline(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callabl
         optimizer = torch.optim.SparseAdam(parameters, lr=0.01)
     else:
         optimizer = torch.optim.Adagrad(parameters, lr=0.01)
-    features, coefficient = make_features(tables), coefficients()
+    features, upstream = make_features(tables), upstream_gradients()
     # Every feature has one id per sample: the bags of a table's features, one after the other,
     # are its ids one by one.
     table_ids = {table.name: torch.cat([features[name].ids for name in table.features]) for table in tables}
     table_offsets = {name: torch.arange(ids.numel()) for name, ids in table_ids.items()}
 
     def step() -> None:
-        loss = torch.zeros(())
+        outputs, grads = [], []
         for table in tables:
             pooled = bags[table.name](table_ids[table.name], table_offsets[table.name])
-            for name, rows in zip(table.features, torch.split(pooled, BATCH)):
-                loss = loss + (rows * coefficient[name]).sum()
-        loss.backward()
+            outputs.extend(torch.split(pooled, BATCH))
+            grads.extend(upstream[name] for name in table.features)
+        torch.autograd.backward(outputs, grads)
         optimizer.step()
         optimizer.zero_grad()
 
     return step
 
+
+LAYOUTS = ("26 tables", "shared")
 
 METHODS: list[tuple[str, Callable[[list[EmbeddingTableConfig], str], Callable[[], None]], str]] = [
     ("EmbeddingBag+SparseAdam", baseline, "SparseAdam"),
@@ -121,15 +125,24 @@ METHODS: list[tuple[str, Callable[[list[EmbeddingTableConfig], str], Callable[[]
 ]
 
 
-def step_times_ms(steps_by_method: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, list[float]]:
+def step_times_ms(
+    steps_by_method: dict[tuple[str, str], Callable[[], None]], steps: int, warmup: int
+) -> dict[tuple[str, str], list[float]]:
     """The times of ``steps`` steps of every method; the methods take turns, step by step, so
-    that the load of other processes on the machine weighs on them alike."""
+    that the load of other processes on the machine weighs on them alike, in a new (seeded)
+    order at every turn: a step runs slower right after a step that churned through memory
+    (the torch baselines allocate and free hundreds of MB), and in a fixed order the same
+    method always paid for it."""
     for step in steps_by_method.values():
         for _ in range(warmup):
             step()
-    times: dict[str, list[float]] = {method: [] for method in steps_by_method}
+    times: dict[tuple[str, str], list[float]] = {method: [] for method in steps_by_method}
+    order = list(steps_by_method)
+    shuffler = random.Random(0)
     for _ in range(steps):
-        for method, step in steps_by_method.items():
+        shuffler.shuffle(order)
+        for method in order:
+            step = steps_by_method[method]
             start = time.perf_counter()
             step()
             times[method].append((time.perf_counter() - start) * 1000)
@@ -151,29 +164,24 @@ def main() -> None:
     print(f"batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}, {args.steps} steps after {args.warmup} warm-up")
     print("layouts: '26 tables' = 26 tables holding 1,000,000 rows together, one per feature;")
     print("         'shared' = one 1,000,000-row table looked up by all 26 features\n")
-    for layout in ("26 tables", "shared"):
-        tables = table_configs("shared" if layout == "shared" else "split")
-        steps_by_method = {method: build(tables, optimizer_name) for method, build, optimizer_name in METHODS}
-        times = step_times_ms(steps_by_method, args.steps, args.warmup)
-        del steps_by_method
-        if layout == "26 tables":
-            print(
-                f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} "
-                f"(threading layer {numba.threading_layer()})\n"
-            )
-            print(
-                "| layout | method | median ms/step | IQR ms | vs EmbeddingBag+SparseAdam | vs EmbeddingBag+Adagrad |"
-            )
-            print("| --- | --- | ---: | ---: | ---: | ---: |")
-        medians = {method: statistics.median(method_times) for method, method_times in times.items()}
-        for method, ms in medians.items():
-            low, _, high = statistics.quantiles(times[method], n=4)
-            sparse_adam = medians["EmbeddingBag+SparseAdam"] / ms
-            adagrad = medians["EmbeddingBag+Adagrad"] / ms
-            print(
-                f"| {layout} | {method} | {ms:.2f} | {low:.1f}-{high:.1f} | {sparse_adam:.2f}x | {adagrad:.2f}x |",
-                flush=True,
-            )
+    # Both layouts' methods take turns too, so that the two layouts are compared under one load.
+    steps_by_method = {
+        (layout, method): build(table_configs("shared" if layout == "shared" else "split"), optimizer_name)
+        for layout in LAYOUTS
+        for method, build, optimizer_name in METHODS
+    }
+    times = step_times_ms(steps_by_method, args.steps, args.warmup)
+    medians = {key: statistics.median(key_times) for key, key_times in times.items()}
+    print(f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} ({numba.threading_layer()})\n")
+    print("| layout | method | median ms/step | IQR ms | vs EmbeddingBag+SparseAdam | vs EmbeddingBag+Adagrad |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for (layout, method), ms in medians.items():
+        low, _, high = statistics.quantiles(times[layout, method], n=4)
+        sparse_adam = medians[layout, "EmbeddingBag+SparseAdam"] / ms
+        adagrad = medians[layout, "EmbeddingBag+Adagrad"] / ms
+        print(f"| {layout} | {method} | {ms:.2f} | {low:.1f}-{high:.1f} | {sparse_adam:.2f}x | {adagrad:.2f}x |")
+    for method, _, _ in METHODS[2:]:
+        print(f"{method}: shared / 26 tables time {medians['shared', method] / medians['26 tables', method]:.2f}")
 
 
 if __name__ == "__main__":
