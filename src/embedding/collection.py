@@ -71,7 +71,7 @@ class ShardedEmbeddingCollection(nn.Module):
         bags = [_group_bags(group, features) for group in self.groups]
         pairs_by_group = [_table_features(group) for group in self.groups]
         sizes = [[_num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
-        pooled = _PooledLookup.apply(self._grad_anchor, self.groups, lookups, bags, sizes)
+        pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags, sizes)
 
         outputs: dict[str, torch.Tensor] = {}
         for (table, feature), rows in zip(itertools.chain.from_iterable(pairs_by_group), pooled):
@@ -101,19 +101,18 @@ class _PooledLookup(torch.autograd.Function):
 
     It returns one output per feature (the group's pooled rows, split by ``sizes``) rather than
     leaving the split to autograd, whose backward would concatenate the features' gradients
-    into a fresh tensor every step: the group concatenates them into a buffer it reuses.
+    into a fresh tensor every step: the lookups take the features' gradients as they come.
     """
 
     @staticmethod
     def forward(
         ctx: Any,
         grad_anchor: torch.Tensor,
-        groups: list[ShardGroup],
         lookups: list[TableLookup],
         bags: list[Bags],
         sizes: list[list[int]],
     ) -> tuple[torch.Tensor, ...]:
-        ctx.groups, ctx.lookups, ctx.sizes = groups, lookups, sizes
+        ctx.lookups, ctx.sizes = lookups, sizes
         outputs: list[torch.Tensor] = []
         for lookup, group_bags, group_sizes in zip(lookups, bags, sizes):
             outputs.extend(torch.split(lookup.forward(group_bags), group_sizes))
@@ -122,10 +121,10 @@ class _PooledLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
         first = 0
-        for group, lookup, group_sizes in zip(ctx.groups, ctx.lookups, ctx.sizes):
-            lookup.backward(group.concat_grad_rows(grads[first : first + len(group_sizes)]))
+        for lookup, group_sizes in zip(ctx.lookups, ctx.sizes):
+            lookup.backward(grads[first : first + len(group_sizes)])
             first += len(group_sizes)
-        return None, None, None, None, None
+        return None, None, None, None
 
 
 def _check_features(tables: Sequence[EmbeddingTableConfig], features: SparseFeatures) -> None:

@@ -40,13 +40,14 @@ class Bags:
 
 class TableLookup(ABC):
     """One pooled lookup of one group: ``forward`` returns ``[num_bags, dim]`` and ``backward``
-    takes its gradient and records the rows' gradients on the groups that own them."""
+    takes its gradient, in pieces that concatenate to ``[num_bags, dim]`` (one per feature),
+    and records the rows' gradients on the groups that own them."""
 
     @abstractmethod
     def forward(self, bags: Bags) -> torch.Tensor: ...
 
     @abstractmethod
-    def backward(self, grad_pooled: torch.Tensor) -> None: ...
+    def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None: ...
 
 
 def make_lookup(group: ShardGroup, gang: Gang) -> TableLookup:
@@ -69,13 +70,16 @@ class LocalLookup(TableLookup):
         self._bags = bags
         return _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
 
-    def backward(self, grad_pooled: torch.Tensor) -> None:
-        self._group.record(self._local_record(grad_pooled))
+    def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
+        # The kernel reads the pieces in place: only a piece whose columns are strided (an
+        # expanded gradient, say) is copied.
+        pieces = tuple(p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces)
+        self._group.record(self._local_record(pieces))
 
-    def _local_record(self, grad_pooled: torch.Tensor) -> GradRecord:
+    def _local_record(self, grad_rows: tuple[torch.Tensor, ...]) -> GradRecord:
         assert self._bags is not None, "`backward` runs after `forward`."
         bags = self._bags
-        return GradRecord(bags.ids, grad_pooled.contiguous(), bags.bag_of_each_id(), bags.scales)
+        return GradRecord(bags.ids, grad_rows, bags.bag_of_each_id(), bags.scales)
 
 
 class ReplicatedLookup(LocalLookup):
@@ -86,14 +90,15 @@ class ReplicatedLookup(LocalLookup):
         super().__init__(group)
         self._gang = gang
 
-    def backward(self, grad_pooled: torch.Tensor) -> None:
-        record = self._local_record(grad_pooled)
+    def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
+        grad_pooled = self._group.concat_grad_rows(grad_pieces)
+        record = self._local_record((grad_pooled,))
         scales = (
             record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
         )
         # Three collectives per step: the sizes, the per-id columns (the scales travel as their
         # bit patterns beside the ids and indices), and the gradient rows.
-        row_counts, id_counts = _all_gather_sizes(self._gang, [record.grad_rows.size(0), record.ids.numel()])
+        row_counts, id_counts = _all_gather_sizes(self._gang, [grad_pooled.size(0), record.ids.numel()])
         per_id = torch.stack([record.ids, record.grad_index, scales.view(torch.int32).to(torch.int64)], dim=1)
         ids, grad_index, scale_bits = _all_gather_rows(self._gang, per_id, id_counts).unbind(1)
         index_offsets = [sum(row_counts[:rank]) for rank in range(self._gang.size)]
@@ -105,7 +110,7 @@ class ReplicatedLookup(LocalLookup):
         self._group.record(
             GradRecord(
                 ids=ids.contiguous(),
-                grad_rows=_all_gather_rows(self._gang, record.grad_rows, row_counts),
+                grad_rows=(_all_gather_rows(self._gang, grad_pooled, row_counts),),
                 grad_index=grad_index + torch.tensor(index_offsets, device=grad_index.device)[rank_of_id],
                 grad_scale=scale_bits.to(torch.int32).view(torch.float32).contiguous(),
             )
@@ -166,10 +171,10 @@ class AllToAllLookup(TableLookup):
         pooled = torch.zeros((bags.num_bags, self._shard.config.dim), dtype=partials.dtype, device=device)
         return pooled.index_add_(0, self._partial_bag_target, received)
 
-    def backward(self, grad_pooled: torch.Tensor) -> None:
-        grad_partials = grad_pooled[self._partial_bag_target]
+    def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
+        grad_partials = self._group.concat_grad_rows(grad_pieces)[self._partial_bag_target]
         recv_grads = _exchange(self._gang, grad_partials, self._partials_per_owner, self._partials_per_requester)
-        self._group.record(GradRecord(self._local_ids, recv_grads, self._partial_of_id, self._recv_scales))
+        self._group.record(GradRecord(self._local_ids, (recv_grads,), self._partial_of_id, self._recv_scales))
 
 
 def _weighted_sum(

@@ -85,7 +85,7 @@ class SparseOptimizer:
             grad_scale = grads.grad_scale
             if multiplier != 1.0:
                 grad_scale = (
-                    torch.full(grads.ids.shape, multiplier, dtype=grads.grad_rows.dtype, device=grads.ids.device)
+                    torch.full(grads.ids.shape, multiplier, dtype=group.weight.dtype, device=grads.ids.device)
                     if grad_scale is None
                     else grad_scale * multiplier
                 )

@@ -35,10 +35,12 @@ _MADV_HUGEPAGE = 14
 @dataclass(frozen=True)
 class GradRecord:
     """Gradients for the fused update: row ``ids[k]`` (local) receives
-    ``grad_scale[k] * grad_rows[grad_index[k]]``."""
+    ``grad_scale[k] * grad_rows[grad_index[k]]``, ``grad_rows`` being read as the concatenation
+    of its pieces (one per feature where the gradients come from autograd), which the CPU
+    kernel reads in place."""
 
     ids: torch.Tensor
-    grad_rows: torch.Tensor
+    grad_rows: tuple[torch.Tensor, ...]
     grad_index: torch.Tensor
     grad_scale: torch.Tensor | None
 
@@ -95,7 +97,8 @@ class ShardGroup:
             shard.optimizer_state = {key: tensor[offset : offset + shard.num_rows] for key, tensor in state.items()}
 
     def concat_grad_rows(self, pieces: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``pieces`` (gradient rows of the group's features) concatenated, for one record.
+        """``pieces`` (gradient rows of the group's features) concatenated, for a lookup that
+        sends them to other ranks.
 
         While no record is pending, that is from one ``zero_grad`` to the next backward, the
         rows go to a buffer kept from step to step: a fresh tensor of that size would be new
@@ -206,7 +209,7 @@ def init_rows(
 def _concat(records: list[GradRecord]) -> GradRecord:
     index_offsets = [0]
     for record in records[:-1]:
-        index_offsets.append(index_offsets[-1] + record.grad_rows.size(0))
+        index_offsets.append(index_offsets[-1] + sum(piece.size(0) for piece in record.grad_rows))
     scales = None
     if any(record.grad_scale is not None for record in records):
         scales = torch.cat(
@@ -214,7 +217,7 @@ def _concat(records: list[GradRecord]) -> GradRecord:
         )
     return GradRecord(
         ids=torch.cat([r.ids for r in records]),
-        grad_rows=torch.cat([r.grad_rows for r in records]),
+        grad_rows=tuple(piece for r in records for piece in r.grad_rows),
         grad_index=torch.cat([r.grad_index + offset for r, offset in zip(records, index_offsets)]),
         grad_scale=scales,
     )

@@ -22,7 +22,7 @@ def dense_grad(collection: ShardedEmbeddingCollection, table: str) -> torch.Tens
     (group,) = [group for group in collection.groups if table in (s.config.name for s in group.shards)]
     grads = group.accumulated_grads()
     assert grads is not None
-    rows = grads.grad_rows[grads.grad_index]
+    rows = torch.cat(grads.grad_rows)[grads.grad_index]
     if grads.grad_scale is not None:
         rows = rows * grads.grad_scale.unsqueeze(1)
     return torch.zeros_like(group.weight).index_add_(0, grads.ids, rows)

@@ -70,7 +70,7 @@ def test_step_equals_reference_kernel_on_autograd_gradient(name: str) -> None:
     expected_weight, expected_state = weight.clone(), init_optimizer_state(config, 12, 4)
     for step in (1, 2):
         reference.fused_step(
-            config, expected_weight, expected_state, rows, grad[rows], torch.arange(rows.numel()), None, step
+            config, expected_weight, expected_state, rows, (grad[rows],), torch.arange(rows.numel()), None, step
         )
 
     for _ in (1, 2):

@@ -1,5 +1,6 @@
-"""The gradient rows a shard group records: the buffer it reuses from step to step, and the
-gradients it holds, checked against plain autograd through ``nn.EmbeddingBag``."""
+"""The gradient rows a shard group records (autograd's own, in place), the buffer it reuses to
+concatenate them for other ranks, and the steps they make, checked against plain autograd
+through ``nn.EmbeddingBag``."""
 
 import torch
 from torch import nn
@@ -42,25 +43,39 @@ def autograd_grad(weight: torch.Tensor, micro_batches: list[SparseFeatures], use
     return bag.weight.grad
 
 
-def test_buffer_is_reused_after_zero_grad_but_not_while_gradients_are_pending() -> None:
+def test_a_local_lookup_records_the_gradients_autograd_hands_it_without_a_copy() -> None:
     collection = ShardedEmbeddingCollection([TABLE])
-    optimizer = SparseOptimizer(collection, SparseOptimizerConfig("sgd"))
     (group,) = collection.groups
+    outputs = collection(batch(0, batch_size=5))
+    upstream = {name: torch.randn(5, TABLE.dim) for name in ("x", "y")}
+    expanded = torch.ones(1, TABLE.dim).expand(5, TABLE.dim)  # rows of stride 0 are read in place too
+    strided = torch.randn(5, 2 * TABLE.dim)[:, ::2]  # strided columns are copied
 
-    backward(collection, batch(0, batch_size=6), ("x", "y"))
-    first_step_rows = group.grads[0].grad_rows
-    optimizer.step()
-    optimizer.zero_grad()
-    backward(collection, batch(1, batch_size=4), ("x", "y"))
-    reused = group.grads[0].grad_rows
-    kept = reused.clone()
-    backward(collection, batch(2, batch_size=6), ("x", "y"))
-    pending = group.grads[1].grad_rows
+    torch.autograd.backward([outputs["x"], outputs["y"]], [upstream["x"], upstream["y"]])
+    outputs = collection(batch(1, batch_size=5))
+    torch.autograd.backward([outputs["x"], outputs["y"]], [expanded, strided])
 
-    assert reused.data_ptr() == first_step_rows.data_ptr()
-    assert reused.shape == (8, TABLE.dim)  # the smaller batch takes the first rows of the buffer
-    assert pending.data_ptr() != reused.data_ptr()
-    assert torch.equal(reused, kept)
+    first, second = group.grads
+    assert [piece.data_ptr() for piece in first.grad_rows] == [upstream["x"].data_ptr(), upstream["y"].data_ptr()]
+    assert second.grad_rows[0].data_ptr() == expanded.data_ptr()
+    assert second.grad_rows[1].is_contiguous() and torch.equal(second.grad_rows[1], strided)
+
+
+def test_concatenated_gradient_buffer_is_reused_only_while_no_gradients_are_pending() -> None:
+    """The buffer into which lookups that send gradients to other ranks concatenate them."""
+    collection = ShardedEmbeddingCollection([TABLE])
+    (group,) = collection.groups
+    pieces = [torch.randn(3, TABLE.dim), torch.randn(2, TABLE.dim)]
+
+    first = group.concat_grad_rows(pieces)
+    smaller = group.concat_grad_rows(pieces[:1])
+    kept = smaller.clone()
+    backward(collection, batch(0, batch_size=4), ("x",))  # now a record is pending
+    pending = group.concat_grad_rows(pieces)
+
+    assert torch.equal(first, torch.cat(pieces))
+    assert smaller.data_ptr() == first.data_ptr() and smaller.shape == (3, TABLE.dim)
+    assert pending.data_ptr() != first.data_ptr() and torch.equal(smaller, kept)
 
 
 def test_steps_over_a_reused_buffer_equal_steps_on_autograd_gradients() -> None:
@@ -82,7 +97,7 @@ def test_steps_over_a_reused_buffer_equal_steps_on_autograd_gradients() -> None:
         grad = autograd_grad(expected_weight, micro_batches, used)
         rows = torch.unique(torch.cat([f.ids for features in micro_batches for f in features.values()]))
         reference.fused_step(
-            config, expected_weight, expected_state, rows, grad[rows], torch.arange(rows.numel()), None, step
+            config, expected_weight, expected_state, rows, (grad[rows],), torch.arange(rows.numel()), None, step
         )
         for features in micro_batches:
             backward(collection, features, used)

@@ -8,7 +8,7 @@ signature: ``reference`` (plain torch, the oracle), ``cpu`` (numba, parallel ove
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,7 +22,7 @@ FusedStep = Callable[
         torch.Tensor,
         dict[str, torch.Tensor],
         torch.Tensor,
-        torch.Tensor,
+        Sequence[torch.Tensor],
         torch.Tensor,
         torch.Tensor | None,
         int,
@@ -37,7 +37,7 @@ def fused_step(
     weight: torch.Tensor,
     state: dict[str, torch.Tensor],
     ids: torch.Tensor,
-    grad_rows: torch.Tensor,
+    grad_rows: torch.Tensor | Sequence[torch.Tensor],
     grad_index: torch.Tensor,
     grad_scale: torch.Tensor | None,
     step: int,
@@ -48,7 +48,9 @@ def fused_step(
 
     The gradient of row ``r`` is the sum over the occurrences ``k`` with ``ids[k] == r`` of
     ``grad_scale[k] * grad_rows[grad_index[k]]``: the per-occurrence gradient is gathered inside
-    the kernel, never materialised. ``step`` counts the optimizer steps taken, this one
+    the kernel, never materialised. ``grad_rows`` may come in pieces, read as if concatenated
+    (the CPU kernel reads them where they are, sparing a copy of every feature's gradient);
+    a piece's rows may be strided, its columns must not. ``step`` counts the optimizer steps taken, this one
     included (Adam's bias correction); ``lr``, when given, overrides ``config.lr`` so that an
     LR scheduler can drive it. ``backend`` defaults to ``cuda`` for CUDA tensors, else ``cpu``.
 
@@ -58,9 +60,10 @@ def fused_step(
         backend = "cuda" if weight.is_cuda else "cpu"
     step_fn = _backend_step(backend)
 
-    check_step_inputs(config, weight, state, ids, grad_rows, grad_index, grad_scale, step)
+    pieces = (grad_rows,) if isinstance(grad_rows, torch.Tensor) else tuple(grad_rows)
+    check_step_inputs(config, weight, state, ids, pieces, grad_index, grad_scale, step)
 
-    step_fn(config, weight, state, ids, grad_rows, grad_index, grad_scale, step, lr)
+    step_fn(config, weight, state, ids, pieces, grad_index, grad_scale, step, lr)
 
 
 def _backend_step(backend: str) -> FusedStep:
@@ -85,7 +88,7 @@ def check_step_inputs(
     weight: torch.Tensor,
     state: dict[str, torch.Tensor],
     ids: torch.Tensor,
-    grad_rows: torch.Tensor,
+    grad_rows: Sequence[torch.Tensor],
     grad_index: torch.Tensor,
     grad_scale: torch.Tensor | None,
     step: int,
@@ -93,19 +96,25 @@ def check_step_inputs(
     """Raise :class:`SparseOptimizerError` on any input that would make a kernel read or write
     out of bounds, or compute with the wrong types."""
     _check_tensor("weight", weight, dim=2, dtype=torch.float32, device=weight.device)
-    _check_tensor("grad_rows", grad_rows, dim=2, dtype=torch.float32, device=weight.device)
+    num_rows, dim = weight.shape
+    if dim == 0:
+        raise SparseOptimizerError("`weight` must have at least one column, but has none.")
+    if not grad_rows:
+        raise SparseOptimizerError("`grad_rows` must hold at least one piece, but holds none.")
+    for index, piece in enumerate(grad_rows):
+        name = "grad_rows" if len(grad_rows) == 1 else f"grad_rows[{index}]"
+        _check_tensor(name, piece, dim=2, dtype=torch.float32, device=weight.device, contiguous=False)
+        if piece.size(1) != dim:
+            raise SparseOptimizerError(
+                f"`{name}` must have the dimension of `weight` ({dim}), but has {piece.size(1)} instead."
+            )
+        if piece.size(1) > 1 and piece.stride(1) != 1:
+            raise SparseOptimizerError(f"`{name}` must have contiguous rows, but has strides {piece.stride()} instead.")
     _check_tensor("ids", ids, dim=1, dtype=torch.int64, device=weight.device)
     _check_tensor("grad_index", grad_index, dim=1, dtype=torch.int64, device=weight.device)
     if grad_scale is not None:
         _check_tensor("grad_scale", grad_scale, dim=1, dtype=torch.float32, device=weight.device)
 
-    num_rows, dim = weight.shape
-    if dim == 0:
-        raise SparseOptimizerError("`weight` must have at least one column, but has none.")
-    if grad_rows.size(1) != dim:
-        raise SparseOptimizerError(
-            f"`grad_rows` must have the dimension of `weight` ({dim}), but has {grad_rows.size(1)} instead."
-        )
     for name, tensor in (("grad_index", grad_index), ("grad_scale", grad_scale)):
         if tensor is not None and tensor.shape != ids.shape:
             raise SparseOptimizerError(
@@ -118,10 +127,12 @@ def check_step_inputs(
 
     if ids.numel() > 0:
         _check_range("ids", ids, num_rows, "rows in `weight`")
-        _check_range("grad_index", grad_index, grad_rows.size(0), "rows in `grad_rows`")
+        _check_range("grad_index", grad_index, sum(piece.size(0) for piece in grad_rows), "rows in `grad_rows`")
 
 
-def _check_tensor(name: str, tensor: torch.Tensor, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+def _check_tensor(
+    name: str, tensor: torch.Tensor, dim: int, dtype: torch.dtype, device: torch.device, contiguous: bool = True
+) -> None:
     if tensor.dim() != dim:
         raise SparseOptimizerError(f"`{name}` must be {dim}-D, but has shape {tuple(tensor.shape)} instead.")
     if tensor.dtype != dtype:
@@ -130,7 +141,7 @@ def _check_tensor(name: str, tensor: torch.Tensor, dim: int, dtype: torch.dtype,
         raise SparseOptimizerError(
             f"`{name}` must be on the device of `weight` ({device}), but is on {tensor.device} instead."
         )
-    if not tensor.is_contiguous():
+    if contiguous and not tensor.is_contiguous():
         raise SparseOptimizerError(f"`{name}` must be contiguous, but is not.")
 
 

@@ -1,9 +1,11 @@
-"""What the CPU and CUDA kernels share: the optimizer codes they branch on, which state each
-optimizer keeps, and the scalar factors of an update, rounded to float32 once as torch does."""
+"""What the kernels share: the optimizer codes they branch on, which state each optimizer keeps,
+the scalar factors of an update (rounded to float32 once, as torch does), and the gradient
+rows as one tensor for the backends that take them so."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -41,3 +43,10 @@ def update_factors(config: SparseOptimizerConfig, step: int, lr: float) -> tuple
         np.float32(1.0 - config.beta2),
         np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
     )
+
+
+def concatenated(grad_rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The pieces of ``grad_rows`` as one contiguous tensor (a copy unless there is one piece)."""
+    if len(grad_rows) == 1 and grad_rows[0].is_contiguous():
+        return grad_rows[0]
+    return torch.cat([piece.contiguous() for piece in grad_rows])

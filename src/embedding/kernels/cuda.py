@@ -15,6 +15,7 @@ It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -27,6 +28,7 @@ from embedding.kernels.common import (
     OPTIMIZER_CODES,
     ROWWISE_ADAGRAD,
     SGD,
+    concatenated,
     state_tensors,
     update_factors,
 )
@@ -46,7 +48,7 @@ def fused_step(
     weight: torch.Tensor,
     state: dict[str, torch.Tensor],
     ids: torch.Tensor,
-    grad_rows: torch.Tensor,
+    grad_rows: Sequence[torch.Tensor],
     grad_index: torch.Tensor,
     grad_scale: torch.Tensor | None,
     step: int,
@@ -88,7 +90,7 @@ def fused_step(
         _as_device_array(sorted_ids),
         _as_device_array(order),
         _as_device_array(segment_starts),
-        _as_device_array(grad_rows),
+        _as_device_array(concatenated(grad_rows)),
         _as_device_array(grad_index),
         _as_device_array(unused if grad_scale is None else grad_scale),
         grad_scale is not None,

@@ -7,9 +7,11 @@ It favours being obviously right over being fast. It expects inputs already chec
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
+from embedding.kernels.common import concatenated
 from embedding.optim_config import SparseOptimizerConfig
 
 
@@ -18,7 +20,7 @@ def fused_step(
     weight: torch.Tensor,
     state: dict[str, torch.Tensor],
     ids: torch.Tensor,
-    grad_rows: torch.Tensor,
+    grad_rows: Sequence[torch.Tensor],
     grad_index: torch.Tensor,
     grad_scale: torch.Tensor | None,
     step: int,
@@ -26,15 +28,16 @@ def fused_step(
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches.
 
-    Occurrence ``k`` contributes ``grad_scale[k] * grad_rows[grad_index[k]]`` to the gradient of
-    row ``ids[k]``; rows that no id touches are left exactly as they are.
+    Occurrence ``k`` contributes ``grad_scale[k] * grad_rows[grad_index[k]]`` (``grad_rows`` read
+    as the concatenation of its pieces) to the gradient of row ``ids[k]``; rows that no id
+    touches are left exactly as they are.
     """
     if ids.numel() == 0:
         return
     lr = config.lr if lr is None else lr
 
     rows, occurrence_row = torch.unique(ids, return_inverse=True)
-    occurrence_grads = grad_rows[grad_index]
+    occurrence_grads = concatenated(grad_rows)[grad_index]
     if grad_scale is not None:
         occurrence_grads = occurrence_grads * grad_scale.unsqueeze(1)
     grad = torch.zeros((rows.numel(), weight.size(1)), dtype=weight.dtype, device=weight.device)

@@ -86,3 +86,41 @@ def test_updates_a_parameter_that_requires_grad():
     fused_step(config, weight, {}, torch.tensor([1, 1]), torch.ones(1, 2), torch.tensor([0, 0]), None, 1)
 
     assert torch.equal(weight.detach(), torch.tensor([[0.0, 0.0], [-2.0, -2.0], [0.0, 0.0], [0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+def test_gradient_rows_in_pieces_are_read_in_place_as_their_concatenation(name, make_table):
+    """Pieces as autograd hands them: contiguous, rows strided inside a wider tensor, one row
+    expanded (row stride 0), and empty; the reference gets their concatenation."""
+    generator = torch.Generator().manual_seed(3)
+    dim = 8
+    pieces = (
+        torch.randn(5, dim, generator=generator),
+        torch.randn(4, 3, dim, generator=generator)[:, 1],
+        torch.randn(1, dim, generator=generator).expand(3, dim),
+        torch.empty(0, dim),
+    )
+    num_rows = sum(piece.size(0) for piece in pieces)
+    ids = torch.randint(0, NUM_ROWS, (40,), generator=generator)
+    grad_index = torch.randint(0, num_rows, (40,), generator=generator)
+    grad_scale = torch.rand(40, generator=generator)
+    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    in_pieces = make_table(config, NUM_ROWS, dim)
+    concatenated = in_pieces.clone()
+
+    fused_step(config, in_pieces.weight, in_pieces.state, ids, pieces, grad_index, grad_scale, 1, backend="cpu")
+    fused_step(
+        config,
+        concatenated.weight,
+        concatenated.state,
+        ids,
+        torch.cat(pieces),
+        grad_index,
+        grad_scale,
+        1,
+        backend="reference",
+    )
+
+    torch.testing.assert_close(in_pieces.weight, concatenated.weight, rtol=1e-5, atol=1e-6)
+    for key in in_pieces.state:
+        torch.testing.assert_close(in_pieces.state[key], concatenated.state[key], rtol=1e-5, atol=1e-6)

@@ -50,6 +50,16 @@ def test_valid_call_updates_touched_rows_only():
         ({"weight": torch.zeros(4, 10).t()}, r"`weight` must be contiguous"),
         ({"weight": torch.zeros(10, 0)}, r"`weight` must have at least one column"),
         ({"grad_rows": torch.ones(2, 5)}, r"`grad_rows` must have the dimension of `weight` \(4\), but has 5"),
+        (
+            {"grad_rows": (torch.ones(1, 4), torch.ones(1, 5))},
+            r"`grad_rows\[1\]` must have the dimension of `weight` \(4\), but has 5",
+        ),
+        ({"grad_rows": torch.ones(2, 8)[:, ::2]}, r"`grad_rows` must have contiguous rows, but has strides \(8, 2\)"),
+        ({"grad_rows": ()}, r"`grad_rows` must hold at least one piece"),
+        (
+            {"grad_rows": (torch.ones(1, 4), torch.ones(1, 4)), "grad_index": torch.tensor([0, 2, 1])},
+            r"`grad_index` must be in \[0, 2\) .* but contains 2",
+        ),
         ({"grad_index": torch.tensor([0, 1])}, r"`grad_index` must have the shape of `ids` \(3,\)"),
         ({"grad_scale": torch.ones(4)}, r"`grad_scale` must have the shape of `ids` \(3,\)"),
         ({"step": 0}, r"`step` must be greater than or equal to 1, but is 0"),
