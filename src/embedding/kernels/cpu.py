@@ -11,6 +11,9 @@ too long for the processor to look ahead to the next row's loads by itself: the 
 prefetches the rows it will update a few segments ahead and the gradient rows it will read a few
 occurrences ahead, which halves its time on a 1,000,000-row table.
 
+The gradient rows come in pieces, one per feature as autograd hands them back; the kernel reads
+them where they are, through a table of row addresses, rather than from a concatenated copy.
+
 It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 """
 
