@@ -35,6 +35,8 @@ class Bags:
 
     def bag_of_each_id(self) -> torch.Tensor:
         bags = torch.arange(self.num_bags, device=self.ids.device)
+        if self.num_bags == self.ids.numel() and torch.equal(self.offsets[:-1], bags):
+            return bags  # One id per bag, as for most Criteo-style features: no repeat needed.
         return torch.repeat_interleave(bags, torch.diff(self.offsets), output_size=self.ids.numel())
 
 
