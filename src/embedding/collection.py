@@ -39,6 +39,10 @@ class ShardedEmbeddingCollection(nn.Module):
 
     ``shards`` maps each table to this rank's rows of it; ``groups`` are the buffers that hold
     them (see :class:`embedding.sharding.ShardGroup`), each looked up and stepped at once.
+
+    On one process, backward keeps the outputs' gradients that autograd hands it, without a
+    copy, until the optimizer steps: a gradient given to ``torch.autograd.backward`` by hand
+    must not be changed in place before that step.
     """
 
     def __init__(
