@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import pytest
 import torch
 
@@ -18,6 +19,10 @@ class StepInputs:
     grad_rows: torch.Tensor
     grad_index: torch.Tensor
     grad_scale: torch.Tensor | None
+
+    def to(self, device: torch.device) -> StepInputs:
+        scale = None if self.grad_scale is None else self.grad_scale.to(device)
+        return StepInputs(self.ids.to(device), self.grad_rows.to(device), self.grad_index.to(device), scale)
 
 
 def random_step_inputs(
@@ -48,6 +53,14 @@ class Table:
     def clone(self) -> Table:
         return Table(self.weight.clone(), {name: t.clone() for name, t in self.state.items()})
 
+    def to(self, device: torch.device) -> Table:
+        return Table(self.weight.to(device), {name: t.to(device) for name, t in self.state.items()})
+
+
+def backend_device(backend: str) -> torch.device:
+    """Where ``backend`` computes: the GPU for ``cuda``, unless numba's simulator stands in for it."""
+    return torch.device("cuda" if backend == "cuda" and not numba.config.ENABLE_CUDASIM else "cpu")
+
 
 def random_table(config: SparseOptimizerConfig, num_rows: int, dim: int, seed: int = 0) -> Table:
     generator = torch.Generator().manual_seed(seed)
@@ -59,6 +72,7 @@ def random_table(config: SparseOptimizerConfig, num_rows: int, dim: int, seed: i
 
 def run_steps(config: SparseOptimizerConfig, table: Table, steps: list[StepInputs], backend: str) -> None:
     for step_nr, inputs in enumerate(steps, start=1):
+        inputs = inputs.to(table.weight.device)
         fused_step(
             config,
             table.weight,
@@ -78,9 +92,10 @@ def assert_matches_reference(
     """Run ``steps`` with ``backend`` and with the reference on copies of one table; they must
     agree to float32 rounding, and rows no step touched must be bitwise untouched."""
     initial = random_table(config, num_rows, dim)
-    expected, actual = initial.clone(), initial.clone()
+    expected, actual = initial.clone(), initial.clone().to(backend_device(backend))
     run_steps(config, expected, steps, "reference")
     run_steps(config, actual, steps, backend)
+    actual = actual.to(torch.device("cpu"))
 
     torch.testing.assert_close(actual.weight, expected.weight, rtol=1e-5, atol=1e-6)
     for name in expected.state:
