@@ -143,13 +143,11 @@ class DenseGradients:
         total = float(norms[0]) if len(norms) == 1 else float(torch.linalg.vector_norm(torch.stack(norms)))
         total *= abs(factor)
         clip = max_norm / (total + 1e-6)
-        for grads in grads_by_mesh.values():
-            torch._foreach_mul_(grads, factor * clip if clip < 1.0 else factor)
+        _multiply(grads_by_mesh, factor * clip if clip < 1.0 else factor)
         return total
 
     def scale_(self, factor: float) -> None:
-        for grads in self._grads_by_mesh().values():
-            torch._foreach_mul_(grads, factor)
+        _multiply(self._grads_by_mesh(), factor)
 
     def _grads_by_mesh(self) -> dict[Any, list[torch.Tensor]]:
         grads_by_mesh = {}
@@ -158,3 +156,8 @@ class DenseGradients:
             if grads:
                 grads_by_mesh[mesh] = grads
         return grads_by_mesh
+
+
+def _multiply(grads_by_mesh: Mapping[Any, list[torch.Tensor]], factor: float) -> None:
+    for grads in grads_by_mesh.values():
+        torch._foreach_mul_(grads, factor)
