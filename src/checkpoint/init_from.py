@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from checkpoint.errors import CheckpointError, CheckpointNotFoundError
-from checkpoint.manager import SHARED_FILE_NAME
+from checkpoint.manager import shared_file_name, shared_keys
 from checkpoint.metadata import METADATA_FILE_NAME
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore
@@ -87,16 +87,16 @@ def _read_model_state(source: str, model_key: str) -> dict[str, Any]:
             )
         step_dir = store.step_dir(max(committed))
     metadata = store.read_metadata(step_dir)
-    record = metadata.files.get(SHARED_FILE_NAME)
+    file_name = shared_file_name(model_key)
+    record = metadata.files.get(file_name)
     if record is None:
-        raise CheckpointError(f"`source` must hold a {SHARED_FILE_NAME}, but {step_dir} does not.")
-    shared_state = read_torch_file(store.fs, f"{step_dir}/{SHARED_FILE_NAME}", record)
-    model_state = shared_state.get(model_key)
-    if not isinstance(model_state, dict):
         raise CheckpointError(
-            f"`model_key` must name the model state in {step_dir}, one of {sorted(shared_state)}, "
+            f"`model_key` must name the model state in {step_dir}, one of {sorted(shared_keys(metadata))}, "
             f"but is '{model_key}' instead."
         )
+    model_state = read_torch_file(store.fs, f"{step_dir}/{file_name}", record).get(model_key)
+    if not isinstance(model_state, dict):
+        raise CheckpointError(f"`{step_dir}/{file_name}` must hold the model state as a dict, but does not.")
     return model_state
 
 

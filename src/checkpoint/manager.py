@@ -1,11 +1,13 @@
 """``CheckpointManager``: save, commit, prune, list and load the checkpoints of one training run.
 
-Every rank takes part in a save. Rank 0 writes the state that all ranks share (``shared.pt``:
-model, optimizers, trainer counters), every rank writes its own (``rank_K.pt``: data reader
-position, RNG states, sparse table shards), and rank 0 commits the checkpoint once all files
-exist. A synchronous save exchanges the file checksums over the gang; an asynchronous one runs
-no collective in its background thread (it would interleave with training's), so each rank
-leaves a done marker that rank 0's writer waits for.
+Every rank takes part in a save. Rank 0 writes the state that all ranks share, one file per
+top-level key (``model.pt``, ``optimizer.pt``, ``trainer.pt``, ...), every rank writes its own
+(``rank_K.pt``: data reader position, RNG states, sparse table shards), and rank 0 commits the
+checkpoint once all files exist. Separate files are written and checksummed side by side, which
+SHA-256, one stream per file, needs to keep up with ``torch.save``; and a reader that wants only
+the model reads only ``model.pt``. A synchronous save exchanges the file checksums over the
+gang; an asynchronous one runs no collective in its background thread (it would interleave with
+training's), so each rank leaves a done marker that rank 0's writer waits for.
 """
 
 from __future__ import annotations
@@ -13,27 +15,53 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
+
+import torch
 
 from checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
-from checkpoint.serialization import check_serializable, read_torch_file, stage_to_cpu, write_torch_file
+from checkpoint.serialization import (
+    TensorCopy,
+    check_serializable,
+    copy_tensors,
+    read_torch_file,
+    stage_to_cpu,
+    write_torch_file,
+)
 from checkpoint.store import CheckpointStore, Scan
 from gang import Gang
 
 log = logging.getLogger(__name__)
 
-SHARED_FILE_NAME = "shared.pt"
+_RANK_FILE_NAME = re.compile(r"rank_\d+\.pt")
+_SHARED_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+# Two files at a time, each hashed on its own thread, keep two cores busy; the time of a save is
+# then bounded by its largest file (the optimizer state, for Adam twice the model).
+_FILES_AT_ONCE = 2
 
 
 def rank_file_name(rank: int) -> str:
     return f"rank_{rank}.pt"
+
+
+def shared_file_name(key: str) -> str:
+    """The file holding ``{key: shared_state[key]}``."""
+    return f"{key}.pt"
+
+
+def shared_keys(metadata: CheckpointMetadata) -> list[str]:
+    """The top-level keys of a checkpoint's shared state, one per file."""
+    return [name.removesuffix(".pt") for name in metadata.files if not _RANK_FILE_NAME.fullmatch(name)]
 
 
 @dataclass(frozen=True)
@@ -51,7 +79,7 @@ class CheckpointInfo:
 
 
 class LoadedCheckpoint:
-    """A verified checkpoint: its metadata, the shared state, and each old rank's state on demand.
+    """A verified checkpoint: its metadata, the shared state (all its files), and each old rank's state on demand.
 
     The run that saved it may have had another number of ranks than the one loading it, so any
     rank can read any old rank's state.
@@ -92,6 +120,10 @@ class _SaveJob:
     score: float | None
     model_only: bool
     extras: Mapping[str, Any]
+    # An asynchronous save's copies of tensors the caller leaves unchanged until they are made,
+    # and the event that says they are.
+    pending_copies: list[TensorCopy] = field(default_factory=list)
+    staged: threading.Event = field(default_factory=threading.Event)
 
 
 class CheckpointManager:
@@ -147,15 +179,23 @@ class CheckpointManager:
         model_only: bool = False,
         extras: Mapping[str, Any] | None = None,
         blocking: bool = True,
+        unchanged_until_staged: Callable[[torch.Tensor], bool] | None = None,
     ) -> None:
         """Save a checkpoint of ``step``, then delete what the policy no longer keeps.
 
-        ``shared_state`` is the same on every rank and only rank 0's is written. ``rank_state``
-        is this rank's own. ``model_only`` marks a checkpoint that holds only the model, which
-        is never resumed from. ``extras`` (JSON values) go into ``metadata.json``. With
-        ``blocking=False`` the states are copied to CPU here (into the buffers of the previous
+        ``shared_state`` is the same on every rank and only rank 0's is written, one file per
+        key (so its keys must be file-name safe). ``rank_state`` is this rank's own.
+        ``model_only`` marks a checkpoint that holds only the model, which is never resumed
+        from. ``extras`` (JSON values) go into ``metadata.json``.
+
+        With ``blocking=False`` the states are copied to CPU (into the buffers of the previous
         asynchronous save when shapes match, so the manager keeps one CPU copy of the state)
         and written in the background; the next ``save`` or ``wait`` raises if that failed.
+        Tensors for which ``unchanged_until_staged`` holds are copied by the background thread
+        too, not here: the caller promises to leave them unchanged until ``wait_until_staged``
+        returns, and calls it before changing them. The Trainer passes its parameters and
+        optimizer state, which change only in the optimizer step, so the copy of the bulk of
+        the state overlaps the next forward and backward pass.
         """
         self.wait()
         job: _SaveJob | None = None
@@ -174,12 +214,21 @@ class CheckpointManager:
             self._save_blocking(job)
         else:
             previous = self._staged
-            job.shared_state = stage_to_cpu(job.shared_state, previous.shared_state if previous else None)
-            job.rank_state = stage_to_cpu(job.rank_state, previous.rank_state if previous else None)
+            defer = unchanged_until_staged
+            job.shared_state, shared_copies = stage_to_cpu(
+                job.shared_state, previous.shared_state if previous else None, defer
+            )
+            job.rank_state, rank_copies = stage_to_cpu(job.rank_state, previous.rank_state if previous else None, defer)
+            job.pending_copies = [*shared_copies, *rank_copies]
             self._staged = job
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
             self._pending = (job, self._writer.submit(self._save_in_background, job))
+
+    def wait_until_staged(self) -> None:
+        """Block until the pending asynchronous save holds its own copy of every tensor of its state."""
+        if self._pending is not None:
+            self._pending[0].staged.wait()
 
     def wait(self) -> None:
         """Block until the pending asynchronous save is committed; raise on every rank if it failed."""
@@ -200,7 +249,10 @@ class CheckpointManager:
                 f"({sorted(committed) or 'none'}), but is {step} instead."
             )
         metadata = committed[step]
-        shared_state = _read_file(self._store, metadata, SHARED_FILE_NAME)
+        shared_files = [shared_file_name(key) for key in shared_keys(metadata)]
+        with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-reader") as readers:
+            parts = list(readers.map(partial(_read_file, self._store, metadata), shared_files))
+        shared_state = {key: value for part in parts for key, value in part.items()}
         return LoadedCheckpoint(self._store, metadata, shared_state)
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
@@ -248,6 +300,12 @@ class CheckpointManager:
             raise CheckpointError(f"`extras` must hold only JSON values, but does not: {ex}") from ex
         is_writer = self._gang.rank == 0
         if is_writer:
+            for key in shared_state:
+                if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or _RANK_FILE_NAME.fullmatch(f"{key}.pt"):
+                    raise CheckpointError(
+                        "The keys of `shared_state` name its files, so they must be letters, digits, '_' and '-' "
+                        f"(not rank_N), but one is {key!r} instead."
+                    )
             check_serializable(shared_state, "shared_state")
         check_serializable(rank_state, "rank_state")
         return _SaveJob(
@@ -264,12 +322,16 @@ class CheckpointManager:
     def _write_own_files(self, job: _SaveJob) -> dict[str, FileRecord]:
         fs = self._store.fs
         fs.makedirs(job.temp_dir, exist_ok=True)
-        records = {}
+        files: dict[str, Mapping[str, Any]] = {rank_file_name(self._gang.rank): job.rank_state}
         if job.shared_state is not None:
-            records[SHARED_FILE_NAME] = write_torch_file(fs, f"{job.temp_dir}/{SHARED_FILE_NAME}", job.shared_state)
-        own_file = rank_file_name(self._gang.rank)
-        records[own_file] = write_torch_file(fs, f"{job.temp_dir}/{own_file}", job.rank_state)
-        return records
+            files.update({shared_file_name(key): {key: value} for key, value in job.shared_state.items()})
+        largest_first = sorted(files, key=lambda name: _num_bytes(files[name]), reverse=True)
+        with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-file") as writers:
+            futures = {
+                name: writers.submit(write_torch_file, fs, f"{job.temp_dir}/{name}", files[name])
+                for name in largest_first
+            }
+            return {name: future.result() for name, future in futures.items()}
 
     def _save_blocking(self, job: _SaveJob) -> None:
         records: dict[str, FileRecord] = {}
@@ -290,6 +352,11 @@ class CheckpointManager:
         self._raise_if_failed(job.step, error, self._gang.all_gather_object(_describe(error)))
 
     def _save_in_background(self, job: _SaveJob) -> None:
+        try:
+            copy_tensors(job.pending_copies)
+        finally:
+            job.pending_copies = []  # Holds the caller's live tensors.
+            job.staged.set()
         records = self._write_own_files(job)
         self._store.write_done_marker(job.temp_dir, self._gang.rank, records)
         if self._gang.rank == 0:
@@ -340,6 +407,16 @@ class CheckpointManager:
 
 def _describe(error: BaseException | None) -> str | None:
     return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _num_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(_num_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_num_bytes(item) for item in value)
+    return 0
 
 
 def _read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: str) -> dict[str, Any]:

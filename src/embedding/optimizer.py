@@ -102,6 +102,10 @@ class SparseOptimizer:
                 backend=self._backend,
             )
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tables and their optimizer state: what ``step`` changes."""
+        return [tensor for group in self._groups for tensor in (group.weight, *group.optimizer_state.values())]
+
     def zero_grad(self) -> None:
         self._grad_multiplier = 1.0
         for group in self._groups:

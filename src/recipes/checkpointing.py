@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -75,7 +75,13 @@ class TrainerCheckpointer:
         self._config = to_dict(config)
 
     def save(
-        self, step_nr: int, score: float | None, shared_state: dict[str, Any], rank_state: dict[str, Any], last: bool
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
     ) -> None:
         mode = self._section.model_only
         model_only = mode == "all" or (mode == "all_but_last" and not last)
@@ -89,7 +95,11 @@ class TrainerCheckpointer:
             model_only=model_only,
             extras={"config": self._config},
             blocking=last or not self._section.async_save,
+            unchanged_until_staged=unchanged_until_staged,
         )
+
+    def wait_until_staged(self) -> None:
+        self._manager.wait_until_staged()
 
     def close(self) -> None:
         """Wait for a save still being written in the background."""

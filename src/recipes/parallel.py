@@ -108,6 +108,21 @@ def load_optimizer_state(model: nn.Module, optimizer: Optimizer, state: Mapping[
     set_optimizer_state_dict(unwrap(model), optimizer, dict(state), options=StateDictOptions(full_state_dict=True))
 
 
+def tensors_changed_by_step(optimizer: Optimizer) -> list[torch.Tensor]:
+    """The parameters and optimizer state that ``optimizer.step()`` changes, local shards of DTensors.
+
+    During training nothing else changes them, so an asynchronous checkpoint may copy them in
+    the background until the next step (see ``CheckpointManager.save``).
+    """
+    if isinstance(optimizer, CombinedOptimizer):
+        return [*tensors_changed_by_step(optimizer.dense), *optimizer.sparse.state_tensors()]
+    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    states = [
+        value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
+    ]
+    return [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in (*parameters, *states)]
+
+
 class DenseGradients:
     """The gradients of an optimizer's parameters, scaled and clipped with one foreach call per
     device mesh.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -29,6 +29,7 @@ from recipes.parallel import (
     load_optimizer_state,
     model_state,
     optimizer_state,
+    tensors_changed_by_step,
 )
 from recipes.profiler import Profiler
 from recipes.recorders import MetricRecorder
@@ -90,7 +91,13 @@ class Checkpointer(Protocol):
         shared_state: dict[str, Any],
         rank_state: dict[str, Any],
         last: bool,
-    ) -> None: ...
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
+    ) -> None:
+        """Save the states; the tensors for which ``unchanged_until_staged`` holds (parameters and
+        optimizer state) may be copied later, until ``wait_until_staged`` returns."""
+
+    def wait_until_staged(self) -> None:
+        """Called before every optimizer step: a save in flight must hold its own copy of the state by then."""
 
 
 class Trainer(Generic[BatchT]):
@@ -231,6 +238,8 @@ class Trainer(Generic[BatchT]):
         self._num_consecutive_skipped = 0
 
         grad_norm = self._normalize_and_clip_gradients(total_targets)
+        if self._checkpointer is not None:
+            self._checkpointer.wait_until_staged()
         self._grad_scaler.step(self._optimizer)
         self._grad_scaler.update()
         self._lr_scheduler.step()
@@ -443,7 +452,15 @@ class Trainer(Generic[BatchT]):
         if self._checkpointer is None:
             return
         score = self._last_score if self._validated_step == self._step_nr else None
-        self._checkpointer.save(self._step_nr, score, self.shared_state(), self.rank_state(), last)
+        changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
+        self._checkpointer.save(
+            self._step_nr,
+            score,
+            self.shared_state(),
+            self.rank_state(),
+            last,
+            unchanged_until_staged=lambda tensor: tensor.untyped_storage().data_ptr() in changed_by_step,
+        )
         self._checkpointed_step = self._step_nr
         self._last_checkpoint_was_final = last
 

@@ -51,7 +51,7 @@ def test_two_ranks_write_their_states_and_one_rank_reads_both(tmp_path: Path) ->
     loaded = CheckpointManager(root, FakeGang()).load(2)
 
     assert loaded.num_ranks == 2 and loaded.metadata.gang_sizes == {"dp": 2}
-    assert set(loaded.metadata.files) == {"shared.pt", "rank_0.pt", "rank_1.pt"}
+    assert set(loaded.metadata.files) == {"model.pt", "rank_0.pt", "rank_1.pt"}
     for old_rank in range(2):
         state = loaded.load_rank_state(old_rank)
         assert state["reader"] == {"position": 100 * old_rank + 2}

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import fsspec
 import pytest
@@ -61,12 +62,12 @@ def test_round_trip_is_exact_and_metadata_complete(root: str) -> None:
     assert (metadata.step, metadata.score, metadata.world_size) == (7, 0.25, 1)
     assert metadata.gang_sizes == {"dp": 1, "tp": 1} and metadata.config_hash == "abc123"
     assert set(metadata.versions) == {"python", "torch", "numpy", "recipes-trainer"}
-    assert set(metadata.files) == {"shared.pt", "rank_0.pt"}
+    assert set(metadata.files) == {"model.pt", "optimizer.pt", "trainer.pt", "dtype.pt", "ints.pt", "rank_0.pt"}
     assert metadata.extras == {"data_epoch": 2} and metadata.resumable
     fs, path = fsspec.core.url_to_fs(root)
     document = json.loads(fs.cat_file(f"{path}/step_7/metadata.json"))
     assert document["resumable"] is True
-    assert document["files"]["shared.pt"]["size"] == fs.size(f"{path}/step_7/shared.pt")
+    assert document["files"]["model.pt"]["size"] == fs.size(f"{path}/step_7/model.pt")
     assert sorted(fs.ls(path, detail=False)) == [f"{path}/step_7"]
 
 
@@ -102,12 +103,12 @@ def test_corrupted_file_is_refused_naming_it(root: str) -> None:
     manager = CheckpointManager(root, FakeGang())
     manager.save(1, make_state(1))
     fs, path = fsspec.core.url_to_fs(root)
-    file_path = f"{path}/step_1/shared.pt"
+    file_path = f"{path}/step_1/model.pt"
     data = bytearray(fs.cat_file(file_path))
     data[len(data) // 2] ^= 0xFF  # Same size, so only the checksum can tell.
     fs.pipe_file(file_path, bytes(data))
 
-    with pytest.raises(CorruptCheckpointError, match=r"shared\.pt.* SHA-256"):
+    with pytest.raises(CorruptCheckpointError, match=r"model\.pt.* SHA-256"):
         manager.load(1)
 
 
@@ -119,7 +120,7 @@ def test_truncated_checkpoint_is_ignored_and_cleaned(root: str, damage: str, cap
     fs, path = fsspec.core.url_to_fs(root)
     step_dir = f"{path}/step_2"
     if damage == "truncate_file":
-        fs.pipe_file(f"{step_dir}/shared.pt", fs.cat_file(f"{step_dir}/shared.pt")[:100])
+        fs.pipe_file(f"{step_dir}/model.pt", fs.cat_file(f"{step_dir}/model.pt")[:100])
     elif damage == "delete_file":
         fs.rm(f"{step_dir}/rank_0.pt")
     elif damage == "delete_metadata":
@@ -140,7 +141,7 @@ def test_truncated_checkpoint_is_ignored_and_cleaned(root: str, damage: str, cap
 def test_unfinished_save_directory_is_cleaned_at_startup(root: str, caplog: pytest.LogCaptureFixture) -> None:
     fs, path = fsspec.core.url_to_fs(root)
     fs.makedirs(f"{path}/step_9.tmp-0123abcd", exist_ok=True)
-    fs.pipe_file(f"{path}/step_9.tmp-0123abcd/shared.pt", b"partial")
+    fs.pipe_file(f"{path}/step_9.tmp-0123abcd/model.pt", b"partial")
     fs.pipe_file(f"{path}/notes.txt", b"a user's file")
 
     with caplog.at_level(logging.WARNING, logger="checkpoint.store"):
@@ -166,7 +167,7 @@ def test_async_save_commits_the_same_files_as_a_sync_save(root: str) -> None:
     assert async_.metadata.files == sync.metadata.files
     fs, path = fsspec.core.url_to_fs(root)
     assert sorted(fs.ls(f"{path}/step_2", detail=False)) == sorted(
-        f"{path}/step_2/{name}" for name in ("metadata.json", "shared.pt", "rank_0.pt")
+        f"{path}/step_2/{name}" for name in ("metadata.json", *sync.metadata.files)
     )
 
 
@@ -239,14 +240,71 @@ def test_clean_up_false_never_deletes_leftovers(root: str) -> None:
     CheckpointManager(root, FakeGang()).save(1, make_state(1))
     # A running job's save in flight, and a checkpoint that never committed.
     fs.makedirs(f"{path}/step_2.tmp-0123abcd", exist_ok=True)
-    fs.pipe_file(f"{path}/step_2.tmp-0123abcd/shared.pt", b"partial")
+    fs.pipe_file(f"{path}/step_2.tmp-0123abcd/model.pt", b"partial")
     fs.makedirs(f"{path}/step_3", exist_ok=True)
-    fs.pipe_file(f"{path}/step_3/shared.pt", b"partial")
+    fs.pipe_file(f"{path}/step_3/model.pt", b"partial")
 
     reader = CheckpointManager(root, FakeGang(), clean_up=False)
 
     assert [info.step for info in reader.list_checkpoints()] == [1]
     assert reader.last_resumable_step() == 1 and reader.load(1).step == 1
-    assert fs.exists(f"{path}/step_2.tmp-0123abcd/shared.pt") and fs.exists(f"{path}/step_3/shared.pt")
+    assert fs.exists(f"{path}/step_2.tmp-0123abcd/model.pt") and fs.exists(f"{path}/step_3/model.pt")
     CheckpointManager(root, FakeGang())  # The default still cleans up.
     assert not fs.exists(f"{path}/step_2.tmp-0123abcd") and not fs.exists(f"{path}/step_3")
+
+
+@pytest.mark.parametrize("key", ["rank_0", "a/b", "", "../up", 3])
+def test_shared_keys_that_cannot_name_a_file_are_refused(root: str, key: object) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    with pytest.raises(CheckpointError, match=r"keys of `shared_state` name its files"):
+        manager.save(1, {key: torch.ones(1)})  # type: ignore[dict-item]
+    assert manager.list_checkpoints() == []
+
+
+def test_shared_state_is_one_file_per_key_and_each_reads_alone(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    state = make_state(3)
+    manager.save(3, state)
+
+    fs, path = fsspec.core.url_to_fs(root)
+    with fs.open(f"{path}/step_3/optimizer.pt", "rb") as file:
+        alone = torch.load(file, weights_only=True)
+    assert_equal(alone, {"optimizer": state["optimizer"]})
+
+
+def test_async_save_copies_the_tensors_left_unchanged_in_the_background(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensors the caller promises to leave alone are copied by the writer thread: ``save`` returns before
+    they are, and ``wait_until_staged`` is what the caller must wait for before changing them."""
+    import checkpoint.manager as manager_module
+
+    gate = threading.Event()
+    copy_tensors = manager_module.copy_tensors
+
+    def gated_copy(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        gate.wait()
+        copy_tensors(copies)
+
+    monkeypatch.setattr(manager_module, "copy_tensors", gated_copy)
+    manager = CheckpointManager(root, FakeGang())
+    weights, buffer = torch.zeros(64, 8), torch.zeros(3)
+    weights_storage = weights.untyped_storage().data_ptr()
+    manager.save(
+        1,
+        {"model": {"w": weights, "running_mean": buffer}},
+        blocking=False,
+        unchanged_until_staged=lambda t: t.untyped_storage().data_ptr() == weights_storage,
+    )
+    buffer.add_(5.0)  # Not promised: copied before save returned.
+    staged = threading.Thread(target=manager.wait_until_staged)
+    staged.start()
+    staged.join(timeout=0.2)
+    assert staged.is_alive()  # The weights' copy is still waiting on the gate.
+    gate.set()
+    staged.join()
+    weights.add_(1.0)  # Allowed once staged, while the files are still being written.
+    manager.wait()
+
+    state = manager.load(1).shared_state["model"]
+    assert torch.equal(state["w"], torch.zeros(64, 8)) and torch.equal(state["running_mean"], torch.zeros(3))

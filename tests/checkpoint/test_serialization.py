@@ -34,13 +34,13 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     torch.save({"model": CreatesMarkerWhenUnpickled(marker)}, buffer)
     payload = buffer.getvalue()
     # Make the metadata vouch for the hostile file, so that only the weights-only load stands in the way.
-    (root / "step_1" / "shared.pt").write_bytes(payload)
+    (root / "step_1" / "model.pt").write_bytes(payload)
     metadata_path = root / "step_1" / "metadata.json"
     metadata = json.loads(metadata_path.read_text())
-    metadata["files"]["shared.pt"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    metadata["files"]["model.pt"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
     metadata_path.write_text(json.dumps(metadata))
 
-    with pytest.raises(UnsafeCheckpointError, match=r"shared\.pt.* weights-only load refuses"):
+    with pytest.raises(UnsafeCheckpointError, match=r"model\.pt.* weights-only load refuses"):
         manager.load(1)
     assert not marker.exists()
 

@@ -12,13 +12,13 @@ def test_done_markers_give_every_rank_files_and_are_removed(tmp_path: Path) -> N
     store = CheckpointStore(str(tmp_path))
     temp_dir = store.temp_dir(3, "abc")
     store.fs.makedirs(temp_dir)
-    store.write_done_marker(temp_dir, 0, {"shared.pt": FileRecord(10, "aa"), "rank_0.pt": FileRecord(2, "bb")})
+    store.write_done_marker(temp_dir, 0, {"model.pt": FileRecord(10, "aa"), "rank_0.pt": FileRecord(2, "bb")})
     store.write_done_marker(temp_dir, 1, {"rank_1.pt": FileRecord(3, "cc")})
 
     records = store.wait_for_done_markers(temp_dir, world_size=2, timeout_s=1.0)
 
     assert records == {
-        "shared.pt": FileRecord(10, "aa"),
+        "model.pt": FileRecord(10, "aa"),
         "rank_0.pt": FileRecord(2, "bb"),
         "rank_1.pt": FileRecord(3, "cc"),
     }

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from checkpoint.manager import shared_file_name, shared_keys
 from checkpoint.metadata import CheckpointMetadata
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore
@@ -175,6 +176,12 @@ def load_verified(step_dir: Path, file_name: str) -> dict[str, Any]:
     return read_torch_file(store.fs, str(step_dir / file_name), record)
 
 
+def load_shared_verified(step_dir: Path) -> dict[str, Any]:
+    """The shared state of a checkpoint, from its files other than ``rank_K.pt``, each checked."""
+    keys = shared_keys(read_metadata(step_dir))
+    return {key: load_verified(step_dir, shared_file_name(key))[key] for key in keys}
+
+
 def load_weights_only(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -235,7 +242,8 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
 def final_states(output_dir: Path, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The shared state and rank 0's state of the checkpoint of ``step``, without wall-clock metric state."""
     step_dir = checkpoints_dir(output_dir) / f"step_{step}"
-    shared = load_weights_only(step_dir / "shared.pt")
+    keys = shared_keys(read_metadata(step_dir))
+    shared = {key: load_weights_only(step_dir / shared_file_name(key))[key] for key in keys}
     rank = load_weights_only(step_dir / "rank_0.pt")
     rank["metrics"] = {k: v for k, v in rank["metrics"].items() if k not in WALL_CLOCK_METRICS}
     return shared, rank
@@ -245,7 +253,7 @@ def assert_same_training(reference: Path, resumed: Path, final_step: int) -> Non
     """Two runs that must have done the same arithmetic: same final checkpoint, metric lines and curves."""
     shared_ref, rank_ref = final_states(reference, final_step)
     shared_new, rank_new = final_states(resumed, final_step)
-    assert_bitwise_equal(shared_ref, shared_new, "shared.pt")
+    assert_bitwise_equal(shared_ref, shared_new, "shared state")
     assert_bitwise_equal(rank_ref, rank_new, "rank_0.pt")
     assert metric_history(reference) == metric_history(resumed)
     for run, tag in (("train", "loss"), ("valid", "auc")):

@@ -5,7 +5,7 @@ A save takes milliseconds, too short to kill a process inside it by timing alone
 at ``POINT``, creates the file ``MARKER`` and sleeps, so that a test can ``kill -9`` the
 process in exactly that state:
 
-- ``mid_file``: part of ``shared.pt`` is written to the save's temporary directory;
+- ``mid_file``: part of ``model.pt`` is written to the save's temporary directory;
 - ``before_rename``: every file and ``metadata.json`` are in the temporary directory, which is
   not yet renamed to ``step_N``;
 - ``mid_prune``: the new checkpoint is committed, and the ``metadata.json`` of an older one that
@@ -48,7 +48,7 @@ def install(point: str, step: int, marker: Path) -> None:
                 return written
 
         def write_and_stall(fs: Any, path: str, state: Any) -> Any:
-            if temp_dir_part in path and path.endswith("/shared.pt"):
+            if temp_dir_part in path and path.endswith("/model.pt"):
                 serialization._HashingWriter = StallingWriter  # type: ignore[misc]
             return write_torch_file(fs, path, state)
 

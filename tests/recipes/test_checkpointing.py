@@ -21,6 +21,7 @@ from resume_helpers import (
     committed_steps,
     copy_run,
     error_line,
+    load_shared_verified,
     load_verified,
     load_weights_only,
     metric_history,
@@ -89,11 +90,11 @@ def test_model_only_all_but_last_leaves_only_the_last_checkpoint_resumable(tmp_p
     assert [rows[step].split()[4] for step in sorted(rows)] == ["no", "no", "no", "yes"]
     for step in (10, 20, 30):
         step_dir = checkpoints_dir(output_dir) / f"step_{step}"
-        assert set(load_verified(step_dir, "shared.pt")) == {"model"}
-        for file_name in set(read_metadata(step_dir).files) - {"shared.pt"}:
+        assert set(load_shared_verified(step_dir)) == {"model"}
+        for file_name in set(read_metadata(step_dir).files) - {"model.pt"}:
             assert not {"data_reader", "rng"} & set(load_verified(step_dir, file_name)), file_name
     last_dir = checkpoints_dir(output_dir) / "step_35"
-    assert {"optimizer", "trainer"} <= set(load_verified(last_dir, "shared.pt"))
+    assert {"optimizer", "trainer"} <= set(load_shared_verified(last_dir))
 
 
 @pytest.mark.slow
@@ -111,10 +112,10 @@ def test_model_only_all_but_last_keeps_the_final_checkpoint_resumable_on_a_perio
 def flipped_byte_run(
     tmp_path_factory: pytest.TempPathFactory, kept_all: Path
 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """A re-run over a last checkpoint whose ``shared.pt`` has one byte flipped (same size)."""
+    """A re-run over a last checkpoint whose ``model.pt`` has one byte flipped (same size)."""
     tmp_path = tmp_path_factory.mktemp("flipped")
     output_dir = copy_run(kept_all, tmp_path / "run")
-    shared = checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "shared.pt"
+    shared = checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "model.pt"
     data = bytearray(shared.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shared.write_bytes(data)
@@ -127,7 +128,7 @@ def test_a_flipped_byte_in_the_last_checkpoint_stops_the_run_naming_the_file(
     output_dir, result = flipped_byte_run
     assert result.returncode != 0
     line = error_line(result)
-    assert str(checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "shared.pt") in line
+    assert str(checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "model.pt") in line
     assert "SHA-256" in line
     # Nothing was trained from an earlier checkpoint behind the user's back.
     assert committed_steps(output_dir) == [10, 20, 30, 40]
@@ -167,20 +168,20 @@ class _RunsCode:
 def planted_pickle_run(
     tmp_path_factory: pytest.TempPathFactory, kept_all: Path
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
-    """A re-run over a last checkpoint whose ``shared.pt`` was replaced by a code-running pickle, with its
+    """A re-run over a last checkpoint whose ``model.pt`` was replaced by a code-running pickle, with its
     SHA-256 and size recomputed in ``metadata.json`` so that only the weights-only load stands in the way."""
     tmp_path = tmp_path_factory.mktemp("planted")
     output_dir = copy_run(kept_all, tmp_path / "run")
     marker = tmp_path / "code_ran"
     step_dir = checkpoints_dir(output_dir) / f"step_{FINAL_STEP}"
-    torch.save({"model": _RunsCode(marker)}, step_dir / "shared.pt")
+    torch.save({"model": _RunsCode(marker)}, step_dir / "model.pt")
     # Check that the planted file does run code when loaded without weights_only, then undo it.
-    torch.load(step_dir / "shared.pt", weights_only=False)
+    torch.load(step_dir / "model.pt", weights_only=False)
     assert marker.exists()
     marker.unlink()
-    data = (step_dir / "shared.pt").read_bytes()
+    data = (step_dir / "model.pt").read_bytes()
     metadata = json.loads((step_dir / "metadata.json").read_text())
-    metadata["files"]["shared.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    metadata["files"]["model.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (step_dir / "metadata.json").write_text(json.dumps(metadata))
     result = run_recipes(tmp_path, *train_args(output_dir, *KEEP_ALL, "trainer.max_num_steps=50"))
     return output_dir, marker, result
@@ -193,9 +194,9 @@ def test_a_planted_pickle_is_refused_without_running_it(
     assert not marker.exists()
     assert result.returncode != 0
     line = error_line(result)
-    assert "weights-only load refuses" in line and "shared.pt" in line
+    assert "weights-only load refuses" in line and "model.pt" in line
     assert "weights_only=False" not in line
-    assert str(checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "shared.pt") in line
+    assert str(checkpoints_dir(output_dir) / f"step_{FINAL_STEP}" / "model.pt") in line
     assert committed_steps(output_dir) == [10, 20, 30, 40]
 
 
@@ -283,8 +284,8 @@ def test_init_from_copies_the_included_parameters_and_leaves_the_excluded(tmp_pa
     )
     check_ok(run_recipes(tmp_path, *train_args(output_dir, *overrides)))
 
-    source = load_weights_only(checkpoints_dir(dense_run) / f"step_{FINAL_STEP}" / "shared.pt")["model"]
-    started = load_weights_only(checkpoints_dir(output_dir) / "step_1" / "shared.pt")["model"]
+    source = load_weights_only(checkpoints_dir(dense_run) / f"step_{FINAL_STEP}" / "model.pt")["model"]
+    started = load_weights_only(checkpoints_dir(output_dir) / "step_1" / "model.pt")["model"]
     tables = [name for name in source if name.startswith("embeddings.")]
     mlp = [name for name in source if name.startswith("mlp.")]
     assert len(tables) == 4 and mlp
@@ -347,7 +348,7 @@ def test_async_save_trains_and_saves_exactly_what_a_blocking_save_does(tmp_path:
     assert_same_training(reference, output_dir, FINAL_STEP)
     assert sorted(committed_steps(output_dir)) == sorted(committed_steps(reference))
     for step in committed_steps(output_dir):
-        for name in ("shared.pt", "rank_0.pt"):
+        for name in read_metadata(checkpoints_dir(reference) / f"step_{step}").files:
             left = load_weights_only(checkpoints_dir(reference) / f"step_{step}" / name)
             right = load_verified(checkpoints_dir(output_dir) / f"step_{step}", name)
             left.get("metrics", {}).pop("throughput", None)

@@ -41,7 +41,7 @@ def train(output_dir: Path, *extra: str, nproc: int | None = None) -> None:
 
 
 def final_model(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    state = torch.load(output_dir / f"checkpoints/step_{step}/shared.pt", weights_only=True)
+    state = torch.load(output_dir / f"checkpoints/step_{step}/model.pt", weights_only=True)
     return state["model"]
 
 

@@ -16,6 +16,7 @@ from resume_helpers import (
     checkpoints_dir,
     committed_steps,
     error_line,
+    load_shared_verified,
     load_verified,
     metric_history,
     read_metadata,
@@ -49,7 +50,10 @@ def test_early_stopping_ends_the_run_at_the_validation_that_ran_out_of_patience(
     assert committed_steps(early_stopped_run)[-1] == 20
     last = checkpoints_dir(early_stopped_run) / "step_20"
     assert read_metadata(last).resumable
-    assert load_verified(last, "shared.pt")["early_stopper"] == {"best": history["valid"][0]["auc"], "num_bad": 1}
+    assert load_verified(last, "early_stopper.pt")["early_stopper"] == {
+        "best": history["valid"][0]["auc"],
+        "num_bad": 1,
+    }
 
 
 @pytest.mark.slow
@@ -82,7 +86,7 @@ def test_a_nan_loss_under_policy_stop_exits_1_naming_the_step_and_keeps_the_last
     assert "The loss is nan at step 15" in line and "trainer.nan_policy=skip" in line
     assert committed_steps(output_dir) == [10]
     step_dir = checkpoints_dir(output_dir) / "step_10"
-    shared = load_verified(step_dir, "shared.pt")
+    shared = load_shared_verified(step_dir)
     assert shared["trainer"]["step_nr"] == 10
     assert all(torch.isfinite(value).all() for value in shared["model"].values())
     assert isinstance(load_verified(step_dir, "rank_0.pt"), dict)
@@ -100,7 +104,7 @@ def test_nan_losses_under_policy_skip_are_counted_and_training_goes_on(tmp_path:
     assert [train[step]["num_skipped_steps"] for step in sorted(train)] == [0.0, 0.0, 0.0, 0.5, 0.0, 0.0]
     assert all(math.isfinite(line["loss"]) for line in train.values())
     final = checkpoints_dir(output_dir) / "step_24"
-    for file_name in ("shared.pt", "rank_0.pt"):
+    for file_name in ("model.pt", "optimizer.pt", "rank_0.pt"):
         state = load_verified(final, file_name)
         tensors = [v for v in _tensors(state) if v.is_floating_point()]
         assert tensors and all(torch.isfinite(t).all() for t in tensors), file_name

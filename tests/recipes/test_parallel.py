@@ -2,7 +2,14 @@ import pytest
 import torch
 from torch import nn
 
-from recipes.parallel import DenseGradients
+from embedding import (
+    CombinedOptimizer,
+    EmbeddingTableConfig,
+    ShardedEmbeddingCollection,
+    SparseOptimizer,
+    SparseOptimizerConfig,
+)
+from recipes.parallel import DenseGradients, tensors_changed_by_step
 
 
 def _model_with_grads(seed: int) -> nn.Module:
@@ -53,3 +60,21 @@ def test_scale_multiplies_every_gradient_and_skips_parameters_without_one() -> N
 
 def test_no_gradients_have_norm_zero() -> None:
     assert DenseGradients([{"params": [nn.Parameter(torch.ones(3))]}]).scale_and_clip_(1.0, 1.0) == 0.0
+
+
+def test_tensors_changed_by_step_are_parameters_dense_state_and_sparse_tables_with_theirs() -> None:
+    model = _model_with_grads(3)
+    dense = torch.optim.Adam(model.parameters())
+    dense.step()
+    collection = ShardedEmbeddingCollection([EmbeddingTableConfig("t", num_rows=12, dim=4, features=("x",))])
+    sparse = SparseOptimizer(collection, SparseOptimizerConfig("adam", lr=0.1))
+
+    changed = tensors_changed_by_step(CombinedOptimizer(dense, sparse))
+
+    dense_state = [value for state in dense.state.values() for value in state.values()]
+    assert {id(tensor) for tensor in [*model.parameters(), *dense_state]} <= {id(tensor) for tensor in changed}
+    # A shard's table and state are views of its group's buffers, which the list holds.
+    shard = collection.shards["t"]
+    storages = {tensor.untyped_storage().data_ptr() for tensor in changed}
+    assert all(t.untyped_storage().data_ptr() in storages for t in [shard.weight, *shard.optimizer_state.values()])
+    assert len(changed) == len(list(model.parameters())) + len(dense_state) + 1 + len(shard.optimizer_state)

@@ -42,7 +42,7 @@ def test_a_stop_signal_saves_a_checkpoint_exits_0_and_a_rerun_resumes_there(tmp_
     assert 10 <= stop_step < 5000
     last = checkpoints_dir(output_dir) / f"step_{stop_step}"
     assert read_metadata(last).resumable
-    assert load_verified(last, "shared.pt")["trainer"]["step_nr"] == stop_step
+    assert load_verified(last, "trainer.pt")["trainer"]["step_nr"] == stop_step
     log = (output_dir / "logs" / "rank_0.log").read_text()
     assert f"Training ends at step {stop_step}." in log
     # The step the signal interrupted was finished and its metrics published.

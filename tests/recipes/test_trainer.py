@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from recipes.profiler import Profiler
 from recipes.recorders import MetricRecorder
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig, TrainerSection
-from recipes.trainer import LossNotFiniteError, Trainer, Validation
+from recipes.trainer import Checkpointer, LossNotFiniteError, Trainer, Validation
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -90,9 +90,11 @@ def make_trainer(
     validations: list[Validation[Any]] | None = None,
     recorder: MetricRecorder | None = None,
     early_stopper: PatienceEarlyStopper | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    checkpointer: Checkpointer | None = None,
 ) -> Trainer[Batch]:
     unit = unit or SquaredErrorUnit(linear_model())
-    optimizer = torch.optim.SGD(unit.model.parameters(), lr=0.05)
+    optimizer = optimizer or torch.optim.SGD(unit.model.parameters(), lr=0.05)
     gang = FakeGang()
     return Trainer(
         unit=unit,
@@ -106,6 +108,8 @@ def make_trainer(
         recorder=recorder or ListRecorder(),
         profiler=Profiler(False, 0, 1, "unused", 0),
         early_stopper=early_stopper,
+        checkpointer=checkpointer,
+        checkpoint_every_n_steps=None if checkpointer is None else 2,
     )
 
 
@@ -424,3 +428,56 @@ def test_clipping_scales_the_mean_gradient_to_the_limit_and_records_the_norm_bef
     assert norm > 0.01
     for param, start, grad in zip(unit.model.parameters(), model.parameters(), grads):
         torch.testing.assert_close(param.detach(), start.detach() - 0.05 * grad * (0.01 / norm))
+
+
+class PromiseCheckingCheckpointer:
+    """Records which tensors each save may copy late, and checks at ``wait_until_staged`` that they are unchanged."""
+
+    def __init__(self) -> None:
+        self.late_model_entries: list[set[str]] = []
+        self.num_late_optimizer_tensors: list[int] = []
+        self.num_waits = 0
+        self._promised: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def save(
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
+    ) -> None:
+        model = shared_state["model"]
+        self.late_model_entries.append({name for name, value in model.items() if unchanged_until_staged(value)})
+        optimizer_tensors = [v for state in shared_state["optimizer"]["state"].values() for v in state.values()]
+        self.num_late_optimizer_tensors.append(sum(map(unchanged_until_staged, optimizer_tensors)))
+        assert not unchanged_until_staged(rank_state["rng"]["torch"])
+        self._promised = [(t, t.clone()) for t in [*model.values(), *optimizer_tensors] if unchanged_until_staged(t)]
+
+    def wait_until_staged(self) -> None:
+        self.num_waits += 1
+        for live, at_save in self._promised:
+            assert torch.equal(live, at_save), "a tensor promised unchanged changed before wait_until_staged"
+        self._promised = []
+
+
+def test_what_an_async_save_may_copy_late_stays_unchanged_until_the_trainer_waits_for_it() -> None:
+    """Parameters and optimizer state change only in the optimizer step, before which the Trainer waits;
+    buffers (changed by the forward pass) and RNG states are never left to a late copy."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(NUM_FEATURES, 1), nn.BatchNorm1d(1))
+    checkpointer = PromiseCheckingCheckpointer()
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=6),
+        unit=SquaredErrorUnit(model),
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+        checkpointer=checkpointer,
+    )
+
+    trainer.run()
+
+    parameters = {"0.weight", "0.bias", "1.weight", "1.bias"}
+    assert checkpointer.late_model_entries == [parameters] * 3  # Steps 2, 4 and 6.
+    assert checkpointer.num_late_optimizer_tensors == [3 * 4] * 3  # step, exp_avg, exp_avg_sq of each.
+    assert checkpointer.num_waits == 6
