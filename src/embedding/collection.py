@@ -152,26 +152,93 @@ def _table_features(group: ShardGroup) -> list[tuple[EmbeddingTableConfig, str]]
 
 def _group_bags(group: ShardGroup, features: SparseFeatures) -> Bags:
     """The bags of every feature of every table of ``group``, concatenated: one lookup serves
-    them all. Ids move by their table's offset in the group's buffer."""
-    weighted = any(features[feature].weights is not None for _, feature in _table_features(group))
-    ids, offsets, scales = [], [], []
+    them all. Ids move by their table's offset in the group's buffer.
+
+    When every feature has as many ids and bags as the others (one id per sample, say), all
+    are checked and moved at once, as the rows of a ``[features, ids]`` matrix: a few ops per
+    feature, for 26 features, cost a fifteenth of a whole sparse step.
+    """
+    pairs = _table_features(group)
+    jagged = [features[feature] for _, feature in pairs]
+    buffer_offsets = [
+        offset for shard, offset in zip(group.shards, group.buffer_offsets) for _ in shard.config.features
+    ]
+    weighted = any(feature.weights is not None for feature in jagged)
+    scales = torch.cat([_weights_or_ones(feature) for feature in jagged]) if weighted else None
+    sizes = {(feature.ids.numel(), _num_bags(table, feature)) for (table, _), feature in zip(pairs, jagged)}
+    if len(sizes) == 1:
+        return _uniform_bags(pairs, jagged, buffer_offsets, scales)
+    return _jagged_bags(pairs, jagged, buffer_offsets, scales)
+
+
+def _uniform_bags(
+    pairs: list[tuple[EmbeddingTableConfig, str]],
+    jagged: list[JaggedIds],
+    buffer_offsets: list[int],
+    scales: torch.Tensor | None,
+) -> Bags:
+    """The bags of features that all have as many ids and as many bags."""
+    device = jagged[0].ids.device
+    ids = torch.stack([feature.ids.to(torch.int64) for feature in jagged])
+    num_features, num_ids = ids.shape
+    hashed = [table.out_of_range == "hash" for table, _ in pairs]
+    if any(hashed):
+        num_rows = torch.tensor([[table.num_rows] for table, _ in pairs], device=device)
+        ids = torch.where(torch.tensor(hashed, device=device).unsqueeze(1), torch.remainder(ids, num_rows), ids)
+    if num_ids > 0:
+        lows, highs = ids.aminmax(dim=1)
+        for (table, feature), low, high in zip(pairs, lows.tolist(), highs.tolist()):
+            _check_id_range(table, feature, low, high)
+    if any(buffer_offsets):
+        ids += torch.tensor(buffer_offsets, device=device).unsqueeze(1)
+
+    num_bags = _num_bags(pairs[0][0], jagged[0])
+    if num_bags == num_ids:
+        # Most often every bag holds one id: then the offsets are a range, built in one pass,
+        # and each feature's are compared with its start rather than copied and moved.
+        offsets = torch.arange(num_features * num_ids + 1, device=device)
+        if all(
+            table.pooling == "none" or torch.equal(feature.offsets.to(torch.int64), offsets[: num_bags + 1])
+            for (table, _), feature in zip(pairs, jagged)
+        ):
+            return Bags(ids.flatten(), offsets, scales, one_id_per_bag=True)
+
+    offsets = torch.empty(num_features * num_bags + 1, dtype=torch.int64, device=device)
+    feature_offsets = offsets[:-1].view(num_features, num_bags)
+    torch.stack([_bag_starts(table, feature) for (table, _), feature in zip(pairs, jagged)], out=feature_offsets)
+    feature_offsets += (torch.arange(num_features, device=device) * num_ids).unsqueeze(1)
+    offsets[-1] = ids.numel()
+    return Bags(ids.flatten(), offsets, scales)
+
+
+def _jagged_bags(
+    pairs: list[tuple[EmbeddingTableConfig, str]],
+    jagged: list[JaggedIds],
+    buffer_offsets: list[int],
+    scales: torch.Tensor | None,
+) -> Bags:
+    """The bags of features of any sizes, a feature at a time."""
+    ids, offsets = [], []
     num_ids = 0
-    for shard, buffer_offset in zip(group.shards, group.buffer_offsets):
-        table = shard.config
-        for feature in table.features:
-            jagged = features[feature]
-            feature_ids = _checked_ids(table, feature, jagged.ids.to(torch.int64))
-            if table.pooling == "none":  # every id is a bag of its own
-                feature_offsets = torch.arange(feature_ids.numel() + 1, device=feature_ids.device)
-            else:
-                feature_offsets = jagged.offsets.to(torch.int64)
-            ids.append(feature_ids + buffer_offset if buffer_offset else feature_ids)
-            offsets.append(feature_offsets[:-1] + num_ids)
-            if weighted:
-                scales.append(_weights_or_ones(jagged))
-            num_ids += feature_ids.numel()
+    for (table, feature), feature_jagged, buffer_offset in zip(pairs, jagged, buffer_offsets):
+        feature_ids = feature_jagged.ids.to(torch.int64)
+        if table.out_of_range == "hash":
+            feature_ids = torch.remainder(feature_ids, table.num_rows)
+        elif feature_ids.numel() > 0:
+            low, high = (int(value) for value in torch.aminmax(feature_ids))
+            _check_id_range(table, feature, low, high)
+        ids.append(feature_ids + buffer_offset if buffer_offset else feature_ids)
+        offsets.append(_bag_starts(table, feature_jagged) + num_ids)
+        num_ids += feature_ids.numel()
     offsets.append(torch.tensor([num_ids], device=ids[0].device))
-    return Bags(torch.cat(ids), torch.cat(offsets), torch.cat(scales) if weighted else None)
+    return Bags(torch.cat(ids), torch.cat(offsets), scales)
+
+
+def _bag_starts(table: EmbeddingTableConfig, jagged: JaggedIds) -> torch.Tensor:
+    """Where each bag of ``jagged`` starts among its ids."""
+    if table.pooling == "none":  # every id is a bag of its own
+        return torch.arange(jagged.ids.numel(), device=jagged.ids.device)
+    return jagged.offsets[:-1].to(torch.int64)
 
 
 def _weights_or_ones(jagged: JaggedIds) -> torch.Tensor:
@@ -180,14 +247,10 @@ def _weights_or_ones(jagged: JaggedIds) -> torch.Tensor:
     return jagged.weights.to(torch.float32)
 
 
-def _checked_ids(table: EmbeddingTableConfig, feature: str, ids: torch.Tensor) -> torch.Tensor:
-    if table.out_of_range == "hash":
-        return torch.remainder(ids, table.num_rows)
-    if ids.numel() > 0:
-        low, high = (int(value) for value in torch.aminmax(ids))
-        if low < 0 or high >= table.num_rows:
-            raise SparseFeatureError(
-                f"Ids of feature '{feature}' must be in [0, {table.num_rows}) as table '{table.name}' has "
-                f"{table.num_rows} rows, but contain {low if low < 0 else high} instead."
-            )
-    return ids
+def _check_id_range(table: EmbeddingTableConfig, feature: str, low: int, high: int) -> None:
+    """Raise unless the ids of ``feature``, from ``low`` to ``high``, are rows of ``table``."""
+    if low < 0 or high >= table.num_rows:
+        raise SparseFeatureError(
+            f"Ids of feature '{feature}' must be in [0, {table.num_rows}) as table '{table.name}' has "
+            f"{table.num_rows} rows, but contain {low if low < 0 else high} instead."
+        )

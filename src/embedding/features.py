@@ -46,6 +46,10 @@ class JaggedIds:
         return cls(ids.reshape(-1).to(torch.int64), offsets)
 
     def to(self, device: torch.device) -> JaggedIds:
+        """The ids on ``device``; ``self`` when they are all there already."""
+        tensors = (self.ids, self.offsets) if self.weights is None else (self.ids, self.offsets, self.weights)
+        if all(tensor.device == device for tensor in tensors):
+            return self
         weights = None if self.weights is None else self.weights.to(device)
         return JaggedIds(self.ids.to(device), self.offsets.to(device), weights)
 
@@ -73,4 +77,9 @@ class SparseFeatures(Mapping[str, JaggedIds]):
         return len(self._features)
 
     def to(self, device: torch.device) -> SparseFeatures:
-        return SparseFeatures({name: f.to(device) for name, f in self._features.items()})
+        """The features on ``device``: ``self`` when they are all there already, as the
+        collection moves every batch it looks up."""
+        moved = {name: f.to(device) for name, f in self._features.items()}
+        if all(moved[name] is f for name, f in self._features.items()):
+            return self
+        return SparseFeatures(moved)

@@ -23,17 +23,24 @@ from gang import Gang
 class Bags:
     """The bags this rank looks up in one group: bag ``b`` holds ``ids[offsets[b]:offsets[b + 1]]``,
     each weighted by ``scales`` (``None``: by 1). The ids are rows of the group's buffer when
-    every row is local, else global rows of the group's one table; checked or hashed already."""
+    every row is local, else global rows of the group's one table; checked or hashed already.
+
+    ``one_id_per_bag`` says that ``offsets`` is known to be ``0, 1, ..., len(ids)``, which spares
+    ``bag_of_each_id`` a pass over it.
+    """
 
     ids: torch.Tensor
     offsets: torch.Tensor
     scales: torch.Tensor | None
+    one_id_per_bag: bool = False
 
     @property
     def num_bags(self) -> int:
         return self.offsets.numel() - 1
 
     def bag_of_each_id(self) -> torch.Tensor:
+        if self.one_id_per_bag:
+            return self.offsets[:-1]
         bags = torch.arange(self.num_bags, device=self.ids.device)
         if self.num_bags == self.ids.numel() and torch.equal(self.offsets[:-1], bags):
             return bags  # One id per bag, as for most Criteo-style features: no repeat needed.
