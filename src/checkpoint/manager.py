@@ -18,7 +18,7 @@ import math
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -240,8 +240,12 @@ class CheckpointManager:
         outcomes = self._gang.all_gather_object(_describe(error))
         self._raise_if_failed(job.step, error, outcomes)
 
-    def load(self, step: int) -> LoadedCheckpoint:
-        """Load the checkpoint of ``step``, verifying every file it reads against its checksum."""
+    def load(self, step: int, keys: Sequence[str] | None = None) -> LoadedCheckpoint:
+        """Load the checkpoint of ``step``, verifying every file it reads against its checksum.
+
+        ``keys`` picks the parts of the shared state to read (default: all): evaluating a
+        model needs ``["model"]`` and not the optimizer state, twice its size with Adam.
+        """
         committed = self._scan().committed
         if step not in committed:
             raise CheckpointNotFoundError(
@@ -249,7 +253,14 @@ class CheckpointManager:
                 f"({sorted(committed) or 'none'}), but is {step} instead."
             )
         metadata = committed[step]
-        shared_files = [shared_file_name(key) for key in shared_keys(metadata)]
+        available = shared_keys(metadata)
+        missing = [key for key in keys or () if key not in available]
+        if missing:
+            raise CheckpointError(
+                f"`keys` must name parts of the shared state of step {step} ({', '.join(available)}), "
+                f"but {', '.join(missing)} are not."
+            )
+        shared_files = [shared_file_name(key) for key in (available if keys is None else keys)]
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-reader") as readers:
             parts = list(readers.map(partial(_read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}

@@ -231,7 +231,8 @@ def _selected(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool
 
 
 def open_checkpoint(path: str) -> LoadedCheckpoint:
-    """The checkpoint at ``path``: a ``step_N`` directory, or a checkpoints directory meaning its last one."""
+    """The checkpoint at ``path`` (a ``step_N`` directory, or a checkpoints directory meaning its last one),
+    for its rank states: none of its shared state is read."""
     root, _, leaf = path.rstrip("/").rpartition("/")
     manager_root, step = (
         (root, int(leaf[len("step_") :])) if leaf.startswith("step_") and leaf[5:].isdigit() else (path, None)
@@ -242,7 +243,7 @@ def open_checkpoint(path: str) -> LoadedCheckpoint:
         if not steps:
             raise CheckpointError(f"`checkpoint.init_from` must name a checkpoint, but {path} holds none.")
         step = max(steps)
-    return manager.load(step)
+    return manager.load(step, keys=[])
 
 
 def archive_checkpoints(output_dir: str) -> None:

@@ -149,7 +149,7 @@ def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
         step = _checkpoint_step(manager, checkpoint, output_dir)
         trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer=None, resume_step=None, eval_only=True)
         try:
-            loaded = manager.load(step)
+            loaded = manager.load(step, keys=["model"])
             trainer.load_model_state(loaded.shared_state["model"])
             trainer.load_sharded_state(rank_states_to_load(loaded, gangs)[1])
             return trainer.validate_only(step)

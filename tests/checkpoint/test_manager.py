@@ -308,3 +308,18 @@ def test_async_save_copies_the_tensors_left_unchanged_in_the_background(
 
     state = manager.load(1).shared_state["model"]
     assert torch.equal(state["w"], torch.zeros(64, 8)) and torch.equal(state["running_mean"], torch.zeros(3))
+
+
+def test_load_reads_only_the_parts_of_the_shared_state_asked_for(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    state = make_state(5)
+    manager.save(5, state, {"position": 3})
+
+    model_only = manager.load(5, keys=["model"])
+    assert_equal(model_only.shared_state, {"model": state["model"]})
+    assert manager.load(5, keys=[]).shared_state == {}
+    assert manager.load(5, keys=[]).load_rank_state(0) == {"position": 3}
+    with pytest.raises(
+        CheckpointError, match=r"`keys` must name parts of the shared state of step 5 .*, but net are not"
+    ):
+        manager.load(5, keys=["model", "net"])
