@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from recipes.data.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoReader
-from recipes.data.criteo_synthetic import write_synthetic_criteo
+from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoReader
+from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 
 TABLE_SIZE = 10_000_000
 BATCH_SIZE = 4096

@@ -32,7 +32,7 @@ from typing import Any, cast
 import torch
 
 from gang import FakeGang, Gangs
-from recipes.builtin.dlrm import DLRMConfig
+from recipes.builtin.dlrm.recipe import DLRMConfig
 from recipes.data.reader import DataReader
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler
 from recipes.profiler import Profiler

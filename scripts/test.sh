@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, and every test (the slow multi-process ones included).
+# The whole test suite: lint, types, import rules, and every test (the slow multi-process ones included).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +11,5 @@ export WANDB_MODE=offline WANDB_SILENT=true
 "$VENV/bin/ruff" check src tests benchmarks
 "$VENV/bin/ruff" format --check src tests benchmarks
 "$VENV/bin/mypy"
+"$VENV/bin/lint-imports" --no-logo --no-cache  # The import rules of docs/architecture.md (pyproject.toml).
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

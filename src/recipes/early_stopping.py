@@ -52,3 +52,19 @@ class PatienceEarlyStopper:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._best = state_dict["best"]
         self._num_bad = state_dict["num_bad"]
+
+
+class NoopEarlyStopper:
+    """Never stops: the early stopper of a run without ``trainer.early_stopping.patience``."""
+
+    def should_stop(self, step_nr: int, score: float) -> bool:
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        pass
+
+
+NOOP_EARLY_STOPPER = NoopEarlyStopper()

@@ -20,8 +20,8 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from gang import Gangs
 from recipes.config import ConfigError
 from recipes.data.reader import DataReader
+from recipes.protocols import ShardedStateful, Validation
 from recipes.sections import LRSchedulerSection, OptimizerSection, RecipeConfig
-from recipes.trainer import ShardedStateful, Validation
 from units import TrainUnit
 
 ConfigT = TypeVar("ConfigT", bound=RecipeConfig)

@@ -1,15 +1,24 @@
 """Recipes by name, and presets (named configs of a recipe) from YAML files and Python.
 
-Presets are looked up in, from lowest to highest precedence: the project's ``recipes.yaml``,
-the files named in ``$RECIPES_PRESET_FILES`` (separated by ``os.pathsep``), a
-``recipes.yaml`` in the current directory, and presets registered from Python. A preset may
-be ``based_on`` another and may name ``imports``: modules imported before its recipe is looked
-up, so that a user's recipe registers itself.
+Installed packages (the built-in recipes among them) offer recipes and presets through two
+entry-point groups, so the framework names none of them:
+
+- ``recipes.recipes``: a recipe name -> the module that registers it, imported when the name is
+  first looked up;
+- ``recipes.presets``: a name -> a package holding a ``presets.yaml``.
+
+Presets are looked up in, from lowest to highest precedence: the installed packages' files, the
+files named in ``$RECIPES_PRESET_FILES`` (separated by ``os.pathsep``), a ``recipes.yaml`` in the
+current directory, and presets registered from Python. A preset may be ``based_on`` another and
+may name ``imports``: modules imported before its recipe is looked up, from the preset file's
+folder, so that a user's recipe registers itself.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.resources
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -23,7 +32,9 @@ from recipes.config import load_yaml
 from recipes.errors import UserError, closest
 from recipes.sections import RecipeConfig
 
-PROJECT_PRESETS = Path(__file__).resolve().parents[2] / "recipes.yaml"
+RECIPE_ENTRY_POINTS = "recipes.recipes"
+PRESET_ENTRY_POINTS = "recipes.presets"
+PRESET_FILE_NAME = "presets.yaml"
 PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
 PRESET_KEYS = {"recipe", "description", "based_on", "imports", "config"}
 
@@ -84,20 +95,27 @@ def register_preset(
 
 
 def get_recipe(name: str) -> Recipe:
-    _import_builtin_recipes()
+    """The recipe registered as ``name``, importing the installed module that offers it if need be."""
+    if name not in _recipes:
+        installed = _installed(RECIPE_ENTRY_POINTS)
+        if name in installed:
+            _import_entry_point(installed[name])
     try:
         return _recipes[name]
     except KeyError:
-        raise UserError(f"Unknown recipe '{name}'.{closest(name, _recipes)}") from None
+        known = set(_recipes) | set(_installed(RECIPE_ENTRY_POINTS))
+        raise UserError(f"Unknown recipe '{name}'.{closest(name, known)}") from None
 
 
 def all_presets() -> dict[str, Preset]:
     """Every preset, by name, the highest-precedence source winning."""
     presets: dict[str, Preset] = {}
+    for entry_point in _installed(PRESET_ENTRY_POINTS).values():
+        presets.update(_read_package_presets(entry_point))
     extra_files = [p for p in os.environ.get(PRESET_FILES_ENV, "").split(os.pathsep) if p]
     seen: set[Path] = set()
-    for path in [PROJECT_PRESETS, *map(Path, extra_files), Path.cwd() / "recipes.yaml"]:
-        if path.resolve() not in seen:  # Run from the project's root, its file is also the cwd's.
+    for path in [*map(Path, extra_files), Path.cwd() / "recipes.yaml"]:
+        if path.resolve() not in seen:
             seen.add(path.resolve())
             presets.update(_read_preset_file(path, required=str(path) in extra_files))
     presets.update(_python_presets)
@@ -150,16 +168,45 @@ def _import_modules(preset: Preset) -> None:
             raise UserError(f"Preset '{preset.name}' ({preset.source}) imports '{module}', which fails: {ex}") from None
 
 
-def _import_builtin_recipes() -> None:
-    importlib.import_module("recipes.builtin")
+def _installed(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The entry points of ``group`` by name, in a stable order (sorted by package, then name)."""
+    entry_points = sorted(importlib.metadata.entry_points(group=group), key=lambda ep: (ep.value, ep.name))
+    return {ep.name: ep for ep in entry_points}
+
+
+def _import_entry_point(entry_point: importlib.metadata.EntryPoint) -> None:
+    try:
+        importlib.import_module(entry_point.module)
+    except ImportError as ex:
+        raise UserError(
+            f"The installed entry point '{entry_point.name} = {entry_point.value}' ({entry_point.group}) "
+            f"fails to import: {ex}"
+        ) from None
+
+
+def _read_package_presets(entry_point: importlib.metadata.EntryPoint) -> dict[str, Preset]:
+    """The presets in the ``presets.yaml`` of an installed package; its folder is not put on ``sys.path``."""
+    _import_entry_point(entry_point)
+    resource = importlib.resources.files(entry_point.module).joinpath(PRESET_FILE_NAME)
+    if not resource.is_file():
+        raise UserError(
+            f"The installed package {entry_point.module} (entry point '{entry_point.name}' of {entry_point.group}) "
+            f"must hold a {PRESET_FILE_NAME}, but does not."
+        )
+    source = f"{entry_point.module}/{PRESET_FILE_NAME}"
+    data = _parse_yaml(resource.read_text(), source) or {}
+    return _parse_preset_file(data, source, search_path=())
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as ex:
+        raise UserError(f"The preset file {source} is not valid YAML: {ex}".replace("\n", " ")) from None
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        with path.open() as f:
-            return load_yaml(f)
-    except yaml.YAMLError as ex:
-        raise UserError(f"The preset file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
+    return _parse_yaml(path.read_text(), str(path))
 
 
 def _read_preset_file(path: Path, required: bool) -> dict[str, Preset]:
@@ -167,10 +214,15 @@ def _read_preset_file(path: Path, required: bool) -> dict[str, Preset]:
         if required:
             raise UserError(f"The preset file {path} named in ${PRESET_FILES_ENV} does not exist.")
         return {}
-    data = _read_yaml(path) or {}
+    return _parse_preset_file(_read_yaml(path) or {}, str(path), search_path=(str(path.resolve().parent),))
+
+
+def _parse_preset_file(data: Any, source: str, search_path: tuple[str, ...]) -> dict[str, Preset]:
     if not isinstance(data, dict):
-        raise UserError(f"The preset file {path} must map preset names to presets, but holds a {type(data).__name__}.")
-    return {name: _parse_preset(str(name), body, path) for name, body in data.items()}
+        raise UserError(
+            f"The preset file {source} must map preset names to presets, but holds a {type(data).__name__}."
+        )
+    return {name: _parse_preset(str(name), body, source, search_path) for name, body in data.items()}
 
 
 def _read_single_preset(path: Path) -> Preset:
@@ -179,13 +231,13 @@ def _read_single_preset(path: Path) -> Preset:
     data = _read_yaml(path)
     if not isinstance(data, dict) or ("recipe" not in data and "based_on" not in data):
         raise UserError(f"The preset file {path} must hold one preset with a `recipe` key, but does not.")
-    return _parse_preset(path.stem, data, path)
+    return _parse_preset(path.stem, data, str(path), search_path=(str(path.resolve().parent),))
 
 
-def _parse_preset(name: str, body: Any, path: Path) -> Preset:
-    where = f"{path}, preset '{name}'"
+def _parse_preset(name: str, body: Any, source: str, search_path: tuple[str, ...]) -> Preset:
+    where = f"{source}, preset '{name}'"
     if not isinstance(body, dict):
-        raise UserError(f"A preset must be a mapping, but '{name}' in {path} is a {type(body).__name__}.")
+        raise UserError(f"A preset must be a mapping, but '{name}' in {source} is a {type(body).__name__}.")
     unknown = set(body) - PRESET_KEYS
     if unknown:
         key = sorted(unknown)[0]
@@ -203,6 +255,6 @@ def _parse_preset(name: str, body: Any, path: Path) -> Preset:
         description=str(body.get("description") or ""),
         based_on=body.get("based_on"),
         imports=tuple(imports),
-        source=str(path),
-        search_path=(str(path.resolve().parent),),
+        source=source,
+        search_path=search_path,
     )

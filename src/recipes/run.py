@@ -30,11 +30,12 @@ from recipes.checkpointing import (
     resume,
 )
 from recipes.config import ConfigError, dump_yaml, load_yaml, overrides_to_dict, resolve_config, to_dict
-from recipes.early_stopping import PatienceEarlyStopper
+from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
 from recipes.errors import UserError
 from recipes.parallel import data_parallel
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
 from recipes.profiler import Profiler
+from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer
 from recipes.recorders import (
     CompositeRecorder,
     ConsoleRecorder,
@@ -147,7 +148,9 @@ def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
     with _job_gangs(job.config, output_dir) as gangs:
         manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
         step = _checkpoint_step(manager, checkpoint, output_dir)
-        trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer=None, resume_step=None, eval_only=True)
+        trainer, recorder = build_trainer(
+            job, gangs, output_dir, checkpointer=NOOP_CHECKPOINTER, resume_step=None, eval_only=True
+        )
         try:
             loaded = manager.load(step, keys=["model"])
             trainer.load_model_state(loaded.shared_state["model"])
@@ -187,7 +190,7 @@ def build_trainer(
     job: ResolvedJob,
     gangs: Gangs,
     output_dir: str,
-    checkpointer: TrainerCheckpointer | None,
+    checkpointer: Checkpointer,
     resume_step: int | None,
     eval_only: bool = False,
 ) -> tuple[Trainer[Any], MetricRecorder]:
@@ -210,7 +213,7 @@ def build_trainer(
         raise ConfigError(str(ex)) from None
     recorder = build_recorder(config, output_dir, gangs.root.rank, resume_step, console=not eval_only)
     stopping = config.trainer.early_stopping
-    early_stopper = None
+    early_stopper: EarlyStopper = NOOP_EARLY_STOPPER
     if stopping.patience is not None:
         if config.trainer.score_metric is None:
             raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.optim import Optimizer
@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from gang import Gangs, ReduceOperation
 from recipes.data.reader import DataError, DataReader
-from recipes.early_stopping import EarlyStopper
+from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
 from recipes.errors import UserError, closest
 from recipes.parallel import (
     DenseGradients,
@@ -32,10 +32,14 @@ from recipes.parallel import (
     tensors_changed_by_step,
 )
 from recipes.profiler import Profiler
+from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, Validation
 from recipes.recorders import MetricRecorder
 from recipes.rng import rng_state, set_rng_state
 from recipes.sections import TrainerSection
-from units import EvalUnit, Mean, MetricBag, Throughput, TrainUnit
+from units import Mean, MetricBag, Throughput, TrainUnit
+
+# Validation, Checkpointer and ShardedStateful live in recipes.protocols; importing them from here still works.
+__all__ = ["Checkpointer", "LossNotFiniteError", "ShardedStateful", "Trainer", "Validation"]
 
 log = logging.getLogger(__name__)
 
@@ -44,26 +48,6 @@ BatchT = TypeVar("BatchT")
 
 class LossNotFiniteError(RuntimeError):
     """The loss became NaN or infinite and the NaN policy says to stop."""
-
-
-@dataclass
-class Validation(Generic[BatchT]):
-    """An eval unit and the reader of its data; one full pass of the reader per validation."""
-
-    unit: EvalUnit[BatchT]
-    reader: DataReader[BatchT]
-
-
-class ShardedStateful(Protocol):
-    """State split over ranks (sparse embedding tables), which can be reloaded on another layout.
-
-    Each rank saves its own pieces; loading gets the pieces of every rank of the saving job
-    and keeps what it now owns.
-    """
-
-    def sharded_state_dict(self) -> dict[str, Any]: ...
-
-    def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 @dataclass
@@ -79,25 +63,6 @@ class _StepTotals:
     grad_norm_sum: float = 0.0
     num_updates: int = 0
     num_skipped: int = 0
-
-
-class Checkpointer(Protocol):
-    """Saves the trainer's state when the trainer says so; decides where and what to keep."""
-
-    def save(
-        self,
-        step_nr: int,
-        score: float | None,
-        shared_state: dict[str, Any],
-        rank_state: dict[str, Any],
-        last: bool,
-        unchanged_until_staged: Callable[[torch.Tensor], bool],
-    ) -> None:
-        """Save the states; the tensors for which ``unchanged_until_staged`` holds (parameters and
-        optimizer state) may be copied later, until ``wait_until_staged`` returns."""
-
-    def wait_until_staged(self) -> None:
-        """Called before every optimizer step: a save in flight must hold its own copy of the state by then."""
 
 
 class Trainer(Generic[BatchT]):
@@ -116,9 +81,9 @@ class Trainer(Generic[BatchT]):
         validations: Sequence[Validation[Any]] = (),
         recorder: MetricRecorder,
         profiler: Profiler,
-        early_stopper: EarlyStopper | None = None,
+        early_stopper: EarlyStopper = NOOP_EARLY_STOPPER,
         sharded_state: Mapping[str, ShardedStateful] | None = None,
-        checkpointer: Checkpointer | None = None,
+        checkpointer: Checkpointer = NOOP_CHECKPOINTER,
         checkpoint_every_n_steps: int | None = None,
         checkpoint_every_n_data_epochs: int | None = None,
     ) -> None:
@@ -238,8 +203,7 @@ class Trainer(Generic[BatchT]):
         self._num_consecutive_skipped = 0
 
         grad_norm = self._normalize_and_clip_gradients(total_targets)
-        if self._checkpointer is not None:
-            self._checkpointer.wait_until_staged()
+        self._checkpointer.wait_until_staged()
         self._grad_scaler.step(self._optimizer)
         self._grad_scaler.update()
         self._lr_scheduler.step()
@@ -392,8 +356,8 @@ class Trainer(Generic[BatchT]):
         scores = {f"{name}/{metric}": value for name, values in results.items() for metric, value in values.items()}
         self._validated_step = self._step_nr
         self._last_score = self._score(scores)
-        stopper, score = self._early_stopper, self._last_score
-        if stopper is not None and score is not None and stopper.should_stop(self._step_nr, score):
+        score = self._last_score
+        if score is not None and self._early_stopper.should_stop(self._step_nr, score):
             log.info("Early stopping at step %d: the score stopped improving.", self._step_nr)
             self._early_stopped = True
 
@@ -449,8 +413,6 @@ class Trainer(Generic[BatchT]):
         return None if name is None else scores.get(self._resolve_score_name(name))
 
     def _checkpoint(self, last: bool) -> None:
-        if self._checkpointer is None:
-            return
         score = self._last_score if self._validated_step == self._step_nr else None
         changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
         self._checkpointer.save(
@@ -480,7 +442,7 @@ class Trainer(Generic[BatchT]):
                 "last_score": self._last_score,
                 "early_stopped": self._early_stopped,
             },
-            "early_stopper": None if self._early_stopper is None else self._early_stopper.state_dict(),
+            "early_stopper": self._early_stopper.state_dict(),
         }
 
     def rank_state(self) -> dict[str, Any]:
@@ -509,8 +471,7 @@ class Trainer(Generic[BatchT]):
         self._early_stopped = counters["early_stopped"]
         self._published_step = self._validated_step = self._checkpointed_step = self._step_nr
         self._last_checkpoint_was_final = True  # A resumable checkpoint is what we resumed from.
-        if self._early_stopper is not None and state["early_stopper"] is not None:
-            self._early_stopper.load_state_dict(state["early_stopper"])
+        self._early_stopper.load_state_dict(state["early_stopper"])
 
     def load_rank_state(self, state: Mapping[str, Any], all_ranks: Sequence[Mapping[str, Any]]) -> None:
         """Load this rank's ``state``; sharded state is rebuilt from the states of ``all_ranks`` that saved."""

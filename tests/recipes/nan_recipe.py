@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from recipes.builtin.ctr import CTRConfig, build_ctr
-from recipes.data.batch import CTRBatch
+from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recipes.click.batch import CTRBatch
 from recipes.parts import RecipeContext, RecipeParts
 from recipes.registry import register_recipe
 from units import TrainUnit

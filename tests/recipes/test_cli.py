@@ -242,7 +242,7 @@ def test_a_bad_score_metric_prints_one_line(isolated_presets: Path, capsys: pyte
 BOOM_PY = """\
 import torch
 
-from recipes.builtin.ctr import CTRConfig, build_ctr
+from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
 from recipes.registry import register_recipe
 from units import TrainUnit
 

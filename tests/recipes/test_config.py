@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.builtin.ctr import CTRConfig
+from recipes.builtin.ctr.recipe import CTRConfig
 from recipes.config import (
     ConfigError,
     dump_yaml,

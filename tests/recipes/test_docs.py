@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from recipes.config import valid_keys
-from recipes.registry import PROJECT_PRESETS, all_presets, get_recipe
+from recipes.registry import all_presets, get_recipe
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 
@@ -24,8 +24,8 @@ def test_every_config_key_is_in_the_readme(recipe: str) -> None:
     assert missing == []
 
 
-def test_every_project_preset_is_in_the_readme() -> None:
-    project = [name for name, preset in all_presets().items() if preset.source == str(PROJECT_PRESETS)]
+def test_every_built_in_preset_is_in_the_readme() -> None:
+    project = [name for name, preset in all_presets().items() if preset.source.startswith("recipes.builtin.")]
     missing = [name for name in project if f"`{name}`" not in README]
 
     assert project

@@ -15,14 +15,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from gang import FakeGang, Gangs
 from recipes.cli import main
 from recipes.data.memory import InMemoryReader
-from recipes.early_stopping import PatienceEarlyStopper
+from recipes.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
 from recipes.errors import UserError
 from recipes.parts import RecipeContext, RecipeParts
 from recipes.profiler import Profiler
+from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
 from recipes.recorders import MetricRecorder
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig, TrainerSection
-from recipes.trainer import Checkpointer, LossNotFiniteError, Trainer, Validation
+from recipes.trainer import LossNotFiniteError, Trainer
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -107,8 +108,8 @@ def make_trainer(
         validations=validations or [],
         recorder=recorder or ListRecorder(),
         profiler=Profiler(False, 0, 1, "unused", 0),
-        early_stopper=early_stopper,
-        checkpointer=checkpointer,
+        early_stopper=early_stopper or NOOP_EARLY_STOPPER,
+        checkpointer=checkpointer or NOOP_CHECKPOINTER,
         checkpoint_every_n_steps=None if checkpointer is None else 2,
     )
 

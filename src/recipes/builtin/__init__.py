@@ -1,5 +1,6 @@
-"""The built-in recipes; importing this package registers them."""
+"""The built-in recipes, one folder each (recipe, data reader, presets side by side).
 
-from recipes.builtin import ctr, dlrm, movielens
-
-__all__ = ["ctr", "dlrm", "movielens"]
+They use only what a user's recipe uses, and the framework finds them as it finds a third-party
+package's: through the ``recipes.recipes`` and ``recipes.presets`` entry points in pyproject.toml.
+Nothing in the framework names them.
+"""

@@ -14,10 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import torch
-
-from embedding.features import JaggedIds, SparseFeatures
-from recipes.data.batch import CTRBatch
 
 
 @dataclass(frozen=True)
@@ -57,20 +53,3 @@ def window_permutation(num_rows: int, seed: int, epoch: int, window_index: int) 
     """The shuffle order of one window of rows; the same on every rank and on every resume."""
     rng = np.random.default_rng([seed, epoch, window_index])
     return rng.permutation(num_rows).astype(np.int64)
-
-
-def make_ctr_batch(
-    dense: npt.NDArray[np.float32],
-    sparse: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
-    labels: npt.NDArray[np.float32],
-) -> CTRBatch:
-    """A CTRBatch from numpy arrays; ``sparse`` maps a feature name to its ``(ids, offsets)``."""
-    features = {
-        name: JaggedIds(torch.from_numpy(np.ascontiguousarray(ids)), torch.from_numpy(np.ascontiguousarray(offsets)))
-        for name, (ids, offsets) in sparse.items()
-    }
-    return CTRBatch(
-        dense=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
-        sparse=SparseFeatures(features),
-        labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
-    )

@@ -14,16 +14,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from embedding import (
-    CombinedOptimizer,
-    EmbeddingTableConfig,
-    ShardedEmbeddingCollection,
-    SparseFeatures,
-    SparseOptimizer,
-    SparseOptimizerConfig,
-)
+from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizerConfig
 from gang import Gang
-from recipes.trainer import ShardedStateful
 
 
 @dataclass
@@ -96,19 +88,3 @@ def build_embeddings(section: EmbeddingSection, tables: Sequence[TableSpec], gan
         for t in tables
     ]
     return ShardedEmbeddingCollection(configs, gang, seed=seed)
-
-
-def with_sparse_optimizer(
-    dense: torch.optim.Optimizer, embeddings: nn.Module, section: EmbeddingSection
-) -> torch.optim.Optimizer:
-    """``dense`` combined with the fused optimizer of sparse tables; ``dense`` alone for dense tables."""
-    if isinstance(embeddings, ShardedEmbeddingCollection):
-        return CombinedOptimizer(dense, SparseOptimizer(embeddings, section.sparse_optimizer.to_config()))
-    return dense
-
-
-def sparse_state(embeddings: nn.Module) -> dict[str, ShardedStateful]:
-    """The sharded state to checkpoint: the sparse tables, or nothing (dense tables are in the model)."""
-    if isinstance(embeddings, ShardedEmbeddingCollection):
-        return {"embeddings": embeddings}
-    return {}

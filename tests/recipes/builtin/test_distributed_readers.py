@@ -13,14 +13,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gang import ProcessGroupGang
-from recipes.data.criteo import CriteoReader
-from recipes.data.movielens import MovieLensReader, load_movielens
+from recipes.builtin.dlrm.criteo import CriteoReader
+from recipes.builtin.movielens.reader import MovieLensReader, load_movielens
+from recipes.builtin.movielens.recipe import SHIPPED_DATA
 
 pytestmark = pytest.mark.slow
 
 NO_FOLDING = 1 << 32
 NUM_ROWS = 203  # Not a multiple of a global step: the tail is dropped alike on both ranks.
-SHIPPED_MOVIELENS = str(Path(__file__).parents[3] / "data" / "movielens-small")
 
 
 def numbered_line(i: int) -> str:
@@ -59,7 +59,7 @@ def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
         criteo.reset()
         second_epoch = epoch_ids(criteo, "cat_0")
 
-        data = load_movielens(SHIPPED_MOVIELENS)
+        data = load_movielens(SHIPPED_DATA)
         train_rows, _ = data.split("random", 0.2, seed=1)
         movielens = MovieLensReader(data, train_rows, batch_size=256, dp_rank=gang.rank, dp_size=gang.size, seed=5)
         # MovieLens holds one rating per (user, movie), so the pair names the rating.

@@ -10,10 +10,9 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from recipes.builtin.ctr_units import click_prediction_parts
-from recipes.data.movielens import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, MovieLensReader, load_movielens
-from recipes.models.ctr import CTRModel
-from recipes.models.dlrm import DLRM
+from recipes.builtin.movielens.reader import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, MovieLensReader, load_movielens
+from recipes.click.models import DLRM, CTRModel
+from recipes.click.units import click_prediction_parts
 from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
@@ -24,13 +23,15 @@ from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
-SHIPPED_DATA = str(Path(__file__).resolve().parents[3] / "data" / "movielens-small")
+# Shipped as package data, so an installed package trains on it as a checkout does.
+SHIPPED_DATA = str(Path(__file__).resolve().parent / "ml-latest-small")
 
 
 @dataclass
 class MovieLensDataSection:
-    path: str = SHIPPED_DATA
-    """A folder (or fsspec URL) with ``ratings.csv`` and ``movies.csv``; the project ships ml-latest-small."""
+    path: str | None = None
+    """A folder (or fsspec URL) with ``ratings.csv`` and ``movies.csv``; ``None``: the shipped ml-latest-small
+    (not its path, which differs between installs and would stop a run's resume elsewhere)."""
     split: Literal["time", "random"] = "time"
     """``time``: the latest ratings are the validation set; ``random``: a seeded random split."""
     valid_fraction: float = 0.2
@@ -57,7 +58,7 @@ class MovieLensConfig(RecipeConfig):
 def build_movielens(context: RecipeContext[MovieLensConfig]) -> RecipeParts:
     config, gangs = context.config, context.gangs
     data_section, section = config.dataset, config.model.embeddings
-    data = load_movielens(data_section.path)
+    data = load_movielens(data_section.path or SHIPPED_DATA)
     train_rows, valid_rows = data.split(data_section.split, data_section.valid_fraction, seed=config.seed)
 
     tables = [

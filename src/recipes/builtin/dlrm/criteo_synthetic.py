@@ -6,7 +6,7 @@ learns beats chance (the Bayes AUC is well above 0.5). Categories follow a skewe
 popularity, as real ones do, and every feature is empty at ``empty_rate``. Output is plain, or
 gzip when the path ends in ``.gz``; any fsspec path works. The same seed writes the same lines.
 
-    python -m recipes.data.criteo_synthetic day_0.gz --num-rows 100000 --seed 0
+    python -m recipes.builtin.dlrm.criteo_synthetic day_0.gz --num-rows 100000 --seed 0
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import fsspec
 import numpy as np
 import numpy.typing as npt
 
-from recipes.data.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
+from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 
 _SIGNAL_FEATURES = 3
 _ROWS_PER_CHUNK = 65_536
@@ -112,7 +112,7 @@ def _break_line(line: str, kind: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m recipes.data.criteo_synthetic",
+        prog="python -m recipes.builtin.dlrm.criteo_synthetic",
         description="Write synthetic click logs in the raw Criteo format (gzip if PATH ends in .gz).",
     )
     parser.add_argument("path", help="output file: a local path or any fsspec URL")

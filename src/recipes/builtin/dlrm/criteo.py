@@ -35,9 +35,9 @@ import fsspec
 import numpy as np
 import numpy.typing as npt
 
-from recipes.data.batch import CTRBatch
+from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.data.reader import DataError, DataReader
-from recipes.data.sharding import StepLayout, make_ctr_batch, window_permutation
+from recipes.data.sharding import StepLayout, window_permutation
 
 logger = logging.getLogger(__name__)
 

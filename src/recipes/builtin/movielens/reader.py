@@ -28,9 +28,9 @@ import fsspec
 import numpy as np
 import numpy.typing as npt
 
-from recipes.data.batch import CTRBatch
+from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.data.reader import DataError, DataReader
-from recipes.data.sharding import StepLayout, make_ctr_batch
+from recipes.data.sharding import StepLayout
 
 SPARSE_FEATURE_NAMES = ("user", "movie", "genres", "hour", "weekday", "year")
 NUM_DENSE_FEATURES = 1

@@ -1,21 +1,43 @@
-"""DLRM (Naumov et al., 2019): a bottom MLP over dense features, sparse embedding tables, pairwise
-dot-product interaction of all the vectors, and a top MLP to the click logit."""
+"""Click-through-rate models over pooled embeddings: an MLP over concatenated features, and DLRM.
+
+Both take ``embeddings``, a module mapping a batch's sparse features to ``[B, dim]`` per feature:
+sparse sharded tables or dense embedding bags (see ``recipes.models.embeddings``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from recipes.data.batch import CTRBatch
-from recipes.models.ctr import mlp
+from recipes.click.batch import CTRBatch
+from recipes.models.mlp import mlp
+
+
+class CTRModel(nn.Module):
+    """The pooled embedding of every categorical feature, concatenated with the dense features, into an MLP."""
+
+    def __init__(
+        self,
+        embeddings: nn.Module,
+        feature_names: list[str],
+        embedding_dim: int,
+        num_dense: int,
+        hidden_dims: list[int],
+    ) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.feature_names = feature_names
+        self.mlp = mlp(num_dense + embedding_dim * len(feature_names), hidden_dims, 1)
+
+    def forward(self, batch: CTRBatch) -> torch.Tensor:
+        """The click logit of every sample, ``[B]``."""
+        pooled = self.embeddings(batch.sparse)
+        features = torch.cat([batch.dense, *(pooled[name] for name in self.feature_names)], dim=1)
+        logits: torch.Tensor = self.mlp(features).squeeze(1)
+        return logits
 
 
 class DLRM(nn.Module):
-    """The embedding dimension is shared by every table and the bottom MLP's output.
-
-    ``embeddings`` maps a batch's sparse features to ``[B, embedding_dim]`` per feature: sparse
-    sharded tables or dense embedding bags (see ``recipes.models.embeddings``).
-    """
+    """The embedding dimension is shared by every table and the bottom MLP's output."""
 
     def __init__(
         self,

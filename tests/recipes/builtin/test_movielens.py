@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from recipes.data.batch import CTRBatch
-from recipes.data.movielens import MovieLensData, MovieLensReader, load_movielens
+from recipes.builtin.movielens.reader import MovieLensData, MovieLensReader, load_movielens
+from recipes.builtin.movielens.recipe import SHIPPED_DATA
+from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataError
 
-SHIPPED = Path(__file__).parents[3] / "data" / "movielens-small"
+SHIPPED = Path(SHIPPED_DATA)
 
 MOVIES = """movieId,title,genres
 10,"Heat, The (1995)",Action|Crime

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from embedding.features import JaggedIds, SparseFeatures
-from recipes.data.batch import CTRBatch
+from recipes.click.batch import CTRBatch
 
 
 class SyntheticCTRData:

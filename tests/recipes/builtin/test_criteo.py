@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from recipes.data.batch import CTRBatch
-from recipes.data.criteo import SPARSE_FEATURE_NAMES, CriteoReader
-from recipes.data.criteo_synthetic import main as synthetic_main
-from recipes.data.criteo_synthetic import write_synthetic_criteo
+from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.dlrm.criteo_synthetic import main as synthetic_main
+from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataError
 
 # Big enough that a hash of at most 8 hex digits is its own id.
@@ -122,7 +122,7 @@ def test_malformed_rows_are_logged_skipped_and_then_an_error(tmp_path: Path, cap
     lines[4] = lines[4].replace(f"{4:08x}", "xyz", 1)  # bad hex in cat_0
     path = write_lines(tmp_path / "day", lines)
 
-    with caplog.at_level(logging.WARNING, logger="recipes.data.criteo"):
+    with caplog.at_level(logging.WARNING, logger="recipes.builtin.dlrm.criteo"):
         reader = CriteoReader(
             path, batch_size=3, num_embeddings_per_feature=NO_FOLDING, shuffle=False, max_malformed_rows=3
         )

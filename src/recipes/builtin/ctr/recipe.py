@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recipes.builtin.ctr_units import click_prediction_parts
+from recipes.builtin.ctr.synthetic import SyntheticCTRData
+from recipes.click.models import CTRModel
+from recipes.click.units import click_prediction_parts
 from recipes.data.memory import InMemoryReader
-from recipes.data.synthetic import SyntheticCTRData
-from recipes.models.ctr import CTRModel
 from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,

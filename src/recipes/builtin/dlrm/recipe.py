@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from recipes.builtin.ctr_units import click_prediction_parts
+from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recipes.click.models import DLRM
+from recipes.click.units import click_prediction_parts
 from recipes.config import ConfigError
-from recipes.data.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
-from recipes.data.criteo_synthetic import write_synthetic_criteo
-from recipes.models.dlrm import DLRM
 from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,

@@ -1,5 +1,5 @@
 """Units for binary click prediction (BCE loss for training, AUC and log-loss for validation), and the
-parts the built-in click-prediction recipes share."""
+parts a click-prediction recipe returns."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from torch import nn
 from torch.nn.functional import binary_cross_entropy_with_logits
 from torch.optim import Optimizer
 
-from recipes.data.batch import CTRBatch
+from embedding import CombinedOptimizer, ShardedEmbeddingCollection, SparseOptimizer
+from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataReader
-from recipes.models.embeddings import EmbeddingSection, sparse_state, with_sparse_optimizer
+from recipes.models.embeddings import EmbeddingSection
 from recipes.parts import RecipeContext, RecipeParts, build_optimizer
-from recipes.trainer import Validation
+from recipes.protocols import ShardedStateful, Validation
 from units import BinaryAUC, EvalUnit, Mean, MetricBag, TrainUnit
 
 
@@ -70,12 +71,19 @@ def click_prediction_parts(
 
     def make_optimizer(wrapped: nn.Module) -> Optimizer:
         dense = build_optimizer(context.config.optimizer, wrapped.parameters())
-        return with_sparse_optimizer(dense, embeddings, embedding_section)
+        if isinstance(embeddings, ShardedEmbeddingCollection):
+            return CombinedOptimizer(dense, SparseOptimizer(embeddings, embedding_section.sparse_optimizer.to_config()))
+        return dense
+
+    # Dense tables are parameters of the model; sparse ones are checkpointed as sharded state.
+    sharded_state: dict[str, ShardedStateful] = {}
+    if isinstance(embeddings, ShardedEmbeddingCollection):
+        sharded_state["embeddings"] = embeddings
 
     return RecipeParts(
         train_unit=CTRTrainUnit(model, MetricBag(dp), device),
         train_reader=train_reader,
         validations=[Validation(CTREvalUnit(model, MetricBag(dp), device), valid_reader)],
         make_optimizer=make_optimizer,
-        sharded_state=sparse_state(embeddings),
+        sharded_state=sharded_state,
     )

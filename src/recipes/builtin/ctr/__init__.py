@@ -1,0 +1,1 @@
+"""The ``ctr`` recipe: a small click-through-rate MLP on deterministic synthetic data."""

@@ -1,0 +1,1 @@
+"""Model blocks for any recipe: the MLP and the embedding tables (sparse sharded or dense)."""

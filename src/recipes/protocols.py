@@ -1,0 +1,79 @@
+"""The small interfaces the framework's parts meet at, in a module of their own.
+
+A recipe, a test or a user's own part implements these without importing the Trainer; the
+Trainer and the run assembly depend on them, not on each other's classes. Optional parts have a
+do-nothing implementation here, so the Trainer never checks for ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from recipes.data.reader import DataReader
+from units import EvalUnit
+
+BatchT = TypeVar("BatchT")
+
+
+@dataclass
+class Validation(Generic[BatchT]):
+    """An eval unit and the reader of its data; one full pass of the reader per validation."""
+
+    unit: EvalUnit[BatchT]
+    reader: DataReader[BatchT]
+
+
+class ShardedStateful(Protocol):
+    """State split over ranks (sparse embedding tables), which can be reloaded on another layout.
+
+    Each rank saves its own pieces; loading gets the pieces of every rank of the saving job
+    and keeps what it now owns.
+    """
+
+    def sharded_state_dict(self) -> dict[str, Any]: ...
+
+    def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None: ...
+
+
+class Checkpointer(Protocol):
+    """Saves the trainer's state when the trainer says so; decides where and what to keep."""
+
+    def save(
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
+    ) -> None:
+        """Save the states; the tensors for which ``unchanged_until_staged`` holds (parameters and
+        optimizer state) may be copied later, until ``wait_until_staged`` returns."""
+
+    def wait_until_staged(self) -> None:
+        """Called before every optimizer step: a save in flight must hold its own copy of the state by then."""
+
+
+class NoopCheckpointer:
+    """Saves nothing: for a Trainer that only evaluates, or a test that needs no checkpoints."""
+
+    def save(
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
+    ) -> None:
+        pass
+
+    def wait_until_staged(self) -> None:
+        pass
+
+
+NOOP_CHECKPOINTER = NoopCheckpointer()
