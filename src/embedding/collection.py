@@ -18,6 +18,7 @@ from torch import nn
 from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.lookup import Bags, TableLookup, make_lookup
+from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
@@ -39,6 +40,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
     ``shards`` maps each table to this rank's rows of it; ``groups`` are the buffers that hold
     them (see :class:`embedding.sharding.ShardGroup`), each looked up and stepped at once.
+    ``optimizer`` is the fused optimizer of the tables that name none of their own: declared
+    with the tables, so that a trainer finding the collection in a model knows how to step it.
 
     On one process, backward keeps the outputs' gradients that autograd hands it, without a
     copy, until the optimizer steps: a gradient given to ``torch.autograd.backward`` by hand
@@ -51,11 +54,13 @@ class ShardedEmbeddingCollection(nn.Module):
         gang: Gang | None = None,
         *,
         seed: int = 0,
+        optimizer: SparseOptimizerConfig | None = None,
         replicate_max_bytes: int = DEFAULT_REPLICATE_MAX_BYTES,
     ) -> None:
         super().__init__()
         check_tables(tables)
         self.tables = tuple(tables)
+        self.optimizer = optimizer if optimizer is not None else SparseOptimizerConfig()
         self.gang = gang if gang is not None else FakeGang()
         self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
         self.groups: list[ShardGroup] = build_groups(

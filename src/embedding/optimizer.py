@@ -9,6 +9,7 @@ rates alike through :class:`CombinedOptimizer`.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,44 +24,54 @@ class SparseOptimizerStateError(ValueError):
 
 
 class SparseOptimizer:
-    """Steps every table of ``collection`` with the gradients recorded since ``zero_grad``.
+    """Steps every table of ``collections`` with the gradients recorded since ``zero_grad``.
 
     One fused kernel call steps each shard group (tables sharing a buffer, a dim and an
-    optimizer). The tables of each optimizer config form one parameter group, ``{"params": [],
-    "lr", "tables": [names]}``, the same whatever the gang, so its state dict loads anywhere.
-    The optimizer state lives on the groups and shards, so that the collection's sharded state
-    dict saves and reshards it with the rows it belongs to; this object's own state dict holds
-    only the step count and learning rates. ``backend`` picks the kernel backend (default: by
-    device).
+    optimizer). A table is stepped by its own optimizer override, else by ``config``, else by
+    its collection's ``optimizer``. The tables of each collection and optimizer form one
+    parameter group, ``{"params": [], "lr", "tables": [names]}``, the same whatever the gang,
+    so its state dict loads anywhere. The optimizer state lives on the groups and shards, so
+    that the collection's sharded state dict saves and reshards it with the rows it belongs
+    to; this object's own state dict holds only the step count and learning rates.
+    ``backend`` picks the kernel backend (default: by device).
     """
 
     def __init__(
         self,
-        collection: ShardedEmbeddingCollection,
+        collections: ShardedEmbeddingCollection | Sequence[ShardedEmbeddingCollection],
         config: SparseOptimizerConfig | None = None,
         backend: str | None = None,
     ) -> None:
-        default = config if config is not None else SparseOptimizerConfig()
-        self._groups = collection.groups
-        self._configs = [group.optimizer or default for group in self._groups]
+        if isinstance(collections, ShardedEmbeddingCollection):
+            collections = [collections]
+        self.collections: tuple[ShardedEmbeddingCollection, ...] = tuple(collections)
+        self._groups = [group for collection in self.collections for group in collection.groups]
         self._backend = backend
         self._step = 0
         self._grad_multiplier = 1.0
+        self.param_groups: list[dict[str, Any]] = []
+        self._configs: list[SparseOptimizerConfig] = []
+        self._param_group_of: list[int] = []
+        for collection in self.collections:
+            default = config if config is not None else collection.optimizer
+            overrides = list(dict.fromkeys(table.optimizer for table in collection.tables))
+            first = len(self.param_groups)
+            self.param_groups += [
+                {
+                    "params": [],
+                    "lr": (override or default).lr,
+                    "tables": [table.name for table in collection.tables if table.optimizer == override],
+                }
+                for override in overrides
+            ]
+            for group in collection.groups:
+                self._configs.append(group.optimizer or default)
+                self._param_group_of.append(first + overrides.index(group.optimizer))
         for group, group_config in zip(self._groups, self._configs):
             weight = group.weight
             group.set_optimizer_state(
                 init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device)
             )
-        overrides = list(dict.fromkeys(table.optimizer for table in collection.tables))
-        self.param_groups: list[dict[str, Any]] = [
-            {
-                "params": [],
-                "lr": (override or default).lr,
-                "tables": [table.name for table in collection.tables if table.optimizer == override],
-            }
-            for override in overrides
-        ]
-        self._param_group_of = [overrides.index(group.optimizer) for group in self._groups]
 
     @property
     def step_count(self) -> int:

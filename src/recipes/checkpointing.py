@@ -40,6 +40,7 @@ RESUMABLE_CHANGES = (
     "profiler.",
     "checkpoint.",
     "gang.",
+    "validation.batch_size",
 )
 
 

@@ -1,4 +1,4 @@
-"""``python -m recipes``: list, show, train and evaluate presets.
+"""``python -m recipes``: list, show, train, evaluate and predict with presets.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
 with the cause; the traceback goes to the rank's log file).
@@ -68,14 +68,41 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument(
         "--nproc", type=int, default=None, help="run N processes on this machine through torchrun's launcher"
     )
-    eval_parser = commands.add_parser("eval", help="validate a checkpoint of a preset's output directory")
-    _job_arguments(eval_parser, with_output=True)
-    eval_parser.add_argument(
-        "--checkpoint", default="last", help="which checkpoint: last (default), best, or a step number"
-    )
+    eval_parser = commands.add_parser("eval", help="score a checkpoint of a run on a split of its data")
+    predict_parser = commands.add_parser("predict", help="write a checkpoint's predictions for every row of a split")
+    for scoring in (eval_parser, predict_parser):
+        _scoring_arguments(scoring, predict=scoring is predict_parser)
     checkpoints = commands.add_parser("checkpoints", help="list the checkpoints of an output directory")
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR")
     return parser
+
+
+def _scoring_arguments(parser: argparse.ArgumentParser, predict: bool) -> None:
+    """``eval`` and ``predict`` share one signature: a run's OUTPUT_DIR (its config.yaml names the recipe), or
+    ``PRESET OUTPUT_DIR``; then the checkpoint, the split and overrides."""
+    parser.add_argument("preset", metavar="OUTPUT_DIR|PRESET", help="a run's output directory, or a preset name/file")
+    parser.add_argument("args", nargs="*", metavar="ARG", help="OUTPUT_DIR (after a PRESET) and/or overrides")
+    if predict:
+        parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the predictions: .csv or .parquet")
+    else:
+        parser.add_argument("-o", "--output-dir", help="the run's output directory (after a PRESET)")
+    parser.add_argument("--checkpoint", default="last", help="which checkpoint: last (default), best, or a step")
+    parser.add_argument("--split", default="valid", help="which data: valid (default), or a split such as test")
+    parser.add_argument("--config-file", action="append", default=[], metavar="F", help="a YAML config file")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="an override")
+    parser.add_argument("--nproc", type=int, default=None, help="run N processes through torchrun's launcher")
+
+
+def _scoring_spec(args: argparse.Namespace) -> JobSpec:
+    """The job of ``eval``/``predict``: ``OUTPUT_DIR`` alone stands for its own ``config.yaml``."""
+    target = args.preset
+    if os.path.isfile(os.path.join(target, "config.yaml")):
+        overrides = [a for a in args.args if "=" in a]
+        extra = [a for a in args.args if "=" not in a] + list(filter(None, [getattr(args, "output_dir", None)]))
+        if extra:
+            raise UserError(f"{target} is a run's output directory; give no other one, but got {extra}.")
+        return JobSpec(os.path.join(target, "config.yaml"), target, args.config_file, [*overrides, *args.config])
+    return _job_spec(args, with_output=True)
 
 
 def _job_spec(args: argparse.Namespace, with_output: bool) -> JobSpec:
@@ -110,9 +137,16 @@ def _train(spec: JobSpec) -> None:
         print(f"Browse them with: tensorboard --logdir {output_dir}/tb")
 
 
-def _eval(spec: JobSpec, checkpoint: str) -> None:
-    for name, values in evaluate(spec, checkpoint).items():
-        print(f"{name}: " + " ".join(f"{metric}={value:.6g}" for metric, value in values.items()))
+def _score(args: argparse.Namespace) -> None:
+    predictions = getattr(args, "output", None)
+    results = evaluate(_scoring_spec(args), args.checkpoint, args.split, predictions)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    for name, values in results.items():
+        label = name if args.split == "valid" else args.split
+        print(f"{label}: " + " ".join(f"{metric}={value:.6g}" for metric, value in values.items()))
+    if predictions is not None:
+        print(f"Wrote the predictions for every row of the {args.split} split to {predictions}.")
 
 
 def _checkpoints(output_dir: str) -> None:
@@ -144,12 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _list()
         elif args.command == "show":
             _show(_job_spec(args, with_output=False))
+        elif getattr(args, "nproc", None) is not None:
+            return launch_with_torchrun(args.nproc, argv)
         elif args.command == "train":
-            if args.nproc is not None:
-                return launch_with_torchrun(args.nproc, argv)
             _train(_job_spec(args, with_output=True))
-        elif args.command == "eval":
-            _eval(_job_spec(args, with_output=True), args.checkpoint)
+        elif args.command in ("eval", "predict"):
+            _score(args)
         elif args.command == "checkpoints":
             _checkpoints(args.output_dir)
         return 0

@@ -41,16 +41,22 @@ class RecipeContext(Generic[ConfigT]):
 class RecipeParts:
     """The recipe-specific parts of a training job.
 
-    ``make_optimizer`` is optional: without it, the optimizer of the ``optimizer`` section
-    is built over the model's parameters. It takes the model after data parallelism has
-    wrapped or sharded it, because FSDP2 replaces the parameters an optimizer must hold.
-    ``sharded_state`` names state split over ranks, such as sparse embedding tables, for
-    checkpoints.
+    ``validations`` run during training and score the ``valid`` split. ``splits`` holds the
+    readers of further splits that ``eval`` and ``predict`` may be asked for (``test`` where the
+    config names test data); they run the first validation's unit. Readers of scored splits
+    must yield every row (no dropped partial step) so that metrics and predictions are exact.
+
+    The framework finds the model's sparse tables itself: it steps them beside the dense
+    optimizer and checkpoints them. ``make_optimizer`` and ``sharded_state`` are for special
+    cases only, and must then cover every table. ``make_optimizer`` takes the model after data
+    parallelism has wrapped or sharded it, because FSDP2 replaces the parameters an optimizer
+    must hold; ``sharded_state`` names state split over ranks, for checkpoints.
     """
 
     train_unit: TrainUnit[Any]
     train_reader: DataReader[Any]
     validations: list[Validation[Any]] = field(default_factory=list)
+    splits: dict[str, DataReader[Any]] = field(default_factory=dict)
     make_optimizer: Callable[[nn.Module], Optimizer] | None = None
     sharded_state: dict[str, ShardedStateful] = field(default_factory=dict)
 
@@ -63,6 +69,17 @@ def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:
             f"but is {global_batch_size} instead."
         )
     return global_batch_size // dp_size
+
+
+def per_rank_eval_batch_size(config: RecipeConfig, train_batch_size: int, dp_size: int) -> int:
+    """Each DP rank's batch of validation, ``eval`` and ``predict``: ``validation.batch_size`` or the training one."""
+    batch_size = config.validation.batch_size or train_batch_size
+    if batch_size % dp_size != 0:
+        raise ConfigError(
+            f"`validation.batch_size` must be a multiple of the {dp_size} data-parallel ranks, "
+            f"but is {batch_size} instead."
+        )
+    return batch_size // dp_size
 
 
 def build_optimizer(section: OptimizerSection, params: Iterable[torch.nn.Parameter]) -> Optimizer:

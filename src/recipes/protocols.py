@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -17,6 +17,7 @@ from recipes.data.reader import DataReader
 from units import EvalUnit
 
 BatchT = TypeVar("BatchT")
+BatchT_contra = TypeVar("BatchT_contra", contravariant=True)
 
 
 @dataclass
@@ -25,6 +26,18 @@ class Validation(Generic[BatchT]):
 
     unit: EvalUnit[BatchT]
     reader: DataReader[BatchT]
+
+
+@runtime_checkable
+class Predictor(Protocol[BatchT_contra]):
+    """An eval unit that can also say what it predicts, for ``python -m recipes predict``.
+
+    ``predict`` updates the unit's metrics as ``__call__`` does and returns one column per
+    output, one row per example of the batch (``label`` where the data has one, and ``score``,
+    by convention), so that one forward pass serves both.
+    """
+
+    def predict(self, batch: BatchT_contra) -> Mapping[str, torch.Tensor]: ...
 
 
 class ShardedStateful(Protocol):

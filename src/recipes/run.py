@@ -34,8 +34,9 @@ from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEar
 from recipes.errors import UserError
 from recipes.parallel import data_parallel
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
+from recipes.predictions import PredictionCollector, check_writable, write_predictions
 from recipes.profiler import Profiler
-from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer
+from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
 from recipes.recorders import (
     CompositeRecorder,
     ConsoleRecorder,
@@ -47,6 +48,13 @@ from recipes.recorders import (
 from recipes.registry import Preset, Recipe, find_preset, resolve_preset
 from recipes.rng import seed_everything
 from recipes.sections import RecipeConfig
+from recipes.sparse_tables import (
+    build_optimizer_with_tables,
+    find_sparse_tables,
+    refuse_features_without_tables,
+    report_sparse_tables,
+    sharded_state_with_tables,
+)
 from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -129,7 +137,7 @@ def train(spec: JobSpec) -> str:
         if job.config.checkpoint.start_over:
             resume_step = 0  # Hide the earlier run's curves too.
         checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
-        trainer, recorder = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
+        trainer, recorder, _ = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
         try:
             if loaded is not None:
                 resume(trainer, loaded, gangs)
@@ -141,23 +149,51 @@ def train(spec: JobSpec) -> str:
     return output_dir
 
 
-def evaluate(spec: JobSpec, checkpoint: str) -> dict[str, dict[str, float]]:
-    """Validate the model of a checkpoint of the output directory (``last``, ``best`` or a step)."""
+def evaluate(
+    spec: JobSpec, checkpoint: str, split: str = "valid", predictions_path: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Score the model of a checkpoint of the output directory (``last``, ``best`` or a step) on ``split``.
+
+    With ``predictions_path``, also write what the model predicts for every row of the split,
+    in input order, as CSV or Parquet.
+    """
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
+    if predictions_path is not None:
+        check_writable(predictions_path)
     with _job_gangs(job.config, output_dir) as gangs:
         manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
         step = _checkpoint_step(manager, checkpoint, output_dir)
-        trainer, recorder = build_trainer(
+        trainer, recorder, parts = build_trainer(
             job, gangs, output_dir, checkpointer=NOOP_CHECKPOINTER, resume_step=None, eval_only=True
         )
         try:
+            validations = _split_validations(parts, split, predictions_path is not None)
             loaded = manager.load(step, keys=["model"])
             trainer.load_model_state(loaded.shared_state["model"])
             trainer.load_sharded_state(rank_states_to_load(loaded, gangs)[1])
-            return trainer.validate_only(step)
+            collector = None if predictions_path is None else PredictionCollector()
+            results = trainer.validate_only(step, validations, collector)
+            if collector is not None:
+                columns = collector.gather(gangs.dp)
+                if columns is not None and gangs.root.rank == 0:
+                    write_predictions(predictions_path, columns)  # type: ignore[arg-type]
+            return results
         finally:
             recorder.close()
+
+
+def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> list[Validation[Any]] | None:
+    """What scores ``split``: the recipe's validations for ``valid`` (``None``), else its first eval unit
+    over the split's reader; to predict, one unit only."""
+    if not parts.validations:
+        raise UserError("The recipe has no eval unit (`RecipeParts.validations` is empty), so nothing can score.")
+    if split == "valid" and "valid" not in parts.splits:
+        return parts.validations[:1] if predicting else None
+    if split not in parts.splits:
+        known = sorted({"valid", *parts.splits})
+        raise UserError(f"`--split` must be a split the recipe has data for ({', '.join(known)}), but is '{split}'.")
+    return [Validation(parts.validations[0].unit, parts.splits[split])]
 
 
 def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
@@ -193,20 +229,26 @@ def build_trainer(
     checkpointer: Checkpointer,
     resume_step: int | None,
     eval_only: bool = False,
-) -> tuple[Trainer[Any], MetricRecorder]:
+) -> tuple[Trainer[Any], MetricRecorder, RecipeParts]:
     """The recipe's parts plus the standard ones, assembled into a Trainer."""
     config = job.config
     seed_everything(config.seed)
     device = gangs.root.device
     parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
+    tables = find_sparse_tables(parts.train_unit.model)
+    refuse_features_without_tables(tables)
+    sharded_state = sharded_state_with_tables(tables, parts.sharded_state)
     if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
-        initialize_from(parts.train_unit.model, parts.sharded_state, config.checkpoint)
+        initialize_from(parts.train_unit.model, sharded_state, config.checkpoint)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model
-    if parts.make_optimizer is not None:
-        optimizer = parts.make_optimizer(model)
-    else:
-        optimizer = build_optimizer(config.optimizer, model.parameters())
+    optimizer = build_optimizer_with_tables(
+        model, tables, lambda wrapped: build_optimizer(config.optimizer, wrapped.parameters()), parts.make_optimizer
+    )
+    report = report_sparse_tables(tables)
+    if gangs.root.rank == 0 and not eval_only:
+        for line in report:
+            print(line)
     try:
         lr_scheduler = build_lr_scheduler(config.lr_scheduler, optimizer, config.trainer.max_num_steps)
     except ValueError as ex:
@@ -238,7 +280,7 @@ def build_trainer(
             recorder=recorder,
             profiler=profiler,
             early_stopper=early_stopper,
-            sharded_state=parts.sharded_state,
+            sharded_state=sharded_state,
             checkpointer=checkpointer,
             checkpoint_every_n_steps=config.checkpoint.every_n_steps,
             checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
@@ -248,7 +290,7 @@ def build_trainer(
         raise
     if gangs.root.rank == 0 and resume_step is None and not eval_only:
         recorder.record_config(to_dict(config))
-    return trainer, recorder
+    return trainer, recorder, parts
 
 
 def build_recorder(

@@ -191,6 +191,19 @@ class GangSection:
 
 
 @dataclass
+class ValidationSection:
+    batch_size: int | None = None
+    """The global batch size of validation, ``eval`` and ``predict``; ``None``: the training one.
+    Every row is scored whatever it is, so it changes speed and memory, not the metrics."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.batch_size is None or self.batch_size >= 1,
+            f"`batch_size` must be >= 1, but is {self.batch_size} instead.",
+        )
+
+
+@dataclass
 class RecipeConfig:
     """The sections every recipe has. A recipe adds its own (``model``, ``dataset``, ...)."""
 
@@ -202,3 +215,4 @@ class RecipeConfig:
     profiler: ProfilerSection = field(default_factory=ProfilerSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     gang: GangSection = field(default_factory=GangSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)

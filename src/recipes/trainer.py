@@ -22,6 +22,7 @@ from gang import Gangs, ReduceOperation
 from recipes.data.reader import DataError, DataReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
 from recipes.errors import UserError, closest
+from recipes.evaluation import evaluate
 from recipes.parallel import (
     DenseGradients,
     gradient_sync,
@@ -31,6 +32,7 @@ from recipes.parallel import (
     optimizer_state,
     tensors_changed_by_step,
 )
+from recipes.predictions import PredictionCollector
 from recipes.profiler import Profiler
 from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, Validation
 from recipes.recorders import MetricRecorder
@@ -352,7 +354,7 @@ class Trainer(Generic[BatchT]):
         """Run every validation, record it, compute the score and consult the early stopper."""
         if not self._validations:
             return
-        results = self._run_validations(run_prefix="")
+        results = self._run_validations("")
         scores = {f"{name}/{metric}": value for name, values in results.items() for metric, value in values.items()}
         self._validated_step = self._step_nr
         self._last_score = self._score(scores)
@@ -361,32 +363,35 @@ class Trainer(Generic[BatchT]):
             log.info("Early stopping at step %d: the score stopped improving.", self._step_nr)
             self._early_stopped = True
 
-    def validate_only(self, step_nr: int) -> dict[str, dict[str, float]]:
-        """Validate the model as it is (``recipes eval``), recording under ``eval_<name>`` at ``step_nr``."""
-        self._step_nr = step_nr
-        return self._run_validations(run_prefix="eval_")
+    def validate_only(
+        self,
+        step_nr: int,
+        validations: Sequence[Validation[Any]] | None = None,
+        predictions: PredictionCollector | None = None,
+    ) -> dict[str, dict[str, float]]:
+        """Score the model as it is (``eval``, ``predict``), recording under ``eval_<name>`` at ``step_nr``.
 
-    def _run_validations(self, run_prefix: str) -> dict[str, dict[str, float]]:
+        ``validations`` default to the trainer's own (the ``valid`` split); ``predictions`` collects
+        what the (single) validation's unit predicts.
+        """
+        self._step_nr = step_nr
+        return self._run_validations("eval_", validations, predictions)
+
+    def _run_validations(
+        self,
+        run_prefix: str,
+        validations: Sequence[Validation[Any]] | None = None,
+        predictions: PredictionCollector | None = None,
+    ) -> dict[str, dict[str, float]]:
         results: dict[str, dict[str, float]] = {}
         self._unit.model.eval()
-        with torch.no_grad():
-            for validation in self._validations:
-                values = self._run_validation(validation)
-                results[validation.unit.name] = values
-                if self._gangs.root.rank == 0:
-                    self._recorder.record(run_prefix + validation.unit.name, self._step_nr, values)
+        for validation in self._validations if validations is None else validations:
+            values = evaluate(validation, self._autocast, predictions)
+            results[validation.unit.name] = values
+            if self._gangs.root.rank == 0:
+                self._recorder.record(run_prefix + validation.unit.name, self._step_nr, values)
         self._unit.model.train()
         return results
-
-    def _run_validation(self, validation: Validation[Any]) -> dict[str, float]:
-        for batches in validation.reader:
-            for batch in batches:
-                with self._autocast():
-                    validation.unit(batch)
-        validation.reader.reset()
-        values = validation.unit.metric_bag.compute()
-        validation.unit.metric_bag.reset()
-        return values
 
     def score_metric_names(self) -> list[str]:
         return [f"{v.unit.name}/{name}" for v in self._validations for name in v.unit.metric_bag]

@@ -1,7 +1,9 @@
 """Sharded collections over real gloo processes equal one process looking up the whole batch.
 
 Two spawned jobs share the checks: 2 ranks (table-wise, row-wise, replicated lookups, two update
-steps, saving) and 4 ranks (loading the 2-rank pieces into other placements, one more step).
+steps, saving) and 4 ranks (loading the 2-rank pieces into other placements, one more step). A
+third, on 2 ranks, gives one rank the whole batch and the other none, as the short last step of
+a reader that keeps every row does.
 """
 
 import os
@@ -18,6 +20,7 @@ from torch.multiprocessing.spawn import spawn as mp_spawn
 from embedding import (
     EmbeddingTableConfig,
     JaggedIds,
+    Placement,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
@@ -37,6 +40,7 @@ TABLES = [
 ]
 OPTIMIZER = SparseOptimizerConfig("rowwise_adagrad", lr=0.5)
 UNPOOLED_FEATURES = {name for table in TABLES if table.pooling == "none" for name in table.features}
+PLACEMENTS: list[Placement] = ["table_wise", "row_wise", "replicated"]
 
 
 def global_batch(step: int) -> tuple[SparseFeatures, dict[str, torch.Tensor]]:
@@ -67,6 +71,20 @@ def rank_batch(step: int, rank: int, world_size: int) -> tuple[SparseFeatures, d
         rows = slice(start, end) if name in UNPOOLED_FEATURES else slice(first, last)
         local_coefficients[name] = coefficients[name][rows]
     return SparseFeatures(local), local_coefficients
+
+
+def no_samples(features: SparseFeatures) -> SparseFeatures:
+    """Features of the same names and types as ``features`` for a batch of zero samples."""
+    return SparseFeatures(
+        {
+            name: JaggedIds(
+                jagged.ids[:0],
+                jagged.offsets[:1] - jagged.offsets[0],
+                None if jagged.weights is None else jagged.weights[:0],
+            )
+            for name, jagged in features.items()
+        }
+    )
 
 
 def train_step(
@@ -104,6 +122,28 @@ def run_4_ranks(gang: Gang, out: Path) -> None:
     torch.save({"outputs": outputs, "sparse": collection.sharded_state_dict()}, out / f"4_ranks_{gang.rank}.pt")
 
 
+def run_empty_batch(gang: Gang, out: Path) -> None:
+    """Per placement: step 1's batch looked up by each rank in turn while the other has none
+    (no grad, as validation does), then one update step with rank 1's batch empty."""
+    features, coefficients = global_batch(1)
+    saved: dict[str, Any] = {}
+    for placement in PLACEMENTS:
+        collection, optimizer = build(gang, [replace(table, placement=placement) for table in TABLES])
+        for full_rank in range(gang.size):
+            with torch.no_grad():
+                outputs = collection(features if gang.rank == full_rank else no_samples(features))
+            saved[f"{placement}/looked_up_by_{full_rank}"] = outputs
+        mine = features if gang.rank == 0 else no_samples(features)
+        outputs = collection(mine)
+        sum((outputs[name] * coefficients[name][: outputs[name].size(0)]).sum() for name in outputs).backward()
+        optimizer.step()
+        saved[f"{placement}/sparse"] = collection.sharded_state_dict()
+    torch.save(saved, out / f"empty_batch_{gang.rank}.pt")
+
+
+JOBS = {"2_ranks": run_2_ranks, "4_ranks": run_4_ranks, "empty_batch": run_empty_batch}
+
+
 def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -111,7 +151,7 @@ def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
     try:
         assert dist.group.WORLD is not None
         gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
-        (run_2_ranks if job == "2_ranks" else run_4_ranks)(gang, out)
+        JOBS[job](gang, out)
     finally:
         dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
@@ -166,3 +206,19 @@ def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) 
     assert_same_tables(assemble(loaded), after_two)
     assert_same_outputs([saved["outputs"] for saved in four], reference_outputs[2])
     assert_same_tables(assemble([saved["sparse"] for saved in four]), reference)
+
+
+@pytest.mark.slow
+def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path: Path) -> None:
+    spawn(2, "empty_batch", tmp_path)
+    saved = [torch.load(tmp_path / f"empty_batch_{rank}.pt", weights_only=True) for rank in range(2)]
+    reference, [expected] = single_process_reference(steps=1)
+
+    for placement in PLACEMENTS:
+        for full_rank in range(2):
+            outputs = [rank_saved[f"{placement}/looked_up_by_{full_rank}"] for rank_saved in saved]
+            for name, output in expected.items():
+                torch.testing.assert_close(outputs[full_rank][name], output, msg=f"{placement} {name}")
+                assert outputs[1 - full_rank][name].shape == (0, DIM), f"{placement} {name}"
+        # The update of a step whose samples are all on rank 0 is the update of one process.
+        assert_same_tables(assemble([rank_saved[f"{placement}/sparse"] for rank_saved in saved]), reference)

@@ -106,3 +106,22 @@ def test_fp16_loss_scaling_leaves_sparse_updates_as_in_full_precision(tmp_path: 
     half = train("ctr_tiny", tmp_path / "half", *common, "trainer.mixed_precision=fp16")
 
     assert abs(full - half) < 0.01
+
+
+CTR_METRICS = {"auc", "log_loss", "ne", "calibration", "pr_auc", "positive_rate", "accuracy"}
+
+
+@pytest.mark.parametrize("preset", ["movielens_small", "dlrm_criteo_tiny"])
+def test_the_click_recipes_record_every_ctr_metric_to_tensorboard_and_jsonl(tmp_path: Path, preset: str) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.console=false"]
+    assert main(["train", preset, "-o", str(tmp_path), *short]) == 0
+
+    lines = [json.loads(line) for line in (tmp_path / "metrics" / "valid.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [10, 20]
+    assert set(lines[-1]) >= CTR_METRICS
+    accumulator = EventAccumulator(str(tmp_path / "tb" / "valid"))
+    accumulator.Reload()
+    assert set(accumulator.Tags()["scalars"]) >= CTR_METRICS
+    assert 0 < lines[-1]["ne"] < 1.2 and 0.5 < lines[-1]["calibration"] < 2

@@ -59,6 +59,7 @@ class RegressionReader(InMemoryReader[Batch]):
             dp_size=context.gangs.dp.size,
             shuffle=shuffle,
             seed=context.config.seed,
+            drop_last=shuffle,  # validation scores every row, the last partial batch too
         )
 
 

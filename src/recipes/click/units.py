@@ -1,22 +1,31 @@
-"""Units for binary click prediction (BCE loss for training, AUC and log-loss for validation), and the
-parts a click-prediction recipe returns."""
+"""Units for binary click prediction (BCE loss for training; AUC, log loss, NE, calibration, PR-AUC and
+the positive rate for validation), and the parts a click-prediction recipe returns."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.functional import binary_cross_entropy_with_logits
-from torch.optim import Optimizer
 
-from embedding import CombinedOptimizer, ShardedEmbeddingCollection, SparseOptimizer
 from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataReader
-from recipes.models.embeddings import EmbeddingSection
-from recipes.parts import RecipeContext, RecipeParts, build_optimizer
-from recipes.protocols import ShardedStateful, Validation
-from units import BinaryAUC, EvalUnit, Mean, MetricBag, TrainUnit
+from recipes.parts import RecipeContext, RecipeParts
+from recipes.protocols import Validation
+from units import (
+    BinaryAUC,
+    BinaryAveragePrecision,
+    Calibration,
+    EvalUnit,
+    LogLoss,
+    Mean,
+    MetricBag,
+    NormalizedEntropy,
+    PositiveRate,
+    TrainUnit,
+)
 
 
 class CTRTrainUnit(TrainUnit[CTRBatch]):
@@ -31,59 +40,64 @@ class CTRTrainUnit(TrainUnit[CTRBatch]):
         batch = batch.to(self._device)
         logits = self.model(batch)
         loss = binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum")
-        correct = ((logits.detach() > 0).float() == batch.labels).float()
-        self.metric_bag["accuracy"].update(correct.mean(), weight=batch.batch_size)
+        num_correct = ((logits.detach() > 0).float() == batch.labels).sum()
+        self.metric_bag["accuracy"].update(num_correct / max(batch.batch_size, 1), weight=batch.batch_size)
         return loss, batch.batch_size
 
 
 class CTREvalUnit(EvalUnit[CTRBatch]):
-    """AUC, log-loss and accuracy of the click predictions."""
+    """The standard click-prediction metrics, each reduced exactly over the data-parallel ranks.
+
+    Every metric is updated on every batch, an empty one included (a rank may run out of rows
+    in the last step): a metric some rank never updated is left out of the results.
+    """
 
     def __init__(self, model: nn.Module, metric_bag: MetricBag, device: torch.device, name: str = "valid") -> None:
         super().__init__(model, metric_bag, name)
         self._device = device
         metric_bag.register("auc", BinaryAUC())
-        metric_bag.register("log_loss", Mean())
+        metric_bag.register("pr_auc", BinaryAveragePrecision())
+        metric_bag.register("log_loss", LogLoss())
+        metric_bag.register("ne", NormalizedEntropy())
+        metric_bag.register("calibration", Calibration())
+        metric_bag.register("positive_rate", PositiveRate())
         metric_bag.register("accuracy", Mean())
 
     def __call__(self, batch: CTRBatch) -> None:
+        self.predict(batch)
+
+    def predict(self, batch: CTRBatch) -> dict[str, torch.Tensor]:
+        """Update the metrics; the click label and predicted probability of every example."""
         batch = batch.to(self._device)
         logits = self.model(batch).float()
-        loss = binary_cross_entropy_with_logits(logits, batch.labels, reduction="mean")
-        self.metric_bag["auc"].update(torch.sigmoid(logits), batch.labels.long())
-        self.metric_bag["log_loss"].update(loss, weight=batch.batch_size)
-        self.metric_bag["accuracy"].update(
-            ((logits > 0).float() == batch.labels).float().mean(), weight=batch.batch_size
-        )
+        labels = batch.labels
+        probabilities = torch.sigmoid(logits)
+        self.metric_bag["auc"].update(probabilities, labels.long())
+        self.metric_bag["pr_auc"].update(probabilities, labels.long())
+        for name in ("log_loss", "ne", "calibration"):
+            self.metric_bag[name].update(logits, labels)
+        self.metric_bag["positive_rate"].update(labels)
+        num_correct = ((logits > 0).float() == labels).sum()
+        self.metric_bag["accuracy"].update(num_correct / max(batch.batch_size, 1), weight=batch.batch_size)
+        return {"label": labels, "score": probabilities}
 
 
 def click_prediction_parts(
     context: RecipeContext[Any],
     model: nn.Module,
-    embeddings: nn.Module,
-    embedding_section: EmbeddingSection,
     train_reader: DataReader[CTRBatch],
     valid_reader: DataReader[CTRBatch],
+    splits: Mapping[str, DataReader[CTRBatch]] | None = None,
 ) -> RecipeParts:
-    """The parts every built-in click-prediction recipe shares: BCE/AUC units, and an optimizer that
-    steps the dense layers with the ``optimizer`` section and sparse tables with their fused one."""
+    """The parts of a click-prediction recipe: BCE for training, AUC and friends for validation and
+    the further ``splits`` (such as ``test``) that ``eval`` and ``predict`` may score.
+
+    The framework finds the model's sparse tables itself and steps them beside the dense layers.
+    """
     dp, device = context.gangs.dp, context.device
-
-    def make_optimizer(wrapped: nn.Module) -> Optimizer:
-        dense = build_optimizer(context.config.optimizer, wrapped.parameters())
-        if isinstance(embeddings, ShardedEmbeddingCollection):
-            return CombinedOptimizer(dense, SparseOptimizer(embeddings, embedding_section.sparse_optimizer.to_config()))
-        return dense
-
-    # Dense tables are parameters of the model; sparse ones are checkpointed as sharded state.
-    sharded_state: dict[str, ShardedStateful] = {}
-    if isinstance(embeddings, ShardedEmbeddingCollection):
-        sharded_state["embeddings"] = embeddings
-
     return RecipeParts(
         train_unit=CTRTrainUnit(model, MetricBag(dp), device),
         train_reader=train_reader,
         validations=[Validation(CTREvalUnit(model, MetricBag(dp), device), valid_reader)],
-        make_optimizer=make_optimizer,
-        sharded_state=sharded_state,
+        splits=dict(splits or {}),
     )

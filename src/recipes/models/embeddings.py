@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizerConfig
+from embedding.sharding import init_rows
 from gang import Gang
 
 
@@ -61,11 +62,19 @@ class TableSpec:
 
 
 class DenseEmbeddingBags(nn.Module):
-    """One ``nn.EmbeddingBag`` per table, trained by the dense optimizer like any parameter."""
+    """One ``nn.EmbeddingBag`` per table, trained by the dense optimizer like any parameter.
 
-    def __init__(self, tables: Sequence[TableSpec], dim: int) -> None:
+    Each starts from the very values the sparse table of the same name and ``seed`` would
+    (not ``nn.EmbeddingBag``'s N(0, 1)), so the two backends compare on their updates alone.
+    """
+
+    def __init__(self, tables: Sequence[TableSpec], dim: int, seed: int = 0) -> None:
         super().__init__()
-        self.bags = nn.ModuleDict({t.name: nn.EmbeddingBag(t.num_rows, dim, mode=t.pooling) for t in tables})
+        self.bags = nn.ModuleDict()
+        for t in tables:
+            config = EmbeddingTableConfig(t.name, t.num_rows, dim, t.features, pooling=t.pooling)
+            initial = init_rows(config, 0, t.num_rows, seed, torch.device("cpu"))
+            self.bags[t.name] = nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
         self.table_of = {feature: t.name for t in tables for feature in t.features}
 
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
@@ -81,10 +90,10 @@ class DenseEmbeddingBags(nn.Module):
 def build_embeddings(section: EmbeddingSection, tables: Sequence[TableSpec], gang: Gang, seed: int) -> nn.Module:
     """The model's tables as the section asks; sparse tables are sharded over ``gang``."""
     if section.backend == "dense":
-        return DenseEmbeddingBags(tables, section.dim).to(gang.device)
+        return DenseEmbeddingBags(tables, section.dim, seed).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
         EmbeddingTableConfig(t.name, t.num_rows, section.dim, t.features, pooling=t.pooling, placement=placement)
         for t in tables
     ]
-    return ShardedEmbeddingCollection(configs, gang, seed=seed)
+    return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer.to_config())

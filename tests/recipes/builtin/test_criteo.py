@@ -15,6 +15,7 @@ from recipes.builtin.dlrm.criteo_synthetic import main as synthetic_main
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataError
+from recipes.data.sharding import window_permutation
 
 # Big enough that a hash of at most 8 hex digits is its own id.
 NO_FOLDING = 1 << 32
@@ -216,10 +217,11 @@ def test_window_boundaries_do_not_depend_on_the_read_chunk_size(tmp_path: Path) 
     assert read(1) == read(700) == read(1 << 20)
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("stop_after", [0, 1, 3, 4, 7])
 def test_resume_reads_exactly_the_rows_an_uninterrupted_run_reads(
-    tmp_path: Path, shuffle: bool, stop_after: int
+    tmp_path: Path, shuffle: bool, stop_after: int, drop_last: bool
 ) -> None:
     lines = [numbered_line(i) for i in range(90)]
     lines[13] = "malformed"
@@ -240,12 +242,16 @@ def test_resume_reads_exactly_the_rows_an_uninterrupted_run_reads(
             seed=5,
             read_chunk_bytes=500,
             max_malformed_rows=2,
+            drop_last=drop_last,
         )
 
     uninterrupted = reader()
     uninterrupted.reset()  # Resume within the second epoch, whose shuffle differs from the first's.
     expected = row_ids(read_all(uninterrupted))
-    assert len(expected) == 88 // 12
+    if drop_last:
+        assert len(expected) == 88 // 12
+    else:  # 88 rows in steps of 12: seven full steps, and four rows of which rank 1 gets two.
+        assert len(expected) == 8 and [len(batch) for batch in expected[-1]] == [1, 1]
 
     interrupted = reader()
     interrupted.reset()
@@ -305,3 +311,152 @@ def test_invalid_arguments_are_value_errors(tmp_path: Path) -> None:
         CriteoReader(path, batch_size=1, num_embeddings_per_feature=[10, 10])
     with pytest.raises(ValueError, match="`batch_size` must be at least 1"):
         CriteoReader(path, batch_size=0, num_embeddings_per_feature=10)
+
+
+def interleave(per_rank: list[list[int]]) -> list[int]:
+    """The epoch's order back from the ranks' reads: row ``p`` is rank ``p % dp``'s ``p // dp``-th."""
+    dp_size = len(per_rank)
+    return [per_rank[p % dp_size][p // dp_size] for p in range(sum(len(reads) for reads in per_rank))]
+
+
+def epoch_rows(steps: list[list[list[int]]]) -> list[int]:
+    return [i for step in steps for batch in step for i in batch]
+
+
+@pytest.mark.parametrize("num_accumulate", [1, 2])
+@pytest.mark.parametrize("dp_size", [1, 2, 3])
+def test_without_drop_last_the_ranks_read_every_row_once_in_file_order(
+    tmp_path: Path, dp_size: int, num_accumulate: int
+) -> None:
+    lines = [numbered_line(i) for i in range(101)]
+    lines[40] = "malformed"
+    path = write_lines(tmp_path / "day", lines)
+    expected = [i for i in range(101) if i != 40]
+
+    def read(rank: int) -> list[list[list[int]]]:
+        reader = CriteoReader(
+            path,
+            batch_size=4,
+            num_accumulate=num_accumulate,
+            dp_rank=rank,
+            dp_size=dp_size,
+            num_embeddings_per_feature=NO_FOLDING,
+            shuffle=False,
+            shuffle_buffer_size=30,  # Several windows; only the last holds a short step.
+            drop_last=False,
+        )
+        return row_ids(read_all(reader))
+
+    epochs = [read(rank) for rank in range(dp_size)]
+
+    num_steps = -(-len(expected) // (4 * num_accumulate * dp_size))
+    assert [len(steps) for steps in epochs] == [num_steps] * dp_size
+    assert all(len(step) == num_accumulate for steps in epochs for step in steps)
+    assert interleave([epoch_rows(steps) for steps in epochs]) == expected
+
+
+def test_without_drop_last_a_shuffled_epoch_is_its_windows_permutations_dealt_out(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(101)])
+
+    def read(rank: int) -> list[int]:
+        reader = CriteoReader(
+            path,
+            batch_size=4,
+            dp_rank=rank,
+            dp_size=3,
+            num_embeddings_per_feature=NO_FOLDING,
+            shuffle_buffer_size=30,
+            seed=9,
+            drop_last=False,
+        )
+        reader.reset()
+        return epoch_rows(row_ids(read_all(reader)))
+
+    order = interleave([read(rank) for rank in range(3)])
+
+    # Windows of 36 rows (30 rounded up to whole steps of 12): 36, 36 and the last 29.
+    windows = [np.arange(start, min(start + 36, 101)) for start in (0, 36, 72)]
+    expected = [int(i) for w, rows in enumerate(windows) for i in rows[window_permutation(len(rows), 9, 1, w)]]
+    assert order == expected
+
+
+def test_a_rank_the_short_last_step_does_not_reach_reads_a_valid_zero_row_batch(tmp_path: Path) -> None:
+    # 25 rows, steps of 3 ranks x 4: two full steps, then one row, for rank 0 only.
+    path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(25)])
+
+    def last_step(rank: int) -> list[CTRBatch]:
+        reader = CriteoReader(
+            path,
+            batch_size=4,
+            dp_rank=rank,
+            dp_size=3,
+            num_embeddings_per_feature=NO_FOLDING,
+            shuffle=False,
+            drop_last=False,
+        )
+        return read_all(reader)[-1]
+
+    last_steps = [last_step(rank) for rank in range(3)]
+
+    assert [[batch.batch_size for batch in step] for step in last_steps] == [[1], [0], [0]]
+    empty = last_steps[2][0]
+    assert empty.dense.shape == (0, 13) and empty.dense.dtype == torch.float32
+    assert empty.labels.shape == (0,) and empty.labels.dtype == torch.float32
+    assert list(empty.sparse) == list(SPARSE_FEATURE_NAMES)
+    for feature in empty.sparse.values():
+        assert feature.ids.shape == (0,) and feature.ids.dtype == torch.int64
+        assert feature.offsets.tolist() == [0] and feature.offsets.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "shuffle_buffer_size", "dropped"),
+    [
+        (103, 30, 7),  # Windows of 32 rows: the last read finds 7, no step.
+        (90, 64, 10),  # Windows of 64 rows: the last holds 26, one step and 10 dropped.
+    ],
+)
+def test_drop_last_logs_once_per_epoch_how_many_rows_it_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, num_rows: int, shuffle_buffer_size: int, dropped: int
+) -> None:
+    path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(num_rows)])
+
+    def reader() -> CriteoReader:
+        return CriteoReader(
+            path,
+            batch_size=4,
+            num_accumulate=2,
+            dp_rank=1,
+            dp_size=2,
+            num_embeddings_per_feature=NO_FOLDING,
+            shuffle_buffer_size=shuffle_buffer_size,
+        )
+
+    with caplog.at_level(logging.INFO, logger="recipes.builtin.dlrm.criteo"):
+        first = reader()
+        steps = read_all(first)
+        read_all(first)  # Past the end: nothing more to say.
+        first.reset()
+        read_all(first)
+        # A resume within the epoch's last window counts the rows that window drops.
+        interrupted = reader()
+        for _ in steps:
+            next(interrupted)
+        resumed = reader()
+        resumed.load_state_dict(interrupted.state_dict())
+        read_all(resumed)
+
+    assert len(steps) == num_rows // 16
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == [
+        f"Data epoch {epoch} dropped its last {dropped} rows" for epoch in (0, 1, 0)
+    ]
+    assert all(record.levelno == logging.INFO for record in caplog.records)
+
+
+def test_nothing_is_logged_without_drop_last(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(103)])
+    reader = CriteoReader(path, batch_size=4, dp_size=2, num_embeddings_per_feature=NO_FOLDING, drop_last=False)
+
+    with caplog.at_level(logging.INFO, logger="recipes.builtin.dlrm.criteo"):
+        assert sum(batch.batch_size for step in read_all(reader) for batch in step) == 52
+
+    assert caplog.records == []

@@ -1,4 +1,5 @@
-"""Readers sharded over two real gloo processes: each epoch covers every row exactly once."""
+"""Readers sharded over real gloo processes: each epoch covers every row exactly once, and without
+`drop_last` every row, in steps the ranks run in lockstep."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
-from gang import ProcessGroupGang
-from recipes.builtin.dlrm.criteo import CriteoReader
+from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
+from gang import FakeGang, ProcessGroupGang
+from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.movielens.reader import SPARSE_FEATURE_NAMES as MOVIELENS_FEATURES
 from recipes.builtin.movielens.reader import MovieLensReader, load_movielens
 from recipes.builtin.movielens.recipe import SHIPPED_DATA
+from recipes.click.batch import CTRBatch
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +85,7 @@ def test_two_ranks_read_every_row_once_per_epoch(tmp_path: Path) -> None:
     criteo_path.write_text("".join(numbered_line(i) + "\n" for i in range(NUM_ROWS)))
     results = mp.Manager().dict()
 
-    mp.spawn(worker, args=(free_port(), str(criteo_path), results), nprocs=2, join=True)
+    spawn(worker, args=(free_port(), str(criteo_path), results), nprocs=2, join=True)
 
     gathered = results[0]
     assert gathered == results[1]
@@ -97,3 +103,107 @@ def test_two_ranks_read_every_row_once_per_epoch(tmp_path: Path) -> None:
     assert rank_0[3] == rank_1[3] == len(pairs_0) == len(pairs_1)
     seen = [pair for batch in pairs_0 + pairs_1 for pair in batch]
     assert len(seen) == len(set(seen)), "no rating is read twice in an epoch"
+
+
+KEPT_ROWS = 193  # One row past whole steps on 2 and 3 ranks: the last step reaches rank 0 only.
+KEPT_RATINGS = 961  # Likewise for MovieLens' steps of 32 and 48 ratings.
+PLACEMENTS: list[Placement] = ["row_wise", "table_wise", "replicated"]
+
+
+def lookup_every_batch(gang: ProcessGroupGang, steps: list[list[CTRBatch]], tables: list[EmbeddingTableConfig]) -> None:
+    """Runs a sharded lookup of every micro-batch, as validation would: a rank with fewer steps
+    or micro-batches than the others would leave them waiting in an all-to-all."""
+    collection = ShardedEmbeddingCollection(tables, gang, seed=3)
+    reference = ShardedEmbeddingCollection(tables, FakeGang(), seed=3)
+    with torch.no_grad():
+        for step in steps:
+            for batch in step:
+                outputs, expected = collection(batch.sparse), reference(batch.sparse)
+                for name, output in expected.items():
+                    torch.testing.assert_close(outputs[name], output)
+                    assert outputs[name].shape == (batch.batch_size, 2)
+
+
+def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))  # type: ignore[arg-type]
+    try:
+        criteo = CriteoReader(
+            criteo_path,
+            batch_size=8,
+            num_accumulate=2,
+            num_embeddings_per_feature=4096,  # Above every hash of a numbered line: ids are hashes.
+            dp_rank=gang.rank,
+            dp_size=gang.size,
+            shuffle=False,
+            shuffle_buffer_size=64,
+            drop_last=False,
+        )
+        criteo_steps = list(criteo)
+        shared = EmbeddingTableConfig("shared", 4096, 2, SPARSE_FEATURE_NAMES, placement="row_wise")
+        lookup_every_batch(gang, criteo_steps, [shared])
+
+        data = load_movielens(SHIPPED_DATA)
+        movielens = MovieLensReader(
+            data,
+            np.arange(KEPT_RATINGS),
+            batch_size=16,
+            dp_rank=gang.rank,
+            dp_size=gang.size,
+            shuffle=False,
+            drop_last=False,
+        )
+        movielens_steps = list(movielens)
+        tables = [
+            EmbeddingTableConfig(name, data.vocab_sizes[name], 2, (name,), placement=placement)
+            for name, placement in zip(MOVIELENS_FEATURES, PLACEMENTS * 2)
+        ]
+        lookup_every_batch(gang, movielens_steps, tables)
+
+        results[rank] = gang.all_gather_object(
+            (
+                [[batch.sparse["cat_0"].ids.tolist() for batch in step] for step in criteo_steps],
+                [
+                    [list(zip(batch.sparse["user"].ids.tolist(), batch.sparse["movie"].ids.tolist())) for batch in step]
+                    for step in movielens_steps
+                ],
+            )
+        )
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def interleave(per_rank: list[list[Any]]) -> list[Any]:
+    """The epoch's order back from the ranks' reads: row ``p`` is rank ``p % dp``'s ``p // dp``-th."""
+    dp_size = len(per_rank)
+    return [per_rank[p % dp_size][p // dp_size] for p in range(sum(len(reads) for reads in per_rank))]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_without_drop_last_ranks_read_every_row_in_lockstep_and_in_input_order(tmp_path: Path, world_size: int) -> None:
+    criteo_path = tmp_path / "day_0.tsv"
+    criteo_path.write_text("".join(numbered_line(i) + "\n" for i in range(KEPT_ROWS)))
+    results = mp.Manager().dict()
+
+    spawn(keep_last_worker, args=(world_size, free_port(), str(criteo_path), results), nprocs=world_size)
+
+    per_rank = results[0]
+    criteo = [steps for steps, _ in per_rank]
+    movielens = [steps for _, steps in per_rank]
+    for steps, num_rows in ((criteo, KEPT_ROWS), (movielens, KEPT_RATINGS)):
+        # Both read global steps of 16 rows a rank (Criteo: 2 micro-batches of 8).
+        assert [len(rank_steps) for rank_steps in steps] == [-(-num_rows // (16 * world_size))] * world_size
+        last_step = [[len(batch) for batch in rank_steps[-1]] for rank_steps in steps]
+        assert sum(map(sum, last_step)) == 1 and last_step[0][0] == 1, "the last step holds one row, for rank 0"
+        assert all(size == 0 for sizes in last_step[1:] for size in sizes), "the other ranks read zero rows"
+
+    def flat(rank_steps: list[list[list[Any]]]) -> list[Any]:
+        return [row for step in rank_steps for batch in step for row in batch]
+
+    assert interleave([flat(rank_steps) for rank_steps in criteo]) == list(range(KEPT_ROWS))
+    data = load_movielens(SHIPPED_DATA)
+    expected = list(zip(data.users[:KEPT_RATINGS].tolist(), data.movies[:KEPT_RATINGS].tolist()))
+    assert interleave([flat(rank_steps) for rank_steps in movielens]) == expected

@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
+from typing import Literal
 
 import fsspec
 import numpy as np
 import pytest
 import torch
 
+from gang import FakeGang
 from recipes.builtin.movielens.reader import MovieLensData, MovieLensReader, load_movielens
 from recipes.builtin.movielens.recipe import SHIPPED_DATA
 from recipes.click.batch import CTRBatch
+from recipes.click.models import DLRM, CTRModel
 from recipes.data.reader import DataError
+from recipes.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 
 SHIPPED = Path(SHIPPED_DATA)
 
@@ -162,3 +167,143 @@ def test_resume_mid_epoch_reads_what_an_uninterrupted_run_reads(shipped: MovieLe
     assert head + rows_of(list(resumed)) == expected
     first_epoch = rows_of(list(reader()))
     assert (first_epoch != expected) == shuffle
+
+
+def rating_keys(steps: list[list[CTRBatch]]) -> list[int]:
+    """The ratings a rank read over an epoch, as (user, movie) keys, in the order it read them."""
+    return [key for step in rows_of(steps) for batch in step for key in batch]
+
+
+def interleave(per_rank: list[list[int]]) -> list[int]:
+    """The epoch's order back from the ranks' reads: rating ``p`` is rank ``p % dp``'s ``p // dp``-th."""
+    dp_size = len(per_rank)
+    return [per_rank[p % dp_size][p // dp_size] for p in range(sum(len(reads) for reads in per_rank))]
+
+
+def keys_of(data: MovieLensData, rows: np.ndarray) -> list[int]:
+    return [int(key) for key in data.users[rows] * 1_000_000 + data.movies[rows]]
+
+
+@pytest.mark.parametrize("num_accumulate", [1, 3])
+@pytest.mark.parametrize("dp_size", [1, 2, 3])
+def test_without_drop_last_the_ranks_read_every_rating_once_in_input_order(
+    shipped: MovieLensData, dp_size: int, num_accumulate: int
+) -> None:
+    rows = np.arange(7, 3000, 3)  # 998 ratings: no whole number of steps for any of the layouts.
+
+    readers = [
+        MovieLensReader(
+            shipped,
+            rows,
+            batch_size=16,
+            num_accumulate=num_accumulate,
+            dp_rank=rank,
+            dp_size=dp_size,
+            shuffle=False,
+            drop_last=False,
+        )
+        for rank in range(dp_size)
+    ]
+    epochs = [list(reader) for reader in readers]
+
+    num_steps = -(-len(rows) // (16 * num_accumulate * dp_size))
+    assert [len(steps) for steps in epochs] == [num_steps] * dp_size
+    assert {reader.num_steps_per_epoch for reader in readers} == {num_steps}
+    assert interleave([rating_keys(steps) for steps in epochs]) == keys_of(shipped, rows)
+
+
+@pytest.mark.parametrize("dp_size", [2, 3])
+def test_without_drop_last_a_shuffled_epoch_reads_every_rating_once(shipped: MovieLensData, dp_size: int) -> None:
+    rows = np.arange(1000)
+    readers = [
+        MovieLensReader(shipped, rows, batch_size=16, dp_rank=rank, dp_size=dp_size, seed=4, drop_last=False)
+        for rank in range(dp_size)
+    ]
+
+    keys = [key for reader in readers for key in rating_keys(list(reader))]
+
+    assert sorted(keys) == sorted(keys_of(shipped, rows))
+
+
+def test_a_rank_the_short_last_step_does_not_reach_reads_a_valid_zero_row_batch(shipped: MovieLensData) -> None:
+    # 961 ratings, steps of 3 ranks x 16: twenty full steps, then one rating, for rank 0 only.
+    readers = [
+        MovieLensReader(shipped, np.arange(961), batch_size=16, dp_rank=r, dp_size=3, shuffle=False, drop_last=False)
+        for r in range(3)
+    ]
+
+    last_batches = [list(reader)[-1] for reader in readers]
+
+    assert [[batch.batch_size for batch in step] for step in last_batches] == [[1], [0], [0]]
+    empty = last_batches[1][0]
+    assert empty.dense.shape == (0, 1) and empty.dense.dtype == torch.float32
+    assert empty.labels.shape == (0,) and empty.labels.dtype == torch.float32
+    assert set(empty.sparse) == {"user", "movie", "genres", "hour", "weekday", "year"}
+    for feature in empty.sparse.values():
+        assert feature.ids.shape == (0,) and feature.ids.dtype == torch.int64
+        assert feature.offsets.tolist() == [0] and feature.offsets.dtype == torch.int64
+
+
+@pytest.mark.parametrize("backend", ["sparse", "dense"])
+def test_the_click_models_score_a_zero_row_batch(shipped: MovieLensData, backend: Literal["sparse", "dense"]) -> None:
+    # One rating over two ranks: rank 1's one step has no row.
+    reader = MovieLensReader(shipped, np.arange(1), batch_size=2, dp_rank=1, dp_size=2, drop_last=False)
+    [[empty]] = list(reader)
+    assert empty.batch_size == 0
+
+    names = ["user", "movie", "genres", "hour", "weekday", "year"]
+    tables = [TableSpec(name, shipped.vocab_sizes[name], (name,)) for name in names]
+    section = EmbeddingSection(dim=4, backend=backend)
+    models = [
+        CTRModel(build_embeddings(section, tables, FakeGang(), seed=0), names, 4, 1, [8]),
+        DLRM(build_embeddings(section, tables, FakeGang(), seed=0), names, 1, 4, [8], [8]),
+    ]
+    for model in models:
+        with torch.no_grad():
+            assert model(empty).shape == (0,)
+        model(empty).sum().backward()  # A training step over no rows still runs.
+
+
+@pytest.mark.parametrize("stop_after", [0, 3, 12, 13])
+def test_without_drop_last_resume_mid_epoch_reads_what_an_uninterrupted_run_reads(
+    shipped: MovieLensData, stop_after: int
+) -> None:
+    def reader() -> MovieLensReader:
+        # 401 ratings, steps of 2 ranks x 2 x 8: twelve full steps and a short one of 17 ratings.
+        return MovieLensReader(
+            shipped, np.arange(500, 901), batch_size=8, num_accumulate=2, dp_rank=1, dp_size=2, drop_last=False
+        )
+
+    uninterrupted = reader()
+    uninterrupted.reset()
+    expected = rows_of(list(uninterrupted))
+
+    interrupted = reader()
+    interrupted.reset()
+    head = rows_of([next(interrupted) for _ in range(stop_after)])
+    resumed = reader()
+    resumed.load_state_dict(interrupted.state_dict())
+
+    assert head + rows_of(list(resumed)) == expected
+    assert [len(batch) for batch in expected[-1]] == [4, 4]
+
+
+def test_drop_last_logs_once_per_epoch_how_many_ratings_it_dropped(
+    shipped: MovieLensData, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 1000 ratings, steps of 2 ranks x 3 x 16: 40 dropped.
+    reader = MovieLensReader(shipped, np.arange(1000), batch_size=16, num_accumulate=3, dp_rank=0, dp_size=2)
+
+    with caplog.at_level(logging.INFO, logger="recipes.builtin.movielens.reader"):
+        list(reader)
+        list(reader)  # Past the end: nothing more to say.
+        reader.reset()
+        list(reader)
+        full = MovieLensReader(shipped, np.arange(960), batch_size=16, num_accumulate=3, dp_rank=0, dp_size=2)
+        list(full)
+
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == [
+        "Data epoch 0 dropped its last 40 rows",
+        "Data epoch 1 dropped its last 40 rows",
+    ]
+    assert all(record.levelno == logging.INFO for record in caplog.records)

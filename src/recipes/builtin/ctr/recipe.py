@@ -14,7 +14,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
@@ -83,5 +83,13 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
         dp_size=dp.size,
         seed=config.seed,
     )
-    valid_reader = InMemoryReader(valid.batch, len(valid), batch_size, dp_rank=dp.rank, dp_size=dp.size, shuffle=False)
-    return click_prediction_parts(context, model, embeddings, section, train_reader, valid_reader)
+    valid_reader = InMemoryReader(
+        valid.batch,
+        len(valid),
+        per_rank_eval_batch_size(config, data.batch_size, dp.size),
+        dp_rank=dp.rank,
+        dp_size=dp.size,
+        shuffle=False,
+        drop_last=False,
+    )
+    return click_prediction_parts(context, model, train_reader, valid_reader)

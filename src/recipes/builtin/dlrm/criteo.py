@@ -17,9 +17,16 @@ Choices worth knowing:
 - A categorical hash ``h`` becomes the id ``h % num_embeddings`` of its table; an empty one
   becomes the id 0 (which it shares with the hashes that are multiples of the table size).
 - Every rank reads and parses every line, so that all ranks agree, without communicating, on
-  which rows are well-formed and on where the epoch ends; it keeps only its own rows (see
-  ``recipes.data.sharding``). Rows that do not fill a whole global step at the end of an epoch
-  are dropped. For very large DP gangs, split the files per rank beforehand instead.
+  which rows are well-formed and on where the epoch ends; it keeps only its own rows. For very
+  large DP gangs, split the files per rank beforehand instead.
+- Rows are dealt to ranks as ``recipes.data.sharding`` says, a contract that whatever gathers
+  per-row outputs relies on: over an epoch, the ``p``-th row of the epoch's order (the files'
+  order without ``shuffle``) is rank ``p % dp_size``'s ``p // dp_size``-th.
+- Rows that do not fill a whole global step at the end of an epoch are dropped and counted in
+  the log (``drop_last=True``, for training), or served as a last, smaller step
+  (``drop_last=False``, for validation, which must score every row); a rank that step does not
+  reach reads batches of zero rows. Every window but the last is a whole number of steps, so
+  only the last window has such a tail.
 - A malformed line is logged and skipped; one more than ``max_malformed_rows`` in an epoch
   raises a ``DataError`` naming the file and the line.
 """
@@ -191,8 +198,9 @@ class CriteoReader(DataReader[CTRBatch]):
         seed: int = 0,
         max_malformed_rows: int = 100,
         read_chunk_bytes: int = 1 << 20,
+        drop_last: bool = True,
     ) -> None:
-        self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size)
+        self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size, drop_last)
         self._table_sizes = _table_sizes(num_embeddings_per_feature)
         for name, value, minimum in (
             ("shuffle_buffer_size", shuffle_buffer_size, 1),
@@ -220,6 +228,8 @@ class CriteoReader(DataReader[CTRBatch]):
         self._malformed_at_window_start = 0
         self._window_steps: list[list[CTRBatch]] = []
         self._steps_taken = 0
+        # Only the epoch's last window drops rows, so re-reading a window on resume recounts them.
+        self._dropped_rows = 0
         # The reading position, ahead of the committed one.
         self._seek(_START, malformed_rows=0)
 
@@ -234,8 +244,11 @@ class CriteoReader(DataReader[CTRBatch]):
 
     def __next__(self) -> list[CTRBatch]:
         while self._steps_taken == len(self._window_steps):
-            if self._exhausted or not self._read_window():
+            if self._exhausted:
+                raise StopIteration
+            if not self._read_window():
                 self._exhausted = True
+                self._layout.log_dropped_rows(logger, self._epoch, self._dropped_rows)
                 raise StopIteration
         self._steps_taken += 1
         return self._window_steps[self._steps_taken - 1]
@@ -273,7 +286,8 @@ class CriteoReader(DataReader[CTRBatch]):
         window_start, malformed_at_start = self._position, self._malformed_rows
         labels, dense, sparse = self._collect_rows(self._rows_per_window)
         step_rows = self._layout.rows_per_global_step
-        num_steps = len(labels) // step_rows
+        num_steps = self._layout.num_steps(len(labels))
+        self._dropped_rows += self._layout.num_dropped_rows(len(labels))
         if num_steps == 0:
             return False
         self._window_index += 1

@@ -16,7 +16,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
@@ -26,9 +26,11 @@ class CriteoDataSection:
     train_path: str | None = None
     """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
     valid_path: str | None = None
+    test_path: str | None = None
+    """Optional test day files, which ``eval``/``predict --split test`` score."""
     synthetic_rows: int | None = None
     """Instead of paths: write this many synthetic training rows (and a quarter as many for
-    validation) under ``OUTPUT_DIR/data`` and train on them."""
+    validation, and for test) under ``OUTPUT_DIR/data`` and train on them."""
     num_embeddings_per_feature: list[int] = field(default_factory=lambda: [100_000])
     """Hash sizes of the 26 categorical features: one value for all, or 26."""
     batch_size: int = 2048
@@ -64,7 +66,7 @@ class DLRMConfig(RecipeConfig):
 def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
     config, gangs = context.config, context.gangs
     data, section = config.dataset, config.model.embeddings
-    train_path, valid_path = _data_paths(context)
+    train_path, valid_path, test_path = _data_paths(context)
 
     sizes = data.num_embeddings_per_feature * (len(SPARSE_FEATURE_NAMES) // len(data.num_embeddings_per_feature))
     if config.model.shared_table:
@@ -83,31 +85,32 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
     ).to(context.device)
     tensor_parallel_mlp(model.top_mlp, gangs)
 
-    def reader(path: str, shuffle: bool, num_accumulate: int) -> CriteoReader:
+    def reader(path: str, train: bool) -> CriteoReader:
+        if train:
+            batch_size = per_rank_batch_size(data.batch_size, gangs.dp.size)
+        else:
+            batch_size = per_rank_eval_batch_size(config, data.batch_size, gangs.dp.size)
         return CriteoReader(
             path,
-            batch_size=per_rank_batch_size(data.batch_size, gangs.dp.size),
+            batch_size=batch_size,
             num_embeddings_per_feature=sizes,
-            num_accumulate=num_accumulate,
+            num_accumulate=config.trainer.grad_accumulation if train else 1,
             dp_rank=gangs.dp.rank,
             dp_size=gangs.dp.size,
-            shuffle=shuffle,
+            shuffle=train,
             shuffle_buffer_size=data.shuffle_buffer_size,
             seed=config.seed,
             max_malformed_rows=data.max_malformed_rows,
+            drop_last=train,
         )
 
+    splits = {} if test_path is None else {"test": reader(test_path, train=False)}
     return click_prediction_parts(
-        context,
-        model,
-        embeddings,
-        section,
-        reader(train_path, shuffle=True, num_accumulate=config.trainer.grad_accumulation),
-        reader(valid_path, shuffle=False, num_accumulate=1),
+        context, model, reader(train_path, train=True), reader(valid_path, train=False), splits
     )
 
 
-def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str]:
+def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str, str | None]:
     """The configured day files, or synthetic ones written (once, by rank 0) under ``OUTPUT_DIR/data``."""
     data = context.config.dataset
     if data.synthetic_rows is None:
@@ -116,15 +119,16 @@ def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str]:
                 "`dataset.train_path` and `dataset.valid_path` must name Criteo-format files "
                 "(or set `dataset.synthetic_rows`), but are not set."
             )
-        return data.train_path, data.valid_path
+        return data.train_path, data.valid_path, data.test_path
     folder = os.path.join(context.output_dir, "data")
-    train_path, valid_path = f"{folder}/train.tsv.gz", f"{folder}/valid.tsv.gz"
+    paths = {split: f"{folder}/{split}.tsv.gz" for split in ("train", "valid", "test")}
+    rows = {"train": data.synthetic_rows, "valid": data.synthetic_rows // 4, "test": data.synthetic_rows // 4}
     if context.gangs.root.rank == 0:
-        for path, num_rows, seed in ((train_path, data.synthetic_rows, 0), (valid_path, data.synthetic_rows // 4, 1)):
+        for seed, (split, path) in enumerate(paths.items()):
             if not os.path.exists(path):
                 os.makedirs(folder, exist_ok=True)
                 partial = path.replace(".tsv.gz", ".partial.tsv.gz")  # Complete or absent, like a checkpoint.
-                write_synthetic_criteo(partial, num_rows, seed=seed, model_seed=context.config.seed)
+                write_synthetic_criteo(partial, rows[split], seed=seed, model_seed=context.config.seed)
                 os.replace(partial, path)
     context.gangs.root.barrier()
-    return train_path, valid_path
+    return paths["train"], paths["valid"], paths["test"]

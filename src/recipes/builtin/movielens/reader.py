@@ -14,12 +14,14 @@
 
 The data set is small (about 100k ratings), so it is loaded whole; vocabulary sizes are read
 from the files, never assumed. The reader batches a split of it like ``recipes.data.sharding``
-says: same step count on every rank, the incomplete last step dropped.
+says: same step count on every rank; the incomplete last step dropped (training) or served as a
+smaller step (``drop_last=False``: validation scores every rating).
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +33,8 @@ import numpy.typing as npt
 from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.data.reader import DataError, DataReader
 from recipes.data.sharding import StepLayout
+
+logger = logging.getLogger(__name__)
 
 SPARSE_FEATURE_NAMES = ("user", "movie", "genres", "hour", "weekday", "year")
 NUM_DENSE_FEATURES = 1
@@ -175,7 +179,16 @@ def _parse(kind: type[int] | type[float], text: str, column: str, path: str, lin
 
 
 class MovieLensReader(DataReader[CTRBatch]):
-    """Serves the ratings ``rows`` (e.g. one split) of ``data``, reshuffled every epoch."""
+    """Serves the ratings ``rows`` (e.g. one split) of ``data``, reshuffled every epoch.
+
+    Rows are dealt to ranks as ``recipes.data.sharding`` says, a contract that whatever gathers
+    per-row outputs relies on: over an epoch, the ``p``-th rating of the epoch's order (``rows``
+    itself without ``shuffle``) is rank ``p % dp_size``'s ``p // dp_size``-th.
+
+    ``drop_last=True`` (training) drops the ratings that fill no whole global step and logs how
+    many when the epoch ends; ``drop_last=False`` (validation, which scores every rating) serves
+    them as a last, smaller step, in which a rank they do not reach reads batches of zero rows.
+    """
 
     def __init__(
         self,
@@ -188,13 +201,14 @@ class MovieLensReader(DataReader[CTRBatch]):
         dp_size: int = 1,
         shuffle: bool = True,
         seed: int = 0,
+        drop_last: bool = True,
     ) -> None:
         self._data = data
         self._rows = np.asarray(rows, dtype=np.int64)
-        self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size)
+        self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size, drop_last)
         self._shuffle = shuffle
         self._seed = seed
-        self._num_steps = len(self._rows) // self._layout.rows_per_global_step
+        self._num_steps = self._layout.num_steps(len(self._rows))
         first, last = int(data.timestamps.min()), int(data.timestamps.max())
         self._scaled_time = ((data.timestamps - first) / max(last - first, 1)).astype(np.float32)
         self._epoch = 0
@@ -210,9 +224,13 @@ class MovieLensReader(DataReader[CTRBatch]):
             self._order = self._rows[np.random.default_rng([self._seed, self._epoch]).permutation(len(self._rows))]
         else:
             self._order = self._rows
+        self._drop_logged = False
 
     def __next__(self) -> list[CTRBatch]:
         if self._step >= self._num_steps:
+            if not self._drop_logged:
+                self._drop_logged = True
+                self._layout.log_dropped_rows(logger, self._epoch, self._layout.num_dropped_rows(len(self._rows)))
             raise StopIteration
         step_rows = self._layout.rows_per_global_step
         global_rows = self._order[self._step * step_rows : (self._step + 1) * step_rows]

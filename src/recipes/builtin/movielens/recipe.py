@@ -19,7 +19,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
@@ -78,20 +78,21 @@ def build_movielens(context: RecipeContext[MovieLensConfig]) -> RecipeParts:
         tensor_parallel_mlp(model.mlp, gangs)
     model.to(context.device)
 
-    batch_size = per_rank_batch_size(data_section.batch_size, gangs.dp.size)
-
-    def reader(rows: npt.NDArray[np.int64], shuffle: bool, num_accumulate: int) -> MovieLensReader:
+    def reader(rows: npt.NDArray[np.int64], train: bool) -> MovieLensReader:
+        if train:
+            batch_size = per_rank_batch_size(data_section.batch_size, gangs.dp.size)
+        else:
+            batch_size = per_rank_eval_batch_size(config, data_section.batch_size, gangs.dp.size)
         return MovieLensReader(
             data,
             rows,
             batch_size=batch_size,
-            num_accumulate=num_accumulate,
+            num_accumulate=config.trainer.grad_accumulation if train else 1,
             dp_rank=gangs.dp.rank,
             dp_size=gangs.dp.size,
-            shuffle=shuffle,
+            shuffle=train,
             seed=config.seed,
+            drop_last=train,
         )
 
-    train_reader = reader(train_rows, shuffle=True, num_accumulate=config.trainer.grad_accumulation)
-    valid_reader = reader(valid_rows, shuffle=False, num_accumulate=1)
-    return click_prediction_parts(context, model, embeddings, section, train_reader, valid_reader)
+    return click_prediction_parts(context, model, reader(train_rows, train=True), reader(valid_rows, train=False))

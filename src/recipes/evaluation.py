@@ -1,0 +1,47 @@
+"""One pass of an eval unit over a reader: the same code scores validation during training,
+``eval`` and ``predict``, so their metrics agree to the last bit on the same model and rows."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from recipes.errors import UserError
+from recipes.predictions import PredictionCollector
+from recipes.protocols import Predictor, Validation
+
+Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def evaluate(
+    validation: Validation[Any], autocast: Autocast, predictions: PredictionCollector | None = None
+) -> dict[str, float]:
+    """Score every batch of one pass of ``validation.reader``; its metrics, reduced over the unit's gang.
+
+    With ``predictions``, the unit's ``predict`` runs instead of its call, and each step's outputs
+    are collected (every rank yields the same number of steps, some of them empty).
+    """
+    unit = validation.unit
+    if predictions is not None and not isinstance(unit, Predictor):
+        raise UserError(
+            f"The eval unit '{unit.name}' ({type(unit).__name__}) must have a `predict(batch)` method to write "
+            "predictions, but has none."
+        )
+    with torch.no_grad():
+        for batches in validation.reader:
+            outputs = []
+            for batch in batches:
+                with autocast():
+                    if predictions is None:
+                        unit(batch)
+                    else:
+                        outputs.append(unit.predict(batch))  # type: ignore[attr-defined]
+            if predictions is not None:
+                predictions.add_step(outputs)
+    validation.reader.reset()
+    values = unit.metric_bag.compute()
+    unit.metric_bag.reset()
+    return values
