@@ -1,4 +1,8 @@
-"""Throughput and memory of the Criteo reader against pandas.read_csv on the same file.
+"""Throughput and memory of the Criteo reader and the schema-driven tabular reader against pandas.read_csv.
+
+The tabular reader reads the same file through the ``criteo_kaggle`` schema (hashing the categorical
+text instead of parsing hex) and is compared with a *bare* ``pandas.read_csv`` (no conversion at all),
+the comparison issue 14 asks for.
 
 Both sides turn the same generated file into the same arrays: labels, the 13 integer features
 as ``log(max(x, 0) + 1)`` (empty: 0) in float32, and the 26 hex hashes as ``int(h, 16) % size``
@@ -27,6 +31,18 @@ import pandas as pd
 
 from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoReader
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recipes.tabular.reader import TabularReader
+from recipes.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
+
+CRITEO_SCHEMA = TabularDataSection(
+    format="tsv",
+    header=False,
+    quote_char=None,
+    column_names=["label", "I{1..13}", "C{1..26}"],
+    label=LabelColumn(column="label"),
+    dense=[DenseColumns(columns=["I{1..13}"], log=True)],
+    categorical=[CategoricalColumns(columns=["C{1..26}"], num_buckets=10_000_000)],
+)
 
 TABLE_SIZE = 10_000_000
 BATCH_SIZE = 4096
@@ -35,6 +51,15 @@ BATCH_SIZE = 4096
 def read_with_reader(path: str) -> int:
     reader = CriteoReader(path, batch_size=BATCH_SIZE, num_embeddings_per_feature=TABLE_SIZE, shuffle=False)
     return sum(batch.batch_size for step in reader for batch in step)
+
+
+def read_with_tabular(path: str) -> int:
+    reader = TabularReader(path, CRITEO_SCHEMA, batch_size=BATCH_SIZE, shuffle=False)
+    return sum(batch.batch_size for step in reader for batch in step)
+
+
+def read_with_bare_pandas(path: str) -> int:
+    return len(pd.read_csv(path, sep="\t", header=None))
 
 
 def read_with_pandas(path: str) -> int:
@@ -81,11 +106,10 @@ def main() -> None:
 
         reader_s, reader_rows = median_seconds(read_with_reader, big, args.repeats)
         pandas_s, pandas_rows = median_seconds(read_with_pandas, big, args.repeats)
-        memory = {
-            (name, path): peak_bytes(read, path) / 1e6
-            for name, read in (("reader", read_with_reader), ("pandas", read_with_pandas))
-            for path in (small, big)
-        }
+        tabular_s, tabular_rows = median_seconds(read_with_tabular, big, args.repeats)
+        bare_s, bare_rows = median_seconds(read_with_bare_pandas, big, args.repeats)
+        sides = (("reader", read_with_reader), ("pandas", read_with_pandas), ("tabular", read_with_tabular))
+        memory = {(name, path): peak_bytes(read, path) / 1e6 for name, read in sides for path in (small, big)}
 
     print(
         f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: {args.num_rows} rows, {size_mb:.0f} MB, "
@@ -93,17 +117,19 @@ def main() -> None:
     )
     print(f"| side | rows/s | median s | peak MB ({args.num_rows // 5} rows) | peak MB ({args.num_rows} rows) |")
     print("| --- | --- | --- | --- | --- |")
-    for name, seconds, rows in (
-        ("CriteoReader", reader_s, reader_rows),
-        ("pandas.read_csv", pandas_s, pandas_rows),
+    for name, key, seconds, rows in (
+        ("CriteoReader", "reader", reader_s, reader_rows),
+        ("pandas.read_csv + conversion", "pandas", pandas_s, pandas_rows),
+        ("TabularReader (criteo_kaggle schema)", "tabular", tabular_s, tabular_rows),
+        ("bare pandas.read_csv", None, bare_s, bare_rows),
     ):
-        key = "reader" if name == "CriteoReader" else "pandas"
-        peaks = f"{memory[key, small]:.0f} | {memory[key, big]:.0f}"
+        peaks = "- | -" if key is None else f"{memory[key, small]:.0f} | {memory[key, big]:.0f}"
         print(f"| {name} | {rows / seconds:,.0f} | {seconds:.2f} | {peaks} |")
     print(
         f"\nreader / pandas throughput: {(reader_rows / reader_s) / (pandas_rows / pandas_s):.2f}x "
         f"(the reader drops the last {pandas_rows - reader_rows} rows that fill no whole batch)"
     )
+    print(f"tabular / bare pandas throughput: {(tabular_rows / tabular_s) / (bare_rows / bare_s):.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 from checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     UnsafeCheckpointError,
 )
 from checkpoint.init_from import load_model_state_for_init
-from checkpoint.manager import CheckpointInfo, CheckpointManager, LoadedCheckpoint
+from checkpoint.loaded import CheckpointInfo, LoadedCheckpoint
+from checkpoint.manager import CheckpointManager
 from checkpoint.metadata import CheckpointMetadata, FileRecord
 from checkpoint.policy import CheckpointPolicy
 
@@ -18,6 +20,7 @@ __all__ = [
     "CheckpointMetadata",
     "CheckpointNotFoundError",
     "CheckpointPolicy",
+    "CheckpointWriteError",
     "CorruptCheckpointError",
     "FileRecord",
     "LoadedCheckpoint",

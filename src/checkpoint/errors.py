@@ -1,4 +1,9 @@
-"""Errors a user can cause with checkpoints; I/O failures are not wrapped and propagate as they are."""
+"""Errors a user can cause with checkpoints, and the one failure of the machine that a save reports itself.
+
+A failed write is a ``CheckpointWriteError`` (an ``OSError``, not a ``CheckpointError``): the
+CLI reports it as a runtime failure, since no change to the command would fix a full disk.
+Other I/O failures are not wrapped and propagate as they are.
+"""
 
 from __future__ import annotations
 
@@ -17,3 +22,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file holds objects that a weights-only load refuses, such as code to run."""
+
+
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (a full disk, a failing device): one line naming the path and the free space."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from checkpoint.errors import CheckpointError, CheckpointNotFoundError
-from checkpoint.manager import shared_file_name, shared_keys
+from checkpoint.loaded import shared_file_name, shared_keys
 from checkpoint.metadata import METADATA_FILE_NAME
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore

@@ -8,6 +8,10 @@ SHA-256, one stream per file, needs to keep up with ``torch.save``; and a reader
 the model reads only ``model.pt``. A synchronous save exchanges the file checksums over the
 gang; an asynchronous one runs no collective in its background thread (it would interleave with
 training's), so each rank leaves a done marker that rank 0's writer waits for.
+
+A damaged checkpoint (bad metadata, a missing, short or altered file) is never deleted: rank 0
+moves it aside, and a resume falls back to the newest intact one. A failed write (a full disk)
+ends the save with one ``CheckpointWriteError`` naming the path and the free space, on every rank.
 """
 
 from __future__ import annotations
@@ -18,94 +22,44 @@ import math
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 
-from checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from checkpoint.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from checkpoint.loaded import (
+    RANK_FILE_NAME,
+    CheckpointInfo,
+    LoadedCheckpoint,
+    rank_file_name,
+    read_file,
+    shared_file_name,
+    shared_keys,
+)
 from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
 from checkpoint.serialization import (
     TensorCopy,
     check_serializable,
     copy_tensors,
-    read_torch_file,
     stage_to_cpu,
     write_torch_file,
 )
-from checkpoint.store import CheckpointStore, Scan
+from checkpoint.store import CheckpointStore, Scan, basename
 from gang import Gang
 
 log = logging.getLogger(__name__)
 
-_RANK_FILE_NAME = re.compile(r"rank_\d+\.pt")
 _SHARED_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 # Two files at a time, each hashed on its own thread, keep two cores busy; the time of a save is
 # then bounded by its largest file (the optimizer state, for Adam twice the model).
 _FILES_AT_ONCE = 2
-
-
-def rank_file_name(rank: int) -> str:
-    return f"rank_{rank}.pt"
-
-
-def shared_file_name(key: str) -> str:
-    """The file holding ``{key: shared_state[key]}``."""
-    return f"{key}.pt"
-
-
-def shared_keys(metadata: CheckpointMetadata) -> list[str]:
-    """The top-level keys of a checkpoint's shared state, one per file."""
-    return [name.removesuffix(".pt") for name in metadata.files if not _RANK_FILE_NAME.fullmatch(name)]
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One committed checkpoint as ``python -m recipes checkpoints`` shows it."""
-
-    step: int
-    path: str
-    score: float | None
-    size_bytes: int
-    resumable: bool
-    kept_by: tuple[str, ...]
-    """The policy rules that keep this checkpoint at the next prune."""
-    is_best: bool
-
-
-class LoadedCheckpoint:
-    """A verified checkpoint: its metadata, the shared state (all its files), and each old rank's state on demand.
-
-    The run that saved it may have had another number of ranks than the one loading it, so any
-    rank can read any old rank's state.
-    """
-
-    def __init__(self, store: CheckpointStore, metadata: CheckpointMetadata, shared_state: dict[str, Any]) -> None:
-        self._store = store
-        self.metadata = metadata
-        self.shared_state = shared_state
-
-    @property
-    def step(self) -> int:
-        return self.metadata.step
-
-    @property
-    def num_ranks(self) -> int:
-        """How many ranks saved this checkpoint; ``load_rank_state`` reads any of theirs."""
-        return self.metadata.world_size
-
-    def load_rank_state(self, old_rank: int) -> dict[str, Any]:
-        if not 0 <= old_rank < self.num_ranks:
-            raise CheckpointError(
-                f"`old_rank` must be in [0, {self.num_ranks}) for the checkpoint of step {self.step}, "
-                f"but is {old_rank} instead."
-            )
-        return _read_file(self._store, self.metadata, rank_file_name(old_rank))
 
 
 @dataclass
@@ -238,7 +192,7 @@ class CheckpointManager:
         self._pending = None
         error = future.exception()
         outcomes = self._gang.all_gather_object(_describe(error))
-        self._raise_if_failed(job.step, error, outcomes)
+        self._raise_if_failed(job.step, error, outcomes, job.temp_dir)
 
     def load(self, step: int, keys: Sequence[str] | None = None) -> LoadedCheckpoint:
         """Load the checkpoint of ``step``, verifying every file it reads against its checksum.
@@ -262,7 +216,7 @@ class CheckpointManager:
             )
         shared_files = [shared_file_name(key) for key in (available if keys is None else keys)]
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-reader") as readers:
-            parts = list(readers.map(partial(_read_file, self._store, metadata), shared_files))
+            parts = list(readers.map(partial(read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}
         return LoadedCheckpoint(self._store, metadata, shared_state)
 
@@ -283,9 +237,63 @@ class CheckpointManager:
             for step, metadata in committed.items()
         ]
 
+    def list_damaged(self) -> list[CheckpointInfo]:
+        """The damaged checkpoints: those moved aside, with the reason noted then, and those not moved yet
+        (seen by a reader that does not clean up, or on another rank)."""
+        self._scan()  # Rank 0 of the run moves what it finds damaged aside first.
+        scan = self._store.scan()
+        found = [(path, self._store.damage_note(path)) for path in scan.set_aside]
+        found += [(damaged.path, damaged.reason) for damaged in scan.damaged]
+        return [
+            CheckpointInfo(
+                step=int(basename(path)[len("step_") :].split(".")[0]),
+                path=path,
+                score=None,
+                size_bytes=self._size_on_disk(path),
+                resumable=False,
+                kept_by=(),
+                is_best=False,
+                damage=reason,
+            )
+            for path, reason in found
+        ]
+
     def last_resumable_step(self) -> int | None:
         resumable = [step for step, metadata in self._scan().committed.items() if metadata.resumable]
         return max(resumable, default=None)
+
+    def load_newest_intact(self) -> LoadedCheckpoint | None:
+        """The newest resumable checkpoint whose files all check out, the same on every rank (collective).
+
+        A damaged one is moved aside by rank 0 and the next older one is tried: training resumes
+        from what is intact, and the damaged files stay for a person to look at. Each rank reads
+        every shared file and the rank files ``k`` with ``k % size == rank``: between them the ranks
+        check every file once, and in the layout that saved it each reads exactly its own.
+        """
+        committed = self._scan().committed
+        candidates = [step for step, metadata in sorted(committed.items(), reverse=True) if metadata.resumable]
+        for step in self._gang.broadcast_object(candidates):
+            loaded: LoadedCheckpoint | None = None
+            error: Exception | None = None
+            try:
+                loaded = self.load(step)
+                loaded.verify_rank_files(range(self._gang.rank, loaded.num_ranks, self._gang.size))
+            except Exception as ex:
+                error = ex
+            outcomes = self._gang.all_gather_object(_classify(error))
+            if not any(message for _, message in outcomes):
+                assert loaded is not None
+                return loaded
+            if error is not None and not isinstance(error, CorruptCheckpointError):
+                raise error
+            for rank, (kind, message) in enumerate(outcomes):
+                if kind != "damaged" and message is not None:
+                    error_type = CheckpointError if kind == "user" else RuntimeError
+                    raise error_type(f"Rank {rank} could not load the checkpoint of step {step}: {message}")
+            if self._gang.rank == 0:
+                reasons = dict.fromkeys(message for _, message in outcomes if message is not None)
+                self._store.move_aside(self._store.step_dir(step), "; ".join(reasons))
+        return None
 
     def best_step(self) -> int | None:
         """The step of the best-scored checkpoint, by the policy's ``lower_better``; None without scores."""
@@ -312,7 +320,7 @@ class CheckpointManager:
         is_writer = self._gang.rank == 0
         if is_writer:
             for key in shared_state:
-                if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or _RANK_FILE_NAME.fullmatch(f"{key}.pt"):
+                if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or RANK_FILE_NAME.fullmatch(f"{key}.pt"):
                     raise CheckpointError(
                         "The keys of `shared_state` name its files, so they must be letters, digits, '_' and '-' "
                         f"(not rank_N), but one is {key!r} instead."
@@ -332,17 +340,22 @@ class CheckpointManager:
 
     def _write_own_files(self, job: _SaveJob) -> dict[str, FileRecord]:
         fs = self._store.fs
-        fs.makedirs(job.temp_dir, exist_ok=True)
+        with self._reporting_write_failure(job.step, job.temp_dir):
+            fs.makedirs(job.temp_dir, exist_ok=True)
         files: dict[str, Mapping[str, Any]] = {rank_file_name(self._gang.rank): job.rank_state}
         if job.shared_state is not None:
             files.update({shared_file_name(key): {key: value} for key, value in job.shared_state.items()})
         largest_first = sorted(files, key=lambda name: _num_bytes(files[name]), reverse=True)
+        records: dict[str, FileRecord] = {}
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-file") as writers:
             futures = {
                 name: writers.submit(write_torch_file, fs, f"{job.temp_dir}/{name}", files[name])
                 for name in largest_first
             }
-            return {name: future.result() for name, future in futures.items()}
+            for name, future in futures.items():
+                with self._reporting_write_failure(job.step, f"{job.temp_dir}/{name}"):
+                    records[name] = future.result()
+        return records
 
     def _save_blocking(self, job: _SaveJob) -> None:
         records: dict[str, FileRecord] = {}
@@ -352,7 +365,7 @@ class CheckpointManager:
         except Exception as ex:
             error = ex
         outcomes = self._gang.all_gather_object((records, _describe(error)))
-        self._raise_if_failed(job.step, error, [message for _, message in outcomes])
+        self._raise_if_failed(job.step, error, [message for _, message in outcomes], job.temp_dir)
         if self._gang.rank == 0:
             try:
                 all_records = {name: record for rank_records, _ in outcomes for name, record in rank_records.items()}
@@ -360,7 +373,7 @@ class CheckpointManager:
             except Exception as ex:
                 error = ex
         # Doubles as the barrier after which every rank sees the committed checkpoint.
-        self._raise_if_failed(job.step, error, self._gang.all_gather_object(_describe(error)))
+        self._raise_if_failed(job.step, error, self._gang.all_gather_object(_describe(error)), job.temp_dir)
 
     def _save_in_background(self, job: _SaveJob) -> None:
         try:
@@ -368,11 +381,27 @@ class CheckpointManager:
         finally:
             job.pending_copies = []  # Holds the caller's live tensors.
             job.staged.set()
-        records = self._write_own_files(job)
-        self._store.write_done_marker(job.temp_dir, self._gang.rank, records)
+        try:
+            records = self._write_own_files(job)
+            with self._reporting_write_failure(job.step, job.temp_dir):
+                self._store.write_done_marker(job.temp_dir, self._gang.rank, records)
+        except Exception as ex:
+            if self._gang.rank != 0:  # Rank 0 waits for this rank's files; it need not wait any longer.
+                self._store.write_failure_marker(job.temp_dir, self._gang.rank, str(_describe(ex)))
+            raise
         if self._gang.rank == 0:
             all_records = self._store.wait_for_done_markers(job.temp_dir, self._gang.size, self._done_marker_timeout_s)
             self._commit_and_prune(job, all_records)
+
+    @contextmanager
+    def _reporting_write_failure(self, step: int, path: str) -> Iterator[None]:
+        """Turn an ``OSError`` of writing ``path`` into the one line that says where and how much space is left."""
+        try:
+            yield
+        except CheckpointWriteError:
+            raise
+        except OSError as ex:
+            raise self._store.write_error(step, path, ex) from ex
 
     def _commit_and_prune(self, job: _SaveJob, records: Mapping[str, FileRecord]) -> None:
         metadata = CheckpointMetadata(
@@ -386,7 +415,8 @@ class CheckpointManager:
             files=records,
             extras=job.extras,
         )
-        self._store.commit(job.temp_dir, metadata, job.save_id)
+        with self._reporting_write_failure(job.step, self._store.step_dir(job.step)):
+            self._store.commit(job.temp_dir, metadata, job.save_id)
         log.info("Saved the checkpoint of step %d to %s.", job.step, self._store.step_dir(job.step))
         committed = self._scan().committed
         for step, reasons in self._policy.reasons_to_keep(list(committed.values())).items():
@@ -395,29 +425,65 @@ class CheckpointManager:
                 self._store.remove(self._store.step_dir(step))
 
     def _scan(self) -> Scan:
-        """List the root; rank 0 also deletes unfinished or broken directories, except a pending save's
-        (unless ``clean_up`` is off)."""
+        """List the root. Rank 0 of the run (``clean_up``) also deletes its own unfinished directories
+        and moves damaged checkpoints aside, except a pending save's directories."""
         with self._scan_lock:
             scan = self._store.scan()
-            if self._clean_up and self._gang.rank == 0 and scan.leftovers:
+            if self._clean_up and self._gang.rank == 0 and (scan.leftovers or scan.damaged):
                 in_flight = set()
                 if self._pending is not None:
                     job = self._pending[0]
-                    in_flight = {job.temp_dir, self._store.step_dir(job.step)}
+                    step_dir = self._store.step_dir(job.step)
+                    in_flight = {job.temp_dir, step_dir, f"{step_dir}.old-{job.save_id}"}
                 self._store.clean(scan.leftovers, keep=in_flight)
+                for damaged in scan.damaged:
+                    if damaged.path not in in_flight:
+                        self._store.move_aside(damaged.path, damaged.reason)
             return scan
 
-    def _raise_if_failed(self, step: int, own_error: BaseException | None, messages: list[str | None]) -> None:
-        """Raise this rank's own error, or a summary of another rank's, so that all ranks fail together."""
+    def _raise_if_failed(
+        self, step: int, own_error: BaseException | None, messages: list[str | None], temp_dir: str | None = None
+    ) -> None:
+        """Raise this rank's own error, or a summary of another rank's, so that all ranks fail together.
+
+        Rank 0 first deletes the failed save's temporary directory (every rank is done with it
+        by now): on a full disk, its partial files hold the space the user needs back.
+        """
+        if own_error is None and not any(messages):
+            return
+        if temp_dir is not None and self._gang.rank == 0:
+            self._discard(temp_dir)
         if own_error is not None:
             raise own_error
         for rank, message in enumerate(messages):
             if message is not None:
                 raise RuntimeError(f"Rank {rank} failed to save the checkpoint of step {step}: {message}")
 
+    def _discard(self, temp_dir: str) -> None:
+        try:
+            if self._store.fs.exists(temp_dir):
+                self._store.fs.rm(temp_dir, recursive=True)
+        except OSError as ex:
+            log.warning("Could not delete %s, left by a failed save: %s", temp_dir, ex)
+
+    def _size_on_disk(self, path: str) -> int:
+        try:
+            return int(self._store.fs.du(path))
+        except OSError:
+            return 0
+
 
 def _describe(error: BaseException | None) -> str | None:
     return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _classify(error: BaseException | None) -> tuple[str, str | None]:
+    """What kind of failure a rank met loading a checkpoint (damage, a user's error, any other), and its message."""
+    if error is None:
+        return "ok", None
+    if isinstance(error, CorruptCheckpointError):
+        return "damaged", str(error)
+    return ("user" if isinstance(error, CheckpointError) else "failure"), _describe(error)
 
 
 def _num_bytes(value: Any) -> int:
@@ -428,13 +494,3 @@ def _num_bytes(value: Any) -> int:
     if isinstance(value, list | tuple):
         return sum(_num_bytes(item) for item in value)
     return 0
-
-
-def _read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: str) -> dict[str, Any]:
-    step_dir = store.step_dir(metadata.step)
-    record = metadata.files.get(file_name)
-    if record is None:
-        raise CheckpointError(
-            f"The checkpoint of step {metadata.step} in {step_dir} must list {file_name}, but does not."
-        )
-    return read_torch_file(store.fs, f"{step_dir}/{file_name}", record)

@@ -48,9 +48,15 @@ class _HashingWriter:
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-sha256")
         self._small: bytearray = bytearray()
         self.size = 0
+        self.write_error: OSError | None = None
+        """The failure of the file's own ``write``, which ``torch.save`` reports only as "unexpected pos"."""
 
     def write(self, chunk: bytes | memoryview) -> int:
-        self._file.write(chunk)
+        try:
+            self._file.write(chunk)
+        except OSError as ex:
+            self.write_error = ex
+            raise
         length = len(chunk)
         self.size += length
         if length < _HASH_BATCH_BYTES:
@@ -113,10 +119,20 @@ def _check_value(value: Any, where: str) -> None:
 
 
 def write_torch_file(fs: AbstractFileSystem, path: str, state: Mapping[str, Any]) -> FileRecord:
-    """Save ``state`` to ``path`` and return the record of the bytes written."""
-    with fs.open(path, "wb") as file, _zip_crc32_disabled(), _HashingWriter(file) as writer:
-        torch.save(state, writer)  # type: ignore[arg-type]  # Any object with write() will do.
-        sha256 = writer.finish()
+    """Save ``state`` to ``path`` and return the record of the bytes written.
+
+    A failed write (a full disk) raises its own ``OSError``: torch's writer replaces it with a
+    ``RuntimeError`` about zip positions that says nothing of the disk.
+    """
+    writer: _HashingWriter | None = None
+    try:
+        with fs.open(path, "wb") as file, _zip_crc32_disabled(), _HashingWriter(file) as writer:
+            torch.save(state, writer)  # type: ignore[arg-type]  # Any object with write() will do.
+            sha256 = writer.finish()
+    except RuntimeError:
+        if writer is not None and writer.write_error is not None:
+            raise writer.write_error from None
+        raise
     return FileRecord(size=writer.size, sha256=sha256)
 
 

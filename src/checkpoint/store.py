@@ -5,19 +5,28 @@ Layout under the root::
     step_N/                  a committed checkpoint: metadata.json + the files it lists
     step_N.tmp-<save id>/    a save in progress (or one that died): never loaded
     step_N.old-<save id>/    a checkpoint being replaced by a new save of the same step
+    step_N.damaged[-K]/      a damaged checkpoint moved aside, with why_damaged.txt: never
+                             loaded, never deleted
 
 A checkpoint is committed in one of two ways. On local disk the whole directory, metadata
 included, is renamed from its temporary name, which POSIX makes atomic. Object stores and
 ``memory://`` have no atomic directory rename, so the data files are moved into ``step_N/``
 first and ``metadata.json`` is written last: its presence is the commit.
+
+A ``step_N/`` without valid metadata is either the manager's own unfinished work (a commit or
+a removal cut short, which leaves the ``.unfinished`` marker in it first) or damage done to it
+from outside. Only the former is deleted; damage is moved aside, since the files that are left
+may be what a person needs to recover a run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,13 +34,20 @@ from dataclasses import dataclass
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from checkpoint.errors import CheckpointError
+from checkpoint.errors import CheckpointError, CheckpointWriteError
 from checkpoint.metadata import METADATA_FILE_NAME, CheckpointMetadata, FileRecord
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 _UNFINISHED_DIR = re.compile(r"step_\d+\.(tmp|old)-[0-9a-f]+")
+_REPLACED_DIR = re.compile(r"(step_\d+)\.old-[0-9a-f]+")
+_DAMAGED_DIR = re.compile(r"step_(\d+)\.damaged(-\d+)?")
+
+UNFINISHED_MARKER = ".unfinished"
+"""Put into a ``step_N/`` before the manager fills it (without atomic rename) or empties it."""
+
+DAMAGE_NOTE = "why_damaged.txt"
 
 
 @dataclass(frozen=True)
@@ -44,10 +60,17 @@ class Leftover:
 
 @dataclass(frozen=True)
 class Scan:
-    """What a listing of the root found: committed checkpoints by step, and leftovers to clean."""
+    """What a listing of the root found.
+
+    ``leftovers`` are the manager's own unfinished directories, safe to delete; ``damaged`` are
+    ``step_N/`` directories that are not valid checkpoints, to move aside; ``set_aside`` are the
+    paths of those moved aside earlier.
+    """
 
     committed: Mapping[int, CheckpointMetadata]
     leftovers: Sequence[Leftover]
+    damaged: Sequence[Leftover] = ()
+    set_aside: Sequence[str] = ()
 
 
 def basename(path: str) -> str:
@@ -78,6 +101,8 @@ class CheckpointStore:
         """
         committed: dict[int, CheckpointMetadata] = {}
         leftovers: list[Leftover] = []
+        damaged: list[Leftover] = []
+        set_aside: list[str] = []
         if not self.fs.isdir(self.root):
             return Scan(committed, leftovers)
         for entry in self.fs.ls(self.root, detail=True):
@@ -87,24 +112,31 @@ class CheckpointStore:
             name = basename(path)
             if _UNFINISHED_DIR.fullmatch(name):
                 leftovers.append(Leftover(path, "an unfinished save"))
+            elif _DAMAGED_DIR.fullmatch(name):
+                set_aside.append(path)
             elif match := _STEP_DIR.fullmatch(name):
-                problem = self._check_step_dir(path, int(match.group(1)))
-                if isinstance(problem, str):
-                    leftovers.append(Leftover(path, problem))
-                else:
-                    committed[problem.step] = problem
-        return Scan(dict(sorted(committed.items())), leftovers)
+                found = self._check_step_dir(path, int(match.group(1)))
+                if isinstance(found, CheckpointMetadata):
+                    committed[found.step] = found
+                elif isinstance(found, Leftover):
+                    leftovers.append(found)
+                elif found is not None:
+                    damaged.append(Leftover(path, found))
+        return Scan(dict(sorted(committed.items())), leftovers, damaged, set_aside)
 
-    def _check_step_dir(self, path: str, step: int) -> CheckpointMetadata | str:
-        """The metadata of the checkpoint at ``path``, or why it is not a committed checkpoint."""
+    def _check_step_dir(self, path: str, step: int) -> CheckpointMetadata | Leftover | str | None:
+        """The metadata of the checkpoint at ``path``; a ``Leftover`` of the manager's own; why it is
+        damaged; or None when it vanished while being listed (pruned by rank 0, seen from another rank)."""
         try:
             entries = self.fs.ls(path, detail=True)
             sizes = {basename(e["name"]): e["size"] for e in entries if e["type"] == "file"}
             if METADATA_FILE_NAME not in sizes:
-                return f"no {METADATA_FILE_NAME} (the save never committed)"
+                if UNFINISHED_MARKER in sizes:
+                    return Leftover(path, "a save or removal cut short")
+                return f"it has no {METADATA_FILE_NAME}"
             metadata = self.read_metadata(path)
         except FileNotFoundError:
-            return "it was deleted while being listed"  # By rank 0's pruning, seen from another rank.
+            return None
         except CheckpointError as ex:
             return str(ex)
         if metadata.step != step:
@@ -127,6 +159,8 @@ class CheckpointStore:
         """Make the checkpoint written to ``temp_dir`` visible as ``step_N/``, replacing any older one."""
         final_dir = self.step_dir(metadata.step)
         replaced = f"{final_dir}.old-{save_id}"
+        if self.has_atomic_rename:
+            self.fs.pipe_file(f"{temp_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
         if self.fs.exists(final_dir):
             log.warning("Replacing the existing checkpoint %s with a new save of the same step.", final_dir)
             if self.has_atomic_rename:
@@ -134,36 +168,123 @@ class CheckpointStore:
             else:
                 self.remove(final_dir)
         if self.has_atomic_rename:
-            self.fs.pipe_file(f"{temp_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
             os.rename(temp_dir, final_dir)
             if self.fs.exists(replaced):
                 self.fs.rm(replaced, recursive=True)
         else:
             self.fs.makedirs(final_dir, exist_ok=True)
+            self.fs.pipe_file(f"{final_dir}/{UNFINISHED_MARKER}", b"")
             for file_name in metadata.files:
                 self.fs.mv(f"{temp_dir}/{file_name}", f"{final_dir}/{file_name}")
             self.fs.pipe_file(f"{final_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
+            self.fs.rm(f"{final_dir}/{UNFINISHED_MARKER}")
             self.fs.rm(temp_dir, recursive=True)
 
     def remove(self, step_dir: str) -> None:
-        """Delete a checkpoint directory, its metadata first, so that a half-deleted one is never loaded."""
+        """Delete a checkpoint directory of the manager's own (see ``begin_removal``)."""
+        self.begin_removal(step_dir)
+        self.fs.rm(step_dir, recursive=True)
+
+    def begin_removal(self, step_dir: str) -> None:
+        """Mark ``step_dir`` as the manager's and take its metadata out, before deleting the rest.
+
+        Without its metadata a half-deleted checkpoint is never loaded; with the marker, it is
+        deleted at the next start rather than taken for a damaged checkpoint and kept forever.
+        """
+        with contextlib.suppress(OSError):  # On a full disk, go on: removing is how the space comes back.
+            self.fs.pipe_file(f"{step_dir}/{UNFINISHED_MARKER}", b"")
         metadata_path = f"{step_dir}/{METADATA_FILE_NAME}"
         if self.fs.exists(metadata_path):
             self.fs.rm(metadata_path)
-        self.fs.rm(step_dir, recursive=True)
 
     def clean(self, leftovers: Sequence[Leftover], keep: Collection[str]) -> None:
-        """Delete ``leftovers``, except the directories in ``keep`` (saves still in flight)."""
+        """Delete ``leftovers``, except the directories in ``keep`` (saves still in flight).
+
+        A replaced checkpoint whose replacement never arrived (the commit died between its two
+        renames) is the newest intact one of its step, so it is renamed back rather than deleted.
+        """
         for leftover in leftovers:
             if leftover.path in keep:
                 continue
+            replaced = _REPLACED_DIR.fullmatch(basename(leftover.path))
+            step_dir = f"{self.root}/{replaced.group(1)}" if replaced else ""
+            if replaced and self.has_atomic_rename and not self.fs.exists(step_dir):
+                log.warning("Restoring %s, whose replacement was never committed, as %s.", leftover.path, step_dir)
+                os.rename(leftover.path, step_dir)
+                continue
             log.warning("Removing %s under the checkpoints root: %s.", leftover.path, leftover.reason)
             self.fs.rm(leftover.path, recursive=True)
+
+    def move_aside(self, step_dir: str, reason: str) -> str:
+        """Rename a damaged checkpoint to ``step_N.damaged`` (``-2``, ``-3``, ... if taken), noting why inside.
+
+        Never deleted: a damaged checkpoint may still hold the only copy of intact files (a model
+        whose optimizer state was lost), and the framework must not delete what it cannot vouch
+        for. Returns the new path.
+        """
+        target = f"{step_dir}.damaged"
+        number = 1
+        while self.fs.exists(target):
+            number += 1
+            target = f"{step_dir}.damaged-{number}"
+        if self.has_atomic_rename:
+            os.rename(step_dir, target)
+        else:
+            self.fs.mv(step_dir, target, recursive=True)
+        log.warning(
+            "Moved the damaged checkpoint %s aside to %s (kept, never deleted): %s", step_dir, basename(target), reason
+        )
+        try:
+            self.fs.pipe_file(f"{target}/{DAMAGE_NOTE}", f"{reason}\n".encode())
+        except OSError as ex:  # A full disk must not stop the fallback to an older checkpoint.
+            log.warning("Could not write %s/%s: %s", target, DAMAGE_NOTE, ex)
+        return target
+
+    def damage_note(self, path: str) -> str:
+        """Why the checkpoint moved aside to ``path`` was damaged, as noted when it was moved."""
+        try:
+            note: bytes = self.fs.cat_file(f"{path}/{DAMAGE_NOTE}")
+        except OSError:
+            return f"moved aside without a {DAMAGE_NOTE}"
+        return note.decode("utf-8", errors="replace").strip()
+
+    def free_space(self, path: str) -> str:
+        """The free space of the file system holding ``path``, for an error message: 'unknown' off local disk."""
+        if not self.has_atomic_rename:
+            return "unknown"
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        try:
+            free = shutil.disk_usage(existing).free
+        except OSError:
+            return "unknown"
+        return _human_bytes(free)
+
+    def write_error(self, step: int, path: str, error: OSError) -> CheckpointWriteError:
+        """The one-line error of a failed write of ``path``, with the free space where it failed."""
+        cause = str(error) if error.errno is None else f"[Errno {error.errno}] {error.strerror}"
+        return CheckpointWriteError(
+            f"Could not save the checkpoint of step {step}: writing {path} failed with {cause} "
+            f"(free space there: {self.free_space(path)}). The earlier checkpoints are intact, "
+            f"and no part of step {step} is visible."
+        )
 
     def write_done_marker(self, temp_dir: str, rank: int, records: Mapping[str, FileRecord]) -> None:
         """Tell rank 0 that this rank's files of an asynchronous save are complete, and what they are."""
         document = {name: {"size": r.size, "sha256": r.sha256} for name, r in records.items()}
         self.fs.pipe_file(self._done_marker(temp_dir, rank), json.dumps(document).encode())
+
+    def write_failure_marker(self, temp_dir: str, rank: int, message: str) -> None:
+        """Tell rank 0 that this rank's part of an asynchronous save failed, so it stops waiting.
+
+        Best effort: on a full disk even this small file may not be written, and rank 0 then
+        waits until its timeout.
+        """
+        try:
+            self.fs.pipe_file(self._failure_marker(temp_dir, rank), message.encode())
+        except OSError as ex:
+            log.warning("Could not tell rank 0 that rank %d's save failed: %s", rank, ex)
 
     def wait_for_done_markers(self, temp_dir: str, world_size: int, timeout_s: float) -> dict[str, FileRecord]:
         """Wait until every rank has written its done marker; return the records of all their files."""
@@ -173,6 +294,10 @@ class CheckpointStore:
             waiting = {rank for rank in waiting if not self.fs.exists(self._done_marker(temp_dir, rank))}
             if not waiting:
                 break
+            for rank in sorted(waiting):
+                if self.fs.exists(failure := self._failure_marker(temp_dir, rank)):
+                    message = self.fs.cat_file(failure).decode("utf-8", errors="replace")
+                    raise RuntimeError(f"Rank {rank} failed to write its files of {temp_dir}: {message}")
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"Rank 0 waited {timeout_s:g} s for ranks {sorted(waiting)} to finish writing "
@@ -190,3 +315,15 @@ class CheckpointStore:
     @staticmethod
     def _done_marker(temp_dir: str, rank: int) -> str:
         return f"{temp_dir}/rank_{rank}.done.json"
+
+    @staticmethod
+    def _failure_marker(temp_dir: str, rank: int) -> str:
+        return f"{temp_dir}/rank_{rank}.failed.txt"
+
+
+def _human_bytes(size: int) -> str:
+    units = ("B", "KB", "MB", "GB", "TB")
+    value, index = float(size), 0
+    while value >= 1000 and index < len(units) - 1:
+        value, index = value / 1000, index + 1
+    return f"{size} B" if index == 0 else f"{value:.1f} {units[index]}"

@@ -108,11 +108,15 @@ class TrainerCheckpointer:
 
 
 def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> LoadedCheckpoint | None:
-    """The last resumable checkpoint, after checking that the config allows resuming from it."""
-    step = manager.last_resumable_step()
-    if step is None:
+    """The newest intact resumable checkpoint, after checking that the config allows resuming from it.
+
+    Collective. Damaged checkpoints met on the way are moved aside, each with a warning, and an
+    older one is resumed: a damaged last checkpoint costs the steps since the one before, not the run.
+    """
+    loaded = manager.load_newest_intact()
+    if loaded is None:
         return None
-    loaded = manager.load(step)
+    step = loaded.step
     saved = loaded.metadata.extras.get("config")
     if saved is not None:
         changed = changed_keys(saved, to_dict(config))
@@ -245,6 +249,34 @@ def open_checkpoint(path: str) -> LoadedCheckpoint:
             raise CheckpointError(f"`checkpoint.init_from` must name a checkpoint, but {path} holds none.")
         step = max(steps)
     return manager.load(step, keys=[])
+
+
+def set_earlier_metrics_aside(output_dir: str, loaded: LoadedCheckpoint | None, gangs: Gangs) -> None:
+    """Move an earlier run's ``metrics/`` and ``tb/`` to ``metrics.old-<n>/`` and ``tb.old-<n>/`` when
+    training starts from step 0 (``loaded`` is None) in a used output directory.
+
+    A run killed before its first checkpoint leaves metric rows and events that the new run
+    records again from step 0: appended to, the history would hold every step twice. Resumed
+    runs need none of this, as their recorders drop what lies past the resumed step. Moved, not
+    deleted: they are the user's record of what happened. Rank 0 alone records metrics.
+    """
+    if loaded is not None or gangs.root.rank != 0:
+        return
+    fs, root = fsspec.core.url_to_fs(output_dir)
+    used = [name for name in ("metrics", "tb") if fs.isdir(f"{root}/{name}") and fs.find(f"{root}/{name}")]
+    if not used:
+        return
+    number = 1
+    while any(fs.exists(f"{root}/{name}.old-{number}") for name in ("metrics", "tb")):
+        number += 1
+    for name in used:
+        fs.mv(f"{root}/{name}", f"{root}/{name}.old-{number}", recursive=True)
+    log.warning(
+        "Training starts from step 0 in a used output directory: moved the earlier %s aside to %s, "
+        "so that no step is recorded twice.",
+        " and ".join(f"{name}/" for name in used),
+        " and ".join(f"{output_dir}/{name}.old-{number}/" for name in used),
+    )
 
 
 def archive_checkpoints(output_dir: str) -> None:

@@ -1,7 +1,8 @@
 """``python -m recipes``: list, show, train, evaluate and predict with presets.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
-with the cause; the traceback goes to the rank's log file).
+with the cause; the traceback goes to the rank's log file), 130 interrupted by Ctrl-C (after
+saving a checkpoint when training had started).
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ from checkpoint import CheckpointError
 from embedding import EmbeddingConfigError, SparseFeatureError
 from recipes.config import dump_yaml
 from recipes.errors import UserError
-from recipes.launch import launch_with_torchrun
+from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun
 from recipes.registry import all_presets
-from recipes.run import JobSpec, config_document, evaluate, list_checkpoints, resolve_job, train
+from recipes.run import (
+    JobSpec,
+    config_document,
+    default_output_dir,
+    evaluate,
+    list_checkpoints,
+    resolve_job,
+    train,
+)
+from recipes.stop_signals import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +140,18 @@ def _show(spec: JobSpec) -> None:
     print(dump_yaml(config_document(resolve_job(spec))), end="")
 
 
+def _check_output_dir(spec: JobSpec) -> None:
+    """Refuse an output directory that is a file, or lies under one, before anything is written:
+    later it would fail deep inside logging or a checkpoint save, with a traceback."""
+    output_dir = default_output_dir(spec)
+    path = os.path.abspath(output_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        where = "is a file" if path == os.path.abspath(output_dir) else f"lies under the file {path}"
+        raise UserError(f"The output directory {output_dir} must be a directory or not exist yet, but {where}.")
+
+
 def _train(spec: JobSpec) -> None:
     output_dir = train(spec)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -158,6 +180,10 @@ def _checkpoints(output_dir: str) -> None:
     for info in infos:
         score = "-" if info.score is None else f"{info.score:.6g}"
         kept = ", ".join(info.kept_by) or "(deleted at the next save)"
+        if info.damage is not None:
+            name = os.path.basename(info.path)
+            where = f"moved aside to {name}" if ".damaged" in name else "moved aside at the next train"
+            kept = f"DAMAGED, never used ({where}): {info.damage}"
         best = "  <- best" if info.is_best else ""
         size = f"{info.size_bytes / 1e6:.1f} MB"
         print(f"{info.step:>8}  {score:>10}  {size:>10}  {'yes' if info.resumable else 'no':<9}  {kept}{best}")
@@ -165,6 +191,7 @@ def _checkpoints(output_dir: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    die_with_launcher()
     try:
         parser = build_parser()
         # Overrides may come after options (`-o DIR a.b=1`), which argparse leaves over.
@@ -179,9 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "show":
             _show(_job_spec(args, with_output=False))
         elif getattr(args, "nproc", None) is not None:
+            if args.command == "train":
+                _check_output_dir(_job_spec(args, with_output=True))
             return launch_with_torchrun(args.nproc, argv)
         elif args.command == "train":
-            _train(_job_spec(args, with_output=True))
+            spec = _job_spec(args, with_output=True)
+            _check_output_dir(spec)
+            _train(spec)
         elif args.command in ("eval", "predict"):
             _score(args)
         elif args.command == "checkpoints":
@@ -190,9 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as ex:
         print(f"error: {ex}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except TrainingInterrupted as ex:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {ex}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_FAILURE
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("error: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as ex:
         log.exception("The job failed.")
         print(f"error: {type(ex).__name__}: {ex}", file=sys.stderr)

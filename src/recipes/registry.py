@@ -11,17 +11,21 @@ Presets are looked up in, from lowest to highest precedence: the installed packa
 files named in ``$RECIPES_PRESET_FILES`` (separated by ``os.pathsep``), a ``recipes.yaml`` in the
 current directory, and presets registered from Python. A preset may be ``based_on`` another and
 may name ``imports``: modules imported before its recipe is looked up, from the preset file's
-folder, so that a user's recipe registers itself.
+folder (and the folders its ``search_path`` names), so that a user's recipe registers itself. A
+run's ``config.yaml`` records the folders its imports came from as an absolute ``search_path``,
+so that it re-runs from any directory.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.resources
+import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +40,10 @@ RECIPE_ENTRY_POINTS = "recipes.recipes"
 PRESET_ENTRY_POINTS = "recipes.presets"
 PRESET_FILE_NAME = "presets.yaml"
 PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
-PRESET_KEYS = {"recipe", "description", "based_on", "imports", "config"}
+PRESET_KEYS = {"recipe", "description", "based_on", "imports", "search_path", "config"}
+# The framework's top-level packages, which a user's module of the same name would hide.
+FRAMEWORK_PACKAGES = ("recipes", "units", "checkpoint", "gang", "embedding")
+_FRAMEWORK_ROOT = Path(__file__).resolve().parents[1]
 
 BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
 
@@ -63,6 +70,7 @@ class Preset:
     imports: tuple[str, ...] = ()
     source: str = "python"
     search_path: tuple[str, ...] = field(default=())
+    """Folders put first on ``sys.path`` for ``imports``, the first first; absolute."""
 
 
 _recipes: dict[str, Recipe] = {}
@@ -140,14 +148,7 @@ def resolve_preset(preset: Preset) -> tuple[Recipe, list[tuple[str, Mapping[str,
     Imports named by any preset in the chain happen first, with the preset file's folder on
     ``sys.path``, so the recipe can come from the user's own module.
     """
-    chain = [preset]
-    while chain[-1].based_on is not None:
-        base_name = chain[-1].based_on
-        if any(p.name == base_name for p in chain):
-            names = " -> ".join([p.name for p in chain] + [base_name])
-            raise UserError(f"Preset inheritance must not loop, but does: {names}.")
-        base = find_preset(base_name)
-        chain.append(base)
+    chain = preset_chain(preset)
     for link in reversed(chain):
         _import_modules(link)
     recipe_name = next((p.recipe for p in chain if p.recipe is not None), None)
@@ -157,8 +158,71 @@ def resolve_preset(preset: Preset) -> tuple[Recipe, list[tuple[str, Mapping[str,
     return get_recipe(recipe_name), layers
 
 
+def preset_chain(preset: Preset) -> list[Preset]:
+    """The preset and its ``based_on`` bases, nearest first."""
+    chain = [preset]
+    while chain[-1].based_on is not None:
+        base_name = chain[-1].based_on
+        if any(p.name == base_name for p in chain):
+            names = " -> ".join([p.name for p in chain] + [base_name])
+            raise UserError(f"Preset inheritance must not loop, but does: {names}.")
+        chain.append(find_preset(base_name))
+    return chain
+
+
+def recorded_imports(preset: Preset) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a resolved config must record to import its recipe again from any directory: the
+    imports of the whole chain (farthest base first), and the folders of the chain's search paths
+    they were imported from, absolute. Only those folders: the folder of a re-run ``config.yaml``
+    (the output directory) holds no module, and recording it would change the file at each re-run.
+    Call it after ``resolve_preset``, which imports them."""
+    chain = list(reversed(preset_chain(preset)))
+    imports = tuple(dict.fromkeys(module for link in chain for module in link.imports))
+    candidates = {os.path.realpath(folder) for link in chain for folder in link.search_path}
+    folders = [_import_root(module) for module in imports]
+    return imports, tuple(dict.fromkeys(f for f in folders if f is not None and f in candidates))
+
+
+def _import_root(module: str) -> str | None:
+    """The ``sys.path`` folder an imported module came from (``a/b/c.py`` for ``b.c`` -> ``a``)."""
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file is None:
+        return None
+    depth = module.count(".") + (2 if Path(file).name == "__init__.py" else 1)
+    return os.path.realpath(Path(file).parents[depth - 1])
+
+
+def refuse_shadowing_modules(folders: Sequence[str] | None = None) -> None:
+    """A user's module named like a framework package (``units.py`` beside a recipe) hides it: from
+    the current directory, ``python -m recipes`` itself imports the user's file and fails far from
+    the cause; from a preset's folder, the user's own ``import units`` gets the framework's package.
+    Either way, one line saying what to rename. ``folders``: check those (a preset's search path);
+    ``None``: check where the framework packages will be imported from now."""
+    for name in FRAMEWORK_PACKAGES:
+        if folders is None:
+            origins = [_origin(importlib.util.find_spec(name))]
+        else:
+            origins = [_origin(importlib.machinery.PathFinder.find_spec(name, [folder])) for folder in folders]
+        for origin in origins:
+            if origin is not None and not origin.is_relative_to(_FRAMEWORK_ROOT):
+                raise UserError(
+                    f"{origin} hides the framework's package `{name}` (it comes first on sys.path); "
+                    f"rename it, e.g. to my_{name}, and the imports of it."
+                )
+
+
+def _origin(spec: importlib.machinery.ModuleSpec | None) -> Path | None:
+    """Where a module or regular package of that spec lives; ``None`` for a namespace folder, which hides
+    nothing that is found anywhere on the path."""
+    if spec is None or spec.origin is None or not spec.has_location:
+        return None
+    origin = Path(spec.origin).resolve()
+    return origin.parent if origin.name == "__init__.py" else origin
+
+
 def _import_modules(preset: Preset) -> None:
-    for folder in preset.search_path:
+    refuse_shadowing_modules(preset.search_path)
+    for folder in reversed(preset.search_path):
         if folder not in sys.path:
             sys.path.insert(0, folder)
     for module in preset.imports:
@@ -244,10 +308,16 @@ def _parse_preset(name: str, body: Any, source: str, search_path: tuple[str, ...
         raise UserError(f"Unknown preset key '{key}' ({where}).{closest(key, PRESET_KEYS)}")
     config = body.get("config") or {}
     imports = body.get("imports") or []
+    folders = body.get("search_path") or []
     if not isinstance(config, dict):
         raise UserError(f"The `config` of a preset must be a mapping ({where}).")
     if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
         raise UserError(f"The `imports` of a preset must be a list of module names ({where}).")
+    if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+        raise UserError(f"The `search_path` of a preset must be a list of folders ({where}).")
+    # Relative folders are relative to the preset file's, like its imports.
+    base = Path(search_path[0]) if search_path else Path.cwd()
+    declared = tuple(str((base / os.path.expanduser(f)).resolve()) for f in folders)
     return Preset(
         name=name,
         recipe=body.get("recipe"),
@@ -256,5 +326,5 @@ def _parse_preset(name: str, body: Any, source: str, search_path: tuple[str, ...
         based_on=body.get("based_on"),
         imports=tuple(imports),
         source=source,
-        search_path=search_path,
+        search_path=tuple(dict.fromkeys((*declared, *search_path))),
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from recipes.checkpointing import (
     initialize_from,
     rank_states_to_load,
     resume,
+    set_earlier_metrics_aside,
 )
 from recipes.config import ConfigError, dump_yaml, load_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
@@ -45,8 +45,9 @@ from recipes.recorders import (
     TensorBoardRecorder,
     WandbRecorder,
 )
-from recipes.registry import Preset, Recipe, find_preset, resolve_preset
+from recipes.registry import Preset, Recipe, find_preset, recorded_imports, resolve_preset
 from recipes.rng import seed_everything
+from recipes.run_lock import RunLock
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import (
     build_optimizer_with_tables,
@@ -55,6 +56,7 @@ from recipes.sparse_tables import (
     report_sparse_tables,
     sharded_state_with_tables,
 )
+from recipes.stop_signals import StopOnSignals, TrainingInterrupted
 from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -75,17 +77,22 @@ class ResolvedJob:
     preset: Preset
     recipe: Recipe
     config: RecipeConfig
+    imports: tuple[str, ...] = ()
+    """The modules the preset's whole ``based_on`` chain imports, which a re-run imports again."""
+    search_path: tuple[str, ...] = ()
+    """The absolute folders those imports came from."""
 
 
 def resolve_job(spec: JobSpec) -> ResolvedJob:
     """The preset's recipe and the config from defaults < preset < files < overrides."""
     preset = find_preset(spec.preset)
     recipe, layers = resolve_preset(preset)
+    imports, search_path = recorded_imports(preset)
     for path in spec.config_files:
         layers.append((f"--config-file {path}", read_config_file(path, recipe.name)))
     if spec.overrides:
         layers.append(("the command line", overrides_to_dict(list(spec.overrides))))
-    return ResolvedJob(preset, recipe, resolve_config(recipe.config_class, layers))
+    return ResolvedJob(preset, recipe, resolve_config(recipe.config_class, layers), imports, search_path)
 
 
 def read_config_file(path: str, recipe_name: str) -> Mapping[str, Any]:
@@ -107,12 +114,18 @@ def read_config_file(path: str, recipe_name: str) -> Mapping[str, Any]:
 
 
 def config_document(job: ResolvedJob) -> dict[str, Any]:
-    """The resolved config as a preset-shaped document: ``train`` and ``--config-file`` both take it back."""
+    """The resolved config as a preset-shaped document: ``train`` and ``--config-file`` both take it back.
+
+    It records where a user's recipe comes from (the chain's imports, and their folders as absolute
+    paths), so that ``train OUTPUT_DIR/config.yaml`` finds the recipe from any directory.
+    """
     document: dict[str, Any] = {"recipe": job.recipe.name}
     if job.preset.description:
         document["description"] = job.preset.description
-    if job.preset.imports:
-        document["imports"] = list(job.preset.imports)
+    if job.imports:
+        document["imports"] = list(job.imports)
+    if job.search_path:
+        document["search_path"] = list(job.search_path)
     document["config"] = to_dict(job.config)
     return document
 
@@ -122,15 +135,22 @@ def default_output_dir(spec: JobSpec) -> str:
 
 
 def train(spec: JobSpec) -> str:
-    """Train the preset, resuming from the output directory's last checkpoint; returns the directory."""
+    """Train the preset, resuming from the output directory's last checkpoint; returns the directory.
+
+    The run holds the output directory's lock throughout (see ``run_lock``). Raises
+    ``TrainingInterrupted`` once the checkpoint is committed when SIGINT stopped it.
+    """
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
-    with _job_gangs(job.config, output_dir) as gangs:
+    lock = RunLock(output_dir)
+    signals = StopOnSignals(before_exit_now=lock.release)
+    with _job_gangs(job.config, output_dir, lock) as gangs:
         if gangs.root.rank == 0 and job.config.checkpoint.start_over:
             archive_checkpoints(output_dir)
         gangs.root.barrier()
         manager = checkpoint_manager(job.config, output_dir, gangs)
         loaded = find_resume_checkpoint(manager, job.config)  # Refuses a changed config before anything is written.
+        set_earlier_metrics_aside(output_dir, loaded, gangs)
         if gangs.root.rank == 0:
             write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
         resume_step = None if loaded is None else loaded.step
@@ -141,11 +161,15 @@ def train(spec: JobSpec) -> str:
         try:
             if loaded is not None:
                 resume(trainer, loaded, gangs)
-            with _stop_on_signals(trainer):
+            with signals.stopping(trainer):
                 trainer.run()
         finally:
             checkpointer.close()
             recorder.close()
+    if signals.interrupted:
+        raise TrainingInterrupted(
+            f"interrupted at step {trainer.step_nr}, after saving its checkpoint; the same command resumes there."
+        )
     return output_dir
 
 
@@ -197,14 +221,16 @@ def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> list
 
 
 def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
-    """The checkpoints of a run, judged by the keep policy of the run's own ``config.yaml``."""
+    """The checkpoints of a run, judged by the keep policy of the run's own ``config.yaml``, and the damaged
+    ones (``damage`` set), which a user must be able to find since they are never deleted."""
     config_path = f"{output_dir}/config.yaml"
     if not os.path.isfile(config_path):
         raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
     config = resolve_job(JobSpec(config_path)).config
     # Read-only: listing a running job's directory must not delete its save in progress.
     manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
-    return sorted(manager.list_checkpoints(), key=lambda info: info.step)
+    infos = manager.list_checkpoints() + manager.list_damaged()
+    return sorted(infos, key=lambda info: (info.step, info.damage is not None, info.path))
 
 
 def _checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) -> int:
@@ -222,6 +248,18 @@ def _checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) ->
     return step
 
 
+def _path_error(recipe: str, ex: OSError) -> UserError:
+    """A path the recipe could not open while building its parts, as a user error.
+
+    While a recipe builds, a missing, unreadable or wrong-kind path is one the user configured
+    (a data file, a vocabulary); later, the same errors are failures of the run. The traceback
+    still goes to the rank's log, for the recipe's author.
+    """
+    log.info("Recipe '%s' failed on a path while building its parts.", recipe, exc_info=ex)
+    detail = f"{ex.filename}: {ex.strerror}" if ex.filename is not None else f"{type(ex).__name__}: {ex}"
+    return UserError(f"Recipe '{recipe}' could not build its parts: {detail.rstrip('.')}.")
+
+
 def build_trainer(
     job: ResolvedJob,
     gangs: Gangs,
@@ -234,7 +272,10 @@ def build_trainer(
     config = job.config
     seed_everything(config.seed)
     device = gangs.root.device
-    parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
+    try:
+        parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, device, output_dir))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as ex:
+        raise _path_error(job.recipe.name, ex) from None
     tables = find_sparse_tables(parts.train_unit.model)
     refuse_features_without_tables(tables)
     sharded_state = sharded_state_with_tables(tables, parts.sharded_state)
@@ -315,8 +356,13 @@ def build_recorder(
 
 
 @contextlib.contextmanager
-def _job_gangs(config: RecipeConfig, output_dir: str) -> Iterator[Gangs]:
-    """The job's gangs, with per-rank logging set up, closed at the end."""
+def _job_gangs(config: RecipeConfig, output_dir: str, lock: RunLock | None = None) -> Iterator[Gangs]:
+    """The job's gangs, with per-rank logging set up, closed at the end.
+
+    With ``lock``, rank 0 takes the output directory's lock for the whole job: right after the
+    gangs, which tell every rank whether it could, and before logging, the first thing written
+    to the directory.
+    """
     device = default_device() if config.trainer.device == "auto" else torch.device(config.trainer.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("`trainer.device` is 'cuda', but this machine has no CUDA device.")
@@ -325,9 +371,17 @@ def _job_gangs(config: RecipeConfig, output_dir: str) -> Iterator[Gangs]:
     except ValueError as ex:
         raise ConfigError(str(ex)) from None
     try:
-        _setup_logging(output_dir, gangs.root.rank)
-        yield gangs
-        gangs.root.barrier()  # On success, no rank tears down gloo while a peer still talks to it.
+        if lock is not None:
+            lock.acquire_on_rank_0(gangs.root)
+        try:
+            _setup_logging(output_dir, gangs.root.rank)
+            if lock is not None:
+                lock.log_take_over()
+            yield gangs
+            gangs.root.barrier()  # On success, no rank tears down gloo while a peer still talks to it.
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         gangs.close()
 
@@ -350,28 +404,6 @@ def _setup_logging(output_dir: str, rank: int) -> None:
         console.addFilter(lambda record: record.exc_info is None)  # Tracebacks go to the log file only.
         console._recipes_handler = True  # type: ignore[attr-defined]
         root.addHandler(console)
-
-
-class _stop_on_signals:
-    """SIGUSR1 and SIGTERM ask the trainer to finish its step, checkpoint and exit cleanly."""
-
-    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-    def __init__(self, trainer: Trainer[Any]) -> None:
-        self._trainer = trainer
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> None:
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        log.warning("Received signal %d; stopping after this step.", signum)
-        self._trainer.request_stop()
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def write_text(path: str, text: str) -> None:

@@ -1,14 +1,20 @@
 """The standard config sections every recipe shares; a recipe's config subclasses ``RecipeConfig``.
 
 Names follow fairseq2's habits so that its users find their keys where they expect them.
-Each section is validated when built, so that a bad value is a clear error before any work
-starts.
+Every number declares its valid range in its type (``recipes.config.Range``), checked as the
+config resolves, so that a bad value is a clear error naming its key before any work starts;
+``__post_init__`` keeps only what a range cannot say (two fields together, a list's length).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from recipes.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+
+Seed = Annotated[int, Range(ge=0, le=2**32 - 1)]
+"""What ``numpy.random.seed`` takes, which every seed reaches."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -18,36 +24,29 @@ def _require(condition: bool, message: str) -> None:
 
 @dataclass
 class EarlyStoppingSection:
-    patience: int | None = None
+    patience: PositiveInt | None = None
     """Stop after this many validations without improvement of the score; ``None``: never."""
-    min_delta: float = 0.0
+    min_delta: NonNegativeFloat = 0.0
     """The least change of the score that counts as an improvement."""
-
-    def __post_init__(self) -> None:
-        _require(
-            self.patience is None or self.patience >= 1,
-            f"`patience` must be >= 1, but is {self.patience} instead.",
-        )
-        _require(self.min_delta >= 0, f"`min_delta` must be >= 0, but is {self.min_delta} instead.")
 
 
 @dataclass
 class TrainerSection:
-    max_num_steps: int | None = 1000
+    max_num_steps: PositiveInt | None = 1000
     """Stop after this many optimizer steps; ``None``: no limit (then set ``max_num_data_epochs``)."""
-    max_num_data_epochs: int | None = None
+    max_num_data_epochs: PositiveInt | None = None
     """Stop after this many passes over the training data; ``None``: no limit."""
-    grad_accumulation: int = 1
+    grad_accumulation: PositiveInt = 1
     """Micro-batches per optimizer step."""
-    max_grad_norm: float | None = None
+    max_grad_norm: PositiveFloat | None = None
     """Clip the gradient to this norm; ``None``: no clipping (the norm is still recorded)."""
     mixed_precision: Literal["none", "bf16", "fp16"] = "none"
     """Autocast dtype; ``fp16`` adds a dynamic loss scaler."""
     anomaly_detection: bool = False
     """Run autograd's anomaly detection (slow; for debugging NaNs)."""
-    validate_every_n_steps: int | None = None
+    validate_every_n_steps: PositiveInt | None = None
     """Validate every N steps (and at the end); ``None``: only at the end."""
-    publish_metrics_every_n_steps: int = 10
+    publish_metrics_every_n_steps: PositiveInt = 10
     """Write metrics to the recorders every N steps (and at the end)."""
     score_metric: str | None = None
     """The validation metric that scores a checkpoint, as ``metric`` or ``eval_unit/metric``."""
@@ -55,46 +54,30 @@ class TrainerSection:
     """Whether a lower score is better (a loss) or a higher one (an AUC)."""
     nan_policy: Literal["stop", "skip"] = "stop"
     """On a NaN or infinite loss: stop with an error, or skip the step."""
-    max_consecutive_skipped_steps: int = 5
+    max_consecutive_skipped_steps: PositiveInt = 5
     """With ``nan_policy: skip``, stop after this many non-finite steps in a row."""
     early_stopping: EarlyStoppingSection = field(default_factory=EarlyStoppingSection)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: this rank's CUDA device if there is one, else the CPU."""
 
     def __post_init__(self) -> None:
-        for name in ("max_num_steps", "max_num_data_epochs", "validate_every_n_steps"):
-            value = getattr(self, name)
-            _require(value is None or value >= 1, f"`{name}` must be >= 1 or null, but is {value} instead.")
         _require(
             self.max_num_steps is not None or self.max_num_data_epochs is not None,
             "`max_num_steps` and `max_num_data_epochs` must not both be null, or training never ends.",
-        )
-        _require(
-            self.grad_accumulation >= 1,
-            f"`grad_accumulation` must be >= 1, but is {self.grad_accumulation} instead.",
-        )
-        _require(
-            self.publish_metrics_every_n_steps >= 1,
-            f"`publish_metrics_every_n_steps` must be >= 1, but is {self.publish_metrics_every_n_steps} instead.",
-        )
-        _require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            f"`max_grad_norm` must be > 0 or null, but is {self.max_grad_norm} instead.",
         )
 
 
 @dataclass
 class OptimizerSection:
     name: Literal["adamw", "adam", "sgd", "adagrad"] = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    momentum: float = 0.0
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    eps: NonNegativeFloat = 1e-8
+    momentum: NonNegativeFloat = 0.0
     """SGD only."""
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, f"`lr` must be > 0, but is {self.lr} instead.")
         _require(len(self.betas) == 2, f"`betas` must have 2 values, but has {len(self.betas)} instead.")
 
 
@@ -102,14 +85,8 @@ class OptimizerSection:
 class LRSchedulerSection:
     name: Literal["constant", "cosine", "linear"] = "constant"
     """After warm-up: keep the lr, or decay it to ``final_lr_scale`` x lr by a cosine or a line."""
-    num_warmup_steps: int = 0
-    final_lr_scale: float = 0.0
-
-    def __post_init__(self) -> None:
-        _require(
-            self.num_warmup_steps >= 0,
-            f"`num_warmup_steps` must be >= 0, but is {self.num_warmup_steps} instead.",
-        )
+    num_warmup_steps: NonNegativeInt = 0
+    final_lr_scale: NonNegativeFloat = 0.0
 
 
 @dataclass
@@ -134,25 +111,21 @@ class MetricsSection:
 @dataclass
 class ProfilerSection:
     enabled: bool = False
-    skip_steps: int = 5
+    skip_steps: NonNegativeInt = 5
     """Steps to run before profiling starts (warm-up is not what you want to see)."""
-    record_steps: int = 3
-
-    def __post_init__(self) -> None:
-        _require(self.skip_steps >= 0, f"`skip_steps` must be >= 0, but is {self.skip_steps} instead.")
-        _require(self.record_steps >= 1, f"`record_steps` must be >= 1, but is {self.record_steps} instead.")
+    record_steps: PositiveInt = 3
 
 
 @dataclass
 class CheckpointSection:
-    every_n_steps: int | None = None
+    every_n_steps: PositiveInt | None = None
     """Save every N steps; a final checkpoint is always saved at the end of training."""
-    every_n_data_epochs: int | None = None
-    keep_last_n: int | None = None
+    every_n_data_epochs: PositiveInt | None = None
+    keep_last_n: PositiveInt | None = None
     """Keep the N newest checkpoints; with no keep policy at all, every checkpoint is kept."""
-    keep_best_n: int | None = None
+    keep_best_n: PositiveInt | None = None
     """Keep the N best by validation score (``trainer.score_metric``, ``trainer.lower_better``)."""
-    keep_every_n_steps: int | None = None
+    keep_every_n_steps: PositiveInt | None = None
     """Keep checkpoints whose step is a multiple of N."""
     model_only: Literal["none", "all", "all_but_last"] = "none"
     """Save only the model (not resumable): for every checkpoint, or all but the newest."""
@@ -166,48 +139,27 @@ class CheckpointSection:
     start_over: bool = False
     """Ignore existing checkpoints in the output directory and train from scratch."""
 
-    def __post_init__(self) -> None:
-        for name in (
-            "every_n_steps",
-            "every_n_data_epochs",
-            "keep_last_n",
-            "keep_best_n",
-            "keep_every_n_steps",
-        ):
-            value = getattr(self, name)
-            _require(value is None or value >= 1, f"`{name}` must be >= 1 or null, but is {value} instead.")
-
 
 @dataclass
 class GangSection:
-    tp_size: int = 1
+    tp_size: PositiveInt = 1
     """Tensor-parallel degree; the data-parallel degree is the world size divided by it."""
-    timeout_s: float = 300.0
+    timeout_s: PositiveFloat = 300.0
     """How long a collective may wait for a peer before the job fails."""
-
-    def __post_init__(self) -> None:
-        _require(self.tp_size >= 1, f"`tp_size` must be >= 1, but is {self.tp_size} instead.")
-        _require(self.timeout_s > 0, f"`timeout_s` must be > 0, but is {self.timeout_s} instead.")
 
 
 @dataclass
 class ValidationSection:
-    batch_size: int | None = None
+    batch_size: PositiveInt | None = None
     """The global batch size of validation, ``eval`` and ``predict``; ``None``: the training one.
     Every row is scored whatever it is, so it changes speed and memory, not the metrics."""
-
-    def __post_init__(self) -> None:
-        _require(
-            self.batch_size is None or self.batch_size >= 1,
-            f"`batch_size` must be >= 1, but is {self.batch_size} instead.",
-        )
 
 
 @dataclass
 class RecipeConfig:
     """The sections every recipe has. A recipe adds its own (``model``, ``dataset``, ...)."""
 
-    seed: int = 2
+    seed: Seed = 2
     trainer: TrainerSection = field(default_factory=TrainerSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)

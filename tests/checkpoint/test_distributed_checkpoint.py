@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,99 @@ def test_two_ranks_write_their_states_and_one_rank_reads_both(tmp_path: Path) ->
         assert state["reader"] == {"position": 100 * old_rank + 2}
         assert torch.equal(state["shard"], torch.full((3,), float(old_rank)))
     assert torch.equal(loaded.shared_state["model"]["w"], torch.arange(4.0))
+
+
+def _init(rank: int, world_size: int, port: int) -> ProcessGroupGang:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    assert dist.group.WORLD is not None
+    return ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
+
+
+def resume_on_every_rank(rank: int, world_size: int, port: int, root: str, results: str) -> None:
+    gang = _init(rank, world_size, port)
+    try:
+        loaded = CheckpointManager(root, gang, gang_sizes={"dp": world_size}).load_newest_intact()
+        outcome = "none" if loaded is None else f"{loaded.step} {loaded.load_rank_state(rank)['reader']['position']}"
+        Path(results, f"rank_{rank}.txt").write_text(outcome)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_file_only_one_rank_reads_being_damaged_makes_every_rank_resume_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "checkpoints")
+    spawn(save_on_every_rank, args=(2, free_port(), root), nprocs=2, join=True)  # Keeps step 2 only.
+    spawn(save_again_on_every_rank, args=(2, free_port(), root), nprocs=2, join=True)  # Steps 2 and 3.
+    rank_1_file = tmp_path / "checkpoints" / "step_3" / "rank_1.pt"
+    data = bytearray(rank_1_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    rank_1_file.write_bytes(data)
+    results = tmp_path / "results"
+    results.mkdir()
+
+    spawn(resume_on_every_rank, args=(2, free_port(), root, str(results)), nprocs=2, join=True)
+
+    # Rank 0 read its own intact files of step 3, yet resumes step 2 with rank 1: the ranks agree.
+    assert [(results / f"rank_{rank}.txt").read_text() for rank in range(2)] == ["2 2", "2 102"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2", "step_3.damaged"]
+    assert (tmp_path / "checkpoints" / "step_3.damaged" / "rank_1.pt").read_bytes() == bytes(data)
+
+
+def save_again_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    gang = _init(rank, world_size, port)
+    try:
+        CheckpointManager(root, gang, gang_sizes={"dp": world_size}).save(
+            3, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 3)
+        )
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def fail_async_save_on_rank_1(rank: int, world_size: int, port: int, root: str, results: str) -> None:
+    gang = _init(rank, world_size, port)
+    try:
+        manager = CheckpointManager(root, gang, gang_sizes={"dp": world_size}, done_marker_timeout_s=120.0)
+        manager.save(1, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 1))
+        if rank == 1:
+            fs = manager._store.fs
+            original_open = fs.open
+
+            def full_disk(path: str, mode: str = "rb", **kwargs: object) -> object:
+                if "w" in mode and path.endswith("/rank_1.pt"):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return original_open(path, mode, **kwargs)
+
+            fs.open = full_disk
+        start = time.monotonic()
+        manager.save(2, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 2), blocking=False)
+        try:
+            manager.wait()
+            outcome = "saved"
+        except Exception as ex:
+            outcome = f"{type(ex).__name__}: {ex}"
+        Path(results, f"rank_{rank}.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_an_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_path: Path) -> None:
+    root = str(tmp_path / "checkpoints")
+    results = tmp_path / "results"
+    results.mkdir()
+
+    spawn(fail_async_save_on_rank_1, args=(2, free_port(), root, str(results)), nprocs=2, join=True)
+
+    outcomes = [(results / f"rank_{rank}.txt").read_text().split("\n", 1) for rank in range(2)]
+    assert outcomes[1][1].startswith("CheckpointWriteError: Could not save the checkpoint of step 2: writing ")
+    assert "rank_1.pt failed with [Errno 28] No space left on device" in outcomes[1][1]
+    # Rank 0 stops waiting for rank 1's files when rank 1 says it failed, long before the timeout.
+    assert outcomes[0][1].startswith("RuntimeError: Rank 1 failed to write its files of "), outcomes[0][1]
+    assert float(outcomes[0][0]) < 30.0
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]

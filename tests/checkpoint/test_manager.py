@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import re
 import threading
+from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -13,8 +17,10 @@ from checkpoint import (
     CheckpointManager,
     CheckpointNotFoundError,
     CheckpointPolicy,
+    CheckpointWriteError,
     CorruptCheckpointError,
 )
+from checkpoint.store import CheckpointStore
 from gang import FakeGang
 
 
@@ -112,30 +118,184 @@ def test_corrupted_file_is_refused_naming_it(root: str) -> None:
         manager.load(1)
 
 
-@pytest.mark.parametrize("damage", ["truncate_file", "delete_file", "delete_metadata", "garble_metadata"])
-def test_truncated_checkpoint_is_ignored_and_cleaned(root: str, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+DAMAGES = ["truncate_file", "delete_rank_file", "delete_metadata", "garble_metadata", "flip_byte"]
+
+
+def damage_checkpoint(fs: Any, step_dir: str, damage: str) -> None:
+    """Do to ``step_dir`` what a failing disk, a person or a killed copy would."""
+    if damage == "truncate_file":
+        fs.pipe_file(f"{step_dir}/model.pt", fs.cat_file(f"{step_dir}/model.pt")[:100])
+    elif damage == "delete_rank_file":
+        fs.rm(f"{step_dir}/rank_0.pt")
+    elif damage == "delete_metadata":
+        fs.rm(f"{step_dir}/metadata.json")
+    elif damage == "garble_metadata":
+        fs.pipe_file(f"{step_dir}/metadata.json", b"{not json")
+    else:
+        data = bytearray(fs.cat_file(f"{step_dir}/model.pt"))
+        data[len(data) // 2] ^= 0xFF  # Same size: only the checksum can tell.
+        fs.pipe_file(f"{step_dir}/model.pt", bytes(data))
+
+
+def file_contents(fs: Any, directory: str) -> dict[str, bytes]:
+    return {path.rsplit("/", 1)[-1]: fs.cat_file(path) for path in fs.find(directory)}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_is_moved_aside_with_its_files_and_the_previous_one_resumed(
+    root: str, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(1, make_state(1), {"position": 1})
+    manager.save(2, make_state(2), {"position": 2})
+    fs, path = fsspec.core.url_to_fs(root)
+    step_dir = f"{path}/step_2"
+    damage_checkpoint(fs, step_dir, damage)
+    damaged_files = file_contents(fs, step_dir)
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
+        restarted = CheckpointManager(root, FakeGang())
+        loaded = restarted.load_newest_intact()
+
+    assert loaded is not None and loaded.step == 1
+    assert_equal(loaded.shared_state, make_state(1))
+    assert loaded.load_rank_state(0) == {"position": 1}
+    assert not fs.exists(step_dir)
+    moved = file_contents(fs, f"{step_dir}.damaged")
+    note = moved.pop("why_damaged.txt").decode().strip()
+    assert moved == damaged_files  # Every file left as it was found: nothing deleted, nothing rewritten.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "step_2" in warnings[0] and "step_2.damaged" in warnings[0], warnings
+    assert note in warnings[0]
+    (info,) = restarted.list_damaged()
+    assert (info.step, info.path, info.damage, info.resumable) == (2, f"{step_dir}.damaged", note, False)
+    assert [i.step for i in restarted.list_checkpoints()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("truncate_file", r"model\.pt is 100 bytes instead of \d+"),
+        ("delete_rank_file", r"rank_0\.pt is missing"),
+        ("delete_metadata", r"it has no metadata\.json"),
+        ("garble_metadata", r"metadata\.json` must be valid checkpoint metadata"),
+        ("flip_byte", r"model\.pt` does not match the SHA-256"),
+    ],
+)
+def test_the_warning_says_why_the_checkpoint_is_damaged(
+    root: str, damage: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(1, make_state(1))
+    fs, path = fsspec.core.url_to_fs(root)
+    damage_checkpoint(fs, f"{path}/step_1", damage)
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
+        assert CheckpointManager(root, FakeGang()).load_newest_intact() is None
+
+    assert re.search(
+        r"Moved the damaged checkpoint \S+/step_1 aside to step_1\.damaged \(kept, never deleted\): ", caplog.text
+    )
+    assert re.search(reason, caplog.text), caplog.text
+
+
+def test_a_checkpoint_damaged_again_is_moved_aside_under_a_new_name(root: str) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    for attempt in range(3):
+        manager = CheckpointManager(root, FakeGang())
+        manager.save(4, {"value": torch.tensor(attempt)})
+        damage_checkpoint(fs, f"{path}/step_4", "delete_metadata")
+        CheckpointManager(root, FakeGang())
+
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) == [
+        "step_4.damaged",
+        "step_4.damaged-2",
+        "step_4.damaged-3",
+    ]
+    assert sorted(info.path.rsplit("/", 1)[-1] for info in CheckpointManager(root, FakeGang()).list_damaged()) == [
+        "step_4.damaged",
+        "step_4.damaged-2",
+        "step_4.damaged-3",
+    ]
+
+
+def test_a_reader_lists_a_damaged_checkpoint_without_moving_it(root: str) -> None:
+    CheckpointManager(root, FakeGang()).save(1, make_state(1))
+    fs, path = fsspec.core.url_to_fs(root)
+    damage_checkpoint(fs, f"{path}/step_1", "truncate_file")
+
+    (info,) = CheckpointManager(root, FakeGang(), clean_up=False).list_damaged()
+
+    assert (info.step, info.path) == (1, f"{path}/step_1")
+    assert info.damage is not None and "model.pt is 100 bytes" in info.damage
+    assert fs.exists(f"{path}/step_1/model.pt")
+
+
+def test_keep_policies_count_only_intact_checkpoints_and_touch_nothing_the_run_did_not_write(root: str) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    manager = CheckpointManager(root, FakeGang(), CheckpointPolicy(keep_last_n=1))
+    manager.save(10, make_state(10))
+    theirs = {
+        f"{path}/notes/todo.txt": b"a user's notes",
+        f"{path}/step_5.damaged/model.pt": b"moved aside by an earlier run",
+        f"{path}/step_7x/model.pt": b"not a checkpoint name",
+        f"{path}/README": b"a user's file",
+    }
+    for file_path, data in theirs.items():
+        fs.makedirs(file_path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(file_path, data)
+    # A newer checkpoint that turns out damaged does not count as the newest: step 10 stays.
+    fs.makedirs(f"{path}/step_30", exist_ok=True)
+    fs.pipe_file(f"{path}/step_30/model.pt", b"no metadata")
+    restarted = CheckpointManager(root, FakeGang(), CheckpointPolicy(keep_last_n=1))
+    assert [(info.step, info.kept_by) for info in restarted.list_checkpoints()] == [
+        (10, ("keep_last_n", "newest", "newest_resumable"))
+    ]
+
+    for step in (20, 40):
+        restarted.save(step, make_state(step))
+
+    assert [info.step for info in restarted.list_checkpoints()] == [40]
+    for file_path, data in theirs.items():
+        assert fs.cat_file(file_path) == data
+    assert fs.cat_file(f"{path}/step_30.damaged/model.pt") == b"no metadata"
+
+
+@pytest.mark.parametrize("cut_short", ["removal", "commit_without_atomic_rename"])
+def test_the_managers_own_unfinished_work_is_cleaned_not_taken_for_damage(
+    root: str, cut_short: str, caplog: pytest.LogCaptureFixture
+) -> None:
     manager = CheckpointManager(root, FakeGang())
     manager.save(1, make_state(1))
     manager.save(2, make_state(2))
     fs, path = fsspec.core.url_to_fs(root)
-    step_dir = f"{path}/step_2"
-    if damage == "truncate_file":
-        fs.pipe_file(f"{step_dir}/model.pt", fs.cat_file(f"{step_dir}/model.pt")[:100])
-    elif damage == "delete_file":
-        fs.rm(f"{step_dir}/rank_0.pt")
-    elif damage == "delete_metadata":
-        fs.rm(f"{step_dir}/metadata.json")
-    else:
-        fs.pipe_file(f"{step_dir}/metadata.json", b"{not json")
+    if cut_short == "removal":
+        CheckpointStore(root).begin_removal(f"{path}/step_1")  # Killed before the rest was deleted.
+    else:  # Killed while the files were moved into step_3/, before its metadata: what an object store sees.
+        fs.makedirs(f"{path}/step_3", exist_ok=True)
+        fs.pipe_file(f"{path}/step_3/.unfinished", b"")
+        fs.pipe_file(f"{path}/step_3/model.pt", b"moved in")
 
-    with caplog.at_level(logging.WARNING, logger="checkpoint.store"):
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
         restarted = CheckpointManager(root, FakeGang())
 
-    assert restarted.last_resumable_step() == 1
-    assert not fs.exists(step_dir)
-    assert "step_2" in caplog.text
-    with pytest.raises(CheckpointNotFoundError):
-        restarted.load(2)
+    expected = ["step_2"] if cut_short == "removal" else ["step_1", "step_2"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) == expected
+    assert "cut short" in caplog.text and "damaged" not in caplog.text
+    assert restarted.list_damaged() == []
+
+
+def test_a_replaced_checkpoint_whose_replacement_never_arrived_is_restored(tmp_path: Path) -> None:
+    root = str(tmp_path / "checkpoints")
+    CheckpointManager(root, FakeGang()).save(5, make_state(5))
+    # A save of step 5 again, killed between renaming the old step_5 away and renaming the new one in.
+    (tmp_path / "checkpoints" / "step_5").rename(tmp_path / "checkpoints" / "step_5.old-0123abcd")
+    (tmp_path / "checkpoints" / "step_5.tmp-0123abcd").mkdir()
+
+    restarted = CheckpointManager(root, FakeGang())
+
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_5"]
+    assert_equal(restarted.load(5).shared_state, make_state(5))
 
 
 def test_unfinished_save_directory_is_cleaned_at_startup(root: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -249,8 +409,9 @@ def test_clean_up_false_never_deletes_leftovers(root: str) -> None:
     assert [info.step for info in reader.list_checkpoints()] == [1]
     assert reader.last_resumable_step() == 1 and reader.load(1).step == 1
     assert fs.exists(f"{path}/step_2.tmp-0123abcd/model.pt") and fs.exists(f"{path}/step_3/model.pt")
-    CheckpointManager(root, FakeGang())  # The default still cleans up.
+    CheckpointManager(root, FakeGang())  # The default still cleans up, and moves damage aside.
     assert not fs.exists(f"{path}/step_2.tmp-0123abcd") and not fs.exists(f"{path}/step_3")
+    assert fs.cat_file(f"{path}/step_3.damaged/model.pt") == b"partial"
 
 
 @pytest.mark.parametrize("key", ["rank_0", "a/b", "", "../up", 3])
@@ -323,3 +484,73 @@ def test_load_reads_only_the_parts_of_the_shared_state_asked_for(root: str) -> N
         CheckpointError, match=r"`keys` must name parts of the shared state of step 5 .*, but net are not"
     ):
         manager.load(5, keys=["model", "net"])
+
+
+class FullDiskFile:
+    """An open file on a disk that fills up after ``room`` bytes: its ``write`` fails as the OS's would."""
+
+    def __init__(self, file: Any, room: int) -> None:
+        self._file = file
+        self._room = room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self._room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._room -= len(data)
+        return int(self._file.write(data))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> FullDiskFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._file.close()
+
+
+def fill_disk_under(fs: Any, monkeypatch: pytest.MonkeyPatch, path_part: str, room: int = 100) -> None:
+    """Make every file opened for writing under a path containing ``path_part`` run out of space."""
+    original_open = fs.open
+
+    def open_on_a_full_disk(file_path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        file = original_open(file_path, mode, **kwargs)
+        return FullDiskFile(file, room) if "w" in mode and path_part in file_path else file
+
+    monkeypatch.setattr(fs, "open", open_on_a_full_disk)  # fsspec caches instances: the manager's fs is this one.
+
+
+WRITE_FAILED = re.compile(
+    r"Could not save the checkpoint of step 2: writing \S+/step_2\.tmp-[0-9a-f]+/\S+\.pt failed with "
+    r"\[Errno 28\] No space left on device \(free space there: (?P<free>\d+ B|[\d.]+ [KMGT]B|unknown)\)\. "
+    r"The earlier checkpoints are intact, and no part of step 2 is visible\."
+)
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+def test_a_full_disk_fails_the_save_in_one_line_naming_the_path_and_the_free_space(
+    root: str, blocking: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(1, make_state(1), {"position": 1})
+    fs, path = fsspec.core.url_to_fs(root)
+    before = file_contents(fs, f"{path}/step_1")
+    fill_disk_under(fs, monkeypatch, "/step_2.tmp-")
+
+    with pytest.raises(CheckpointWriteError) as raised:
+        manager.save(2, make_state(2), {"position": 2}, blocking=blocking)
+        manager.wait()  # Where an asynchronous save's failure surfaces (or at the next save).
+
+    match = WRITE_FAILED.fullmatch(str(raised.value))
+    assert match is not None, str(raised.value)
+    assert (match["free"] == "unknown") == root.startswith("memory://")  # Only local disks can say.
+    assert isinstance(raised.value, OSError) and not isinstance(raised.value, CheckpointError)  # Exit 1, not 2.
+    monkeypatch.undo()
+    assert [name.rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)] == ["step_1"]  # No half step 2.
+    assert file_contents(fs, f"{path}/step_1") == before
+    assert_equal(manager.load(1).shared_state, make_state(1))
+    loaded = CheckpointManager(root, FakeGang()).load_newest_intact()
+    assert loaded is not None and loaded.step == 1 and loaded.load_rank_state(0) == {"position": 1}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from checkpoint.manager import shared_file_name, shared_keys
+from checkpoint.loaded import shared_file_name, shared_keys
 from checkpoint.metadata import CheckpointMetadata
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore

@@ -8,8 +8,8 @@ process in exactly that state:
 - ``mid_file``: part of ``model.pt`` is written to the save's temporary directory;
 - ``before_rename``: every file and ``metadata.json`` are in the temporary directory, which is
   not yet renamed to ``step_N``;
-- ``mid_prune``: the new checkpoint is committed, and the ``metadata.json`` of an older one that
-  the keep policy drops is deleted, but not yet the rest of its directory.
+- ``mid_prune``: the new checkpoint is committed, and an older one that the keep policy drops is
+  marked as being removed and its ``metadata.json`` deleted, but not yet the rest of its directory.
 
 The state on disk at each point is what the real code leaves there; only the pause is added.
 """
@@ -69,7 +69,7 @@ def install(point: str, step: int, marker: Path) -> None:
         commit_and_prune = manager.CheckpointManager._commit_and_prune
 
         def remove_half(self: store.CheckpointStore, step_dir: str) -> None:
-            self.fs.rm(f"{step_dir}/{METADATA_FILE_NAME}")
+            self.begin_removal(step_dir)
             stall(marker)
 
         def commit_and_prune_stalling(self: manager.CheckpointManager, job: Any, records: Any) -> None:

@@ -182,7 +182,10 @@ def test_help_of_every_command_exits_0(command: str | None, capsys: pytest.Captu
             ["'trainer.max_num_step'", "Did you mean 'trainer.max_num_steps'?"],
         ),
         (["show", "ctr_tiny", "trainer.max_num_steps=many"], ["'trainer.max_num_steps' must be int or null"]),
-        (["show", "ctr_tiny", "trainer.grad_accumulation=0"], ["`grad_accumulation` must be >= 1, but is 0"]),
+        (
+            ["show", "ctr_tiny", "trainer.grad_accumulation=0"],
+            ["`trainer.grad_accumulation` must be an integer >= 1, but is 0 instead"],
+        ),
         (["show", "ctr_tiny", "--config-file", "missing.yaml"], ["The config file missing.yaml does not exist"]),
         (["show", "ctr_tiny", "--config-file", "malformed.yaml"], ["malformed.yaml is not valid YAML"]),
         (["show", "ctr_tiny", "trainer.max_num_steps=[1"], ["is not valid YAML"]),
@@ -284,3 +287,158 @@ def test_a_user_error_in_a_real_process_exits_2_with_one_line(tmp_path: Path, ru
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "Unknown preset 'ctr_tinny'. Did you mean 'ctr_tiny'")
     assert result.stdout == ""
+
+
+# Bad inputs found by trying them as a user would ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("seed=-1", "`seed` must be an integer in [0, 4294967295], but is -1 instead (from the command line)."),
+        ("model.hidden_dims=[-4]", "`model.hidden_dims[0]` must be an integer >= 1, but is -4 instead"),
+        (
+            "model.embeddings.sparse_optimizer.lr=-1",
+            "`model.embeddings.sparse_optimizer.lr` must be a finite number >= 0, but is -1 instead",
+        ),
+        ("optimizer.lr=inf", "`optimizer.lr` must be a finite number > 0, but is inf instead"),
+        ("optimizer.lr=.nan", "`optimizer.lr` must be a finite number > 0, but is nan instead"),
+        ("trainer.early_stopping.min_delta=nan", "`trainer.early_stopping.min_delta` must be a finite number >= 0"),
+        (
+            "optimizer.learning_rate=0.1",
+            "Unknown config key 'optimizer.learning_rate' (from the command line). Did you mean 'optimizer.lr'?",
+        ),
+    ],
+)
+def test_a_bad_value_is_refused_with_one_line_before_anything_is_written(
+    override: str, fragment: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", override)
+
+    assert code == 2
+    assert_one_line_error(err, fragment)
+    assert not (isolated_presets / "out").exists()
+
+
+@pytest.mark.parametrize("output", ["taken.txt", "taken.txt/run"])
+def test_an_output_dir_that_is_a_file_is_refused_before_anything_is_written(
+    output: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (isolated_presets / "taken.txt").write_text("mine\n")
+
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", output)
+
+    assert code == 2
+    assert_one_line_error(err, f"The output directory {output} must be a directory or not exist yet, but ")
+    assert (isolated_presets / "taken.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in isolated_presets.iterdir()) == ["taken.txt"]
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_launching_ranks(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (isolated_presets / "taken.txt").write_text("mine\n")
+
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "taken.txt", "--nproc", "2")
+
+    assert code == 2
+    assert_one_line_error(err, "The output directory taken.txt must be a directory or not exist yet, but is a file.")
+
+
+MISSING_DATA_PY = """\
+import numpy as np
+
+from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recipes.registry import register_recipe
+
+
+@register_recipe("reads_{name}", CTRConfig)
+def build(context):
+    {read}
+    return build_ctr(context)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "read", "fragment"),
+    [
+        ("opens", "open('data/clicks.csv')", "could not build its parts: data/clicks.csv: No such file or directory."),
+        (
+            "loads",
+            "np.loadtxt('data/clicks.csv')",
+            "could not build its parts: FileNotFoundError: data/clicks.csv not found.",
+        ),
+        ("opens_dir", "open('.')", "could not build its parts: .: Is a directory."),
+    ],
+)
+def test_a_user_recipe_missing_a_data_file_is_a_user_error(
+    name: str, read: str, fragment: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (isolated_presets / f"{name}.py").write_text(MISSING_DATA_PY.format(name=name, read=read))
+    (isolated_presets / "recipes.yaml").write_text(f"mine:\n  recipe: reads_{name}\n  imports: [{name}]\n")
+
+    code, _, err = run_main(capsys, "train", "mine", "-o", "out", "metrics.console=false")
+
+    assert code == 2
+    assert_one_line_error(err, f"Recipe 'reads_{name}' {fragment}")
+
+
+def test_a_runtime_file_error_outside_the_build_stays_a_failure(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def vanish(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "somewhere/step_3")
+
+    monkeypatch.setattr("recipes.run.Trainer.run", vanish)
+
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.console=false")
+
+    assert code == 1
+    assert_one_line_error(err, "FileNotFoundError")
+
+
+def test_a_users_module_named_like_a_framework_package_is_refused_in_one_line(tmp_path: Path, run_cli: Any) -> None:
+    (tmp_path / "units.py").write_text("MY_UNITS = 1\n")
+    (tmp_path / "recipes.yaml").write_text("mine:\n  recipe: ctr\n")
+
+    result = run_cli("show", "mine", cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, f"{tmp_path / 'units.py'} hides the framework's package `units`", "rename it")
+
+
+MY_RECIPE_PY = """\
+from dataclasses import dataclass
+
+from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recipes.registry import register_recipe
+
+
+@dataclass
+class MyConfig(CTRConfig):
+    my_knob: int = 1
+
+
+register_recipe("my_ctr", MyConfig)(build_ctr)
+"""
+
+
+def test_a_users_written_config_reruns_from_another_directory(
+    isolated_presets: Path, run_cli: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project, elsewhere = isolated_presets / "project", isolated_presets / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "my_recipe_py.py").write_text(MY_RECIPE_PY)
+    (project / "mine.yaml").write_text("recipe: my_ctr\nimports: [my_recipe_py]\nconfig: {my_knob: 7}\n")
+    monkeypatch.chdir(project)
+    code, out, _ = run_main(capsys, "show", "mine.yaml")
+    assert code == 0
+    (elsewhere / "config.yaml").write_text(out)  # What `train` writes to OUTPUT_DIR/config.yaml.
+
+    result = run_cli("show", "config.yaml", cwd=elsewhere)
+
+    assert result.returncode == 0, result.stderr
+    document = yaml.safe_load(result.stdout)
+    assert (document["recipe"], document["config"]["my_knob"]) == ("my_ctr", 7)
+    assert document["search_path"] == [str(project.resolve())]

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 
 from recipes.builtin.ctr.recipe import CTRConfig
+from recipes.cli import main
 from recipes.config import (
     ConfigError,
+    NumericField,
+    PositiveInt,
+    Range,
     dump_yaml,
+    numeric_fields,
     overrides_to_dict,
     parse_override,
     resolve_config,
@@ -18,6 +26,7 @@ from recipes.config import (
     valid_keys,
 )
 from recipes.errors import UserError
+from recipes.registry import RECIPE_ENTRY_POINTS, get_recipe
 from recipes.run import JobSpec, config_document, resolve_job
 from recipes.sections import RecipeConfig
 
@@ -30,6 +39,10 @@ class ToySection:
     scale: float = 1.0
     tags: list[str] = field(default_factory=list)
     note: str | None = None
+    fraction: Annotated[float, Range(gt=0, le=1)] = 0.5
+    sizes: list[PositiveInt] = field(default_factory=lambda: [2])
+    limit: Annotated[int, Range(ge=-3, lt=10)] | None = None
+    ceiling: Annotated[float, Range(le=5, finite=False)] = 1.0
 
 
 @dataclass
@@ -162,13 +175,16 @@ def test_a_wrong_type_names_the_key_and_the_expected_type(layer: dict[str, objec
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("trainer.grad_accumulation=0", "Invalid config in 'trainer': `grad_accumulation` must be >= 1, but is 0"),
-        ("trainer.max_num_steps=0", "`max_num_steps` must be >= 1 or null, but is 0 instead."),
-        ("optimizer.lr=-1", "Invalid config in 'optimizer': `lr` must be > 0, but is -1.0 instead."),
-        ("optimizer.betas=[0.9]", "`betas` must have 2 values, but has 1 instead."),
-        ("trainer.early_stopping.patience=0", "in 'trainer.early_stopping': `patience` must be >= 1"),
-        ("checkpoint.keep_last_n=0", "`keep_last_n` must be >= 1 or null, but is 0 instead."),
-        ("gang.tp_size=0", "`tp_size` must be >= 1, but is 0 instead."),
+        ("trainer.grad_accumulation=0", "`trainer.grad_accumulation` must be an integer >= 1, but is 0 instead"),
+        ("trainer.max_num_steps=0", "`trainer.max_num_steps` must be an integer >= 1 or null, but is 0 instead"),
+        ("optimizer.lr=-1", "`optimizer.lr` must be a finite number > 0, but is -1 instead (from layer 0)."),
+        ("optimizer.betas=[0.9]", "Invalid config in 'optimizer': `betas` must have 2 values, but has 1 instead."),
+        ("optimizer.betas=[0.9, 1]", "`optimizer.betas[1]` must be a finite number in [0, 1), but is 1 instead"),
+        ("trainer.early_stopping.patience=0", "`trainer.early_stopping.patience` must be an integer >= 1 or null"),
+        ("checkpoint.keep_last_n=0", "`checkpoint.keep_last_n` must be an integer >= 1 or null, but is 0 instead"),
+        ("gang.tp_size=0", "`gang.tp_size` must be an integer >= 1, but is 0 instead (from layer 0)."),
+        ("seed=-1", "`seed` must be an integer in [0, 4294967295], but is -1 instead"),
+        ("gang.timeout_s=.inf", "`gang.timeout_s` must be a finite number > 0, but is inf instead"),
     ],
 )
 def test_an_invalid_value_is_a_clear_error(override: str, message: str) -> None:
@@ -262,3 +278,146 @@ def test_the_dumped_config_resolves_to_the_same_config(tmp_path: Path) -> None:
     assert as_config_file.config == job.config
     assert as_preset.recipe.name == "ctr"
     assert to_dict(as_preset.config)["model"]["hidden_dims"] == [8]
+
+
+# Typos: synonyms, spellings and keys in the wrong section ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("optimizer.learning_rate", "'optimizer.lr'"),  # difflib alone says 'optimizer.name'
+        ("optimizer.weightDecay", "'optimizer.weight_decay'"),
+        ("optimizer.weight-decay", "'optimizer.weight_decay'"),
+        ("optimizer.wd", "'optimizer.weight_decay'"),
+        ("trainer.num_steps", "'trainer.max_num_steps'"),
+        ("trainer.epochs", "'trainer.max_num_data_epochs'"),
+        ("trainer.gradient_accumulation_steps", "'trainer.grad_accumulation'"),
+        ("lr_scheduler.warmup_steps", "'lr_scheduler.num_warmup_steps'"),
+        ("lr", "'optimizer.lr'"),  # a key in the wrong section
+        ("max_num_steps", "'trainer.max_num_steps'"),
+        ("toy.batch", "'validation.batch_size'"),
+    ],
+)
+def test_an_unknown_key_suggests_its_synonym_or_the_same_name_elsewhere(key: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_overrides(f"{key}=1")
+
+    assert f"Unknown config key '{key}' (from layer 0). Did you mean {suggestion}" in str(info.value)
+
+
+# Declared ranges -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("toy.fraction=0", "`toy.fraction` must be a finite number in (0, 1], but is 0 instead (from layer 0)."),
+        ("toy.fraction=1.5", "`toy.fraction` must be a finite number in (0, 1], but is 1.5 instead"),
+        ("toy.sizes=[3, 0]", "`toy.sizes[1]` must be an integer >= 1, but is 0 instead"),
+        ("toy.limit=10", "`toy.limit` must be an integer in [-3, 10) or null, but is 10 instead"),
+        ("toy.limit=-4", "`toy.limit` must be an integer in [-3, 10) or null, but is -4 instead"),
+        ("toy.ceiling=6", "`toy.ceiling` must be a number <= 5, but is 6 instead"),
+        ("toy.ceiling=nan", "`toy.ceiling` must be a number <= 5, but is nan instead"),
+        ("toy.scale=nan", "`toy.scale` must be a finite number, but is nan instead"),  # no range declared
+        ("toy.scale=-inf", "`toy.scale` must be a finite number, but is -inf instead"),
+    ],
+)
+def test_a_value_outside_its_declared_range_names_the_key_and_the_range(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_overrides(override)
+
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override", ["toy.fraction=1", "toy.limit=null", "toy.limit=-3", "toy.ceiling=-inf", "toy.sizes=[]"]
+)
+def test_a_value_on_the_edge_of_its_range_or_null_is_valid(override: str) -> None:
+    resolve_overrides(override)
+
+
+def test_inf_and_nan_typed_plainly_are_numbers_only_where_a_float_goes() -> None:
+    config = resolve_overrides("toy.ceiling=-INF", "toy.note=nan", "toy.tags=[inf]")
+
+    assert config.toy.ceiling == -math.inf
+    assert (config.toy.note, config.toy.tags) == ("nan", ["inf"])
+
+
+def test_a_default_outside_its_range_is_an_error_naming_the_class() -> None:
+    @dataclass
+    class BadDefaults(RecipeConfig):
+        width: PositiveInt = 0
+
+    with pytest.raises(ConfigError, match=r"`width` must be an integer >= 1, but is 0 instead \(from the defaults of"):
+        resolve_config(BadDefaults, [])
+
+
+def test_a_range_takes_one_bound_per_side() -> None:
+    with pytest.raises(TypeError, match="at most one lower bound"):
+        Range(ge=0, gt=0)
+
+
+def test_numeric_fields_lists_nested_list_and_optional_fields_with_their_ranges() -> None:
+    fields = {f.key: f for f in numeric_fields(ToyConfig)}
+
+    assert fields["toy.fraction"] == NumericField("toy.fraction", float, Range(gt=0, le=1), False, False)
+    assert fields["toy.sizes"] == NumericField("toy.sizes", int, Range(ge=1), True, False)
+    assert fields["toy.limit"] == NumericField("toy.limit", int, Range(ge=-3, lt=10), False, True)
+    assert fields["toy.width"].range is None
+    assert fields["trainer.early_stopping.patience"].range == Range(ge=1)
+    assert "toy.tags" not in fields and "metrics.jsonl" not in fields
+
+
+# Every numeric field of every built-in recipe: a declared range, enforced with one line -------------
+
+RECIPE_NAMES = sorted(ep.name for ep in importlib.metadata.entry_points(group=RECIPE_ENTRY_POINTS))
+RECIPE_FIELDS = [(name, f) for name in RECIPE_NAMES for f in numeric_fields(get_recipe(name).config_class)]
+
+
+def outside(declared: Range, kind: type) -> list[float]:
+    """Values just outside each bound of ``declared``, and what no finite float range holds."""
+    integer = kind is int
+    values: list[float] = []
+    if declared.ge is not None:
+        values.append(math.ceil(declared.ge) - 1 if integer else math.nextafter(declared.ge, -math.inf))
+    if declared.gt is not None:
+        values.append(math.floor(declared.gt) if integer else declared.gt)
+    if declared.le is not None:
+        values.append(math.floor(declared.le) + 1 if integer else math.nextafter(declared.le, math.inf))
+    if declared.lt is not None:
+        values.append(math.ceil(declared.lt) if integer else declared.lt)
+    if not integer:
+        values += [math.nan, math.inf, -math.inf] if declared.finite else [math.nan]
+    return values
+
+
+def test_the_walk_covers_every_built_in_recipe_and_nested_and_list_fields() -> None:
+    keys = {(name, f.key) for name, f in RECIPE_FIELDS}
+
+    assert {"ctr", "dlrm", "movielens"} <= set(RECIPE_NAMES)
+    assert ("ctr", "model.hidden_dims") in keys
+    assert ("movielens", "model.embeddings.sparse_optimizer.lr") in keys
+    assert ("dlrm", "trainer.early_stopping.min_delta") in keys
+
+
+@pytest.mark.parametrize(("recipe", "numeric"), RECIPE_FIELDS, ids=[f"{n}:{f.key}" for n, f in RECIPE_FIELDS])
+def test_every_numeric_field_declares_a_range_and_rejects_what_lies_outside_it(
+    recipe: str, numeric: NumericField, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert numeric.range is not None, f"{recipe}: `{numeric.key}` must declare its range (recipes.config.Range)"
+    preset = write(isolated_presets / f"{recipe}.yaml", f"recipe: {recipe}\n")
+    default = to_dict(get_recipe(recipe).config_class())
+    for part in numeric.key.split("."):
+        default = default[part]
+
+    for value in outside(numeric.range, numeric.kind):  # None for an int declared unbounded, `Range()`.
+        text = repr(value)
+        if numeric.element:
+            text = "[" + ", ".join([text, *map(repr, (default or [])[1:])]) + "]"
+        code = main(["show", preset, f"{numeric.key}={text}"])
+        lines = capsys.readouterr().err.strip().splitlines()
+
+        assert code == 2, (numeric.key, text)
+        assert len(lines) == 1 and lines[0].startswith(f"error: `{numeric.key}"), lines
+        assert lines[0].endswith(f"but is {value!r} instead (from the command line)."), lines[0]

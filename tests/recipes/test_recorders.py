@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,6 +11,9 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gang import FakeGang, Gangs
+from recipes.checkpointing import set_earlier_metrics_aside
+from recipes.errors import UserError
 from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
 from recipes.recorders.base import flatten
 
@@ -42,6 +46,77 @@ def test_jsonl_on_resume_drops_the_lines_after_the_resume_step(tmp_path: Path, r
     assert [row["step"] for row in read_jsonl(tmp_path / "train.jsonl")] == [10, 20, 30]
     assert read_jsonl(tmp_path / "train.jsonl")[-1]["loss"] == 3.0
     assert read_jsonl(tmp_path / "valid.jsonl") == [{"step": 20, "auc": 0.5}]
+
+
+def test_jsonl_on_resume_drops_a_torn_last_line_naming_the_file(
+    tmp_path: Path, read_jsonl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = JsonlRecorder(str(tmp_path))
+    for step in (10, 20, 30):
+        first.record("train", step, {"loss": float(step)})
+    with (tmp_path / "train.jsonl").open("a") as f:
+        f.write('{"step": 40, "lo')  # Killed while writing this line.
+
+    with caplog.at_level(logging.WARNING):
+        resumed = JsonlRecorder(str(tmp_path), resume_step=30)
+    resumed.record("train", 40, {"loss": 40.0})
+
+    assert read_jsonl(tmp_path / "train.jsonl") == [{"step": s, "loss": float(s)} for s in (10, 20, 30, 40)]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "torn last line 4" in warning and str(tmp_path / "train.jsonl") in warning
+
+
+def test_jsonl_on_resume_keeps_a_whole_last_line_that_lost_only_its_newline(tmp_path: Path, read_jsonl: Any) -> None:
+    (tmp_path / "train.jsonl").write_text('{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 2.0}')
+
+    JsonlRecorder(str(tmp_path), resume_step=20).record("train", 30, {"loss": 3.0})
+
+    assert [row["step"] for row in read_jsonl(tmp_path / "train.jsonl")] == [10, 20, 30]
+
+
+def test_jsonl_on_resume_refuses_a_broken_line_before_the_last_naming_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text('{"step": 10}\nnot json\n{"step": 30}\n')
+
+    with pytest.raises(UserError, match=r"Line 2 of \S+train\.jsonl must be a JSON object with an integer step"):
+        JsonlRecorder(str(tmp_path), resume_step=30)
+
+
+def test_a_fresh_start_in_a_used_output_directory_moves_the_earlier_metrics_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gangs = Gangs(FakeGang(), FakeGang(), FakeGang())
+    for attempt in (1, 2):
+        recorder = TensorBoardRecorder(str(tmp_path / "tb"))
+        recorder.record("train", 4, {"loss": float(attempt)})
+        recorder.close()
+        JsonlRecorder(str(tmp_path / "metrics")).record("train", 4, {"loss": float(attempt)})
+        with caplog.at_level(logging.WARNING):
+            set_earlier_metrics_aside(str(tmp_path), None, gangs)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.old-1", "metrics.old-2", "tb.old-1", "tb.old-2"]
+    for attempt in (1, 2):
+        assert (tmp_path / f"metrics.old-{attempt}" / "train.jsonl").read_text() == (
+            f'{{"step": 4, "loss": {float(attempt)}}}\n'
+        )
+        events = EventAccumulator(str(tmp_path / f"tb.old-{attempt}" / "train"))
+        events.Reload()
+        assert [(e.step, e.value) for e in events.Scalars("loss")] == [(4, float(attempt))]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and "metrics/ and tb/" in warnings[0] and "metrics.old-1/" in warnings[0]
+
+
+def test_a_resumed_run_or_another_rank_leaves_the_metrics_where_they_are(tmp_path: Path) -> None:
+    JsonlRecorder(str(tmp_path / "metrics")).record("train", 4, {"loss": 1.0})
+
+    set_earlier_metrics_aside(str(tmp_path), object(), Gangs(FakeGang(), FakeGang(), FakeGang()))  # type: ignore[arg-type]
+
+    class Rank1(FakeGang):
+        @property
+        def rank(self) -> int:
+            return 1
+
+    set_earlier_metrics_aside(str(tmp_path), None, Gangs(Rank1(), Rank1(), Rank1()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics"]
 
 
 def test_jsonl_writes_through_fsspec(read_jsonl: Any) -> None:

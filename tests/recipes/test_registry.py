@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from recipes import registry
+from recipes.config import dump_yaml, to_dict
 from recipes.errors import UserError
 from recipes.registry import all_presets, find_preset, get_recipe, register_preset, resolve_preset
-from recipes.run import JobSpec, resolve_job
+from recipes.run import JobSpec, config_document, resolve_job
 
 pytestmark = pytest.mark.usefixtures("isolated_presets")
 
@@ -220,6 +223,7 @@ def test_register_recipe_needs_a_recipe_config() -> None:
         ),
         ("mine:\n  recipe: ctr\n  config: [1]\n", r"The `config` of a preset must be a mapping"),
         ("mine:\n  recipe: ctr\n  imports: my_module\n", r"The `imports` of a preset must be a list of module names"),
+        ("mine:\n  recipe: ctr\n  search_path: lib\n", r"The `search_path` of a preset must be a list of folders"),
     ],
 )
 def test_a_malformed_presets_file_is_a_clear_error(isolated_presets: Path, text: str, message: str) -> None:
@@ -234,3 +238,108 @@ def test_a_single_preset_file_without_a_recipe_is_an_error(isolated_presets: Pat
 
     with pytest.raises(UserError, match=r"plain\.yaml must hold one preset with a `recipe` key, but does not"):
         find_preset("plain.yaml")
+
+
+# Where a user's recipe lives: recorded in config.yaml, and not hiding the framework ----------------
+
+
+def forget_module(name: str, recipe: str, folder: Path) -> None:
+    """As a new process would be: the module not imported, its recipe not registered, its folder not on sys.path."""
+    sys.modules.pop(name, None)
+    registry._recipes.pop(recipe, None)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != folder.resolve()]
+
+
+def test_the_written_config_records_where_the_recipe_lives_and_reruns_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "my project"
+    folder.mkdir()
+    write(folder / "my_recipe_module.py", USER_RECIPE)
+    preset = write(folder / "mine.yaml", "recipe: my_ctr\nimports: [my_recipe_module]\nconfig: {my_knob: 6}\n")
+    job = resolve_job(JobSpec(str(preset)))
+    (tmp_path / "out").mkdir()
+    written = write(tmp_path / "out" / "config.yaml", dump_yaml(config_document(job)))
+    forget_module("my_recipe_module", "my_ctr", folder)
+    monkeypatch.chdir(tmp_path / "out")
+
+    again = resolve_job(JobSpec(str(written)))
+
+    document = yaml.safe_load(written.read_text())
+    assert (document["imports"], document["search_path"]) == (["my_recipe_module"], [str(folder.resolve())])
+    assert again.recipe.name == "my_ctr" and to_dict(again.config) == to_dict(job.config)
+    assert config_document(again) == document  # The same file again: re-running adds no folder.
+
+
+def test_the_written_config_records_the_imports_of_the_whole_based_on_chain(
+    isolated_presets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base_folder = isolated_presets / "base"
+    base_folder.mkdir()
+    write(base_folder / "my_recipe_module.py", USER_RECIPE)
+    base_file = write(base_folder / "presets.yaml", "base:\n  recipe: my_ctr\n  imports: [my_recipe_module]\n")
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(base_file))
+    write(isolated_presets / "child_helpers.py", "HELPED = True\n")
+    write(isolated_presets / "recipes.yaml", "child:\n  based_on: base\n  imports: [child_helpers]\n")
+
+    document = config_document(resolve_job(JobSpec("child")))
+
+    assert document["recipe"] == "my_ctr"
+    assert document["imports"] == ["my_recipe_module", "child_helpers"]
+    assert document["search_path"] == [str(base_folder.resolve()), str(isolated_presets.resolve())]
+
+
+def test_a_built_in_presets_config_records_no_imports() -> None:
+    document = config_document(resolve_job(JobSpec("ctr_tiny")))
+
+    assert "imports" not in document and "search_path" not in document
+
+
+def test_a_relative_search_path_is_relative_to_the_preset_file(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "presets").mkdir()
+    write(tmp_path / "lib" / "my_recipe_module.py", USER_RECIPE)
+    preset = write(
+        tmp_path / "presets" / "mine.yaml", "recipe: my_ctr\nimports: [my_recipe_module]\nsearch_path: [../lib]\n"
+    )
+
+    job = resolve_job(JobSpec(str(preset)))
+
+    assert find_preset(str(preset)).search_path[0] == str((tmp_path / "lib").resolve())
+    assert job.recipe.name == "my_ctr" and job.search_path == (str((tmp_path / "lib").resolve()),)
+
+
+@pytest.mark.parametrize(
+    "shadow", ["units.py", "checkpoint.py", "gang.py", "embedding.py", "recipes.py", "gang/__init__.py"]
+)
+def test_a_users_module_named_like_a_framework_package_is_refused(
+    shadow: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "elsewhere"
+    (folder / shadow).parent.mkdir(parents=True, exist_ok=True)
+    write(folder / shadow, "X = 1\n")
+    write(folder / "my_recipe_module.py", USER_RECIPE)
+    presets = write(folder / "presets.yaml", "mine:\n  recipe: my_ctr\n  imports: [my_recipe_module]\n")
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(presets))
+    name = shadow.split("/")[0].removesuffix(".py")
+    hidden = folder.resolve() / shadow.split("/")[0]
+
+    with pytest.raises(UserError) as info:
+        resolve_job(JobSpec("mine"))
+
+    assert str(info.value) == (
+        f"{hidden} hides the framework's package `{name}` (it comes first on sys.path); "
+        f"rename it, e.g. to my_{name}, and the imports of it."
+    )
+
+
+def test_a_data_folder_named_like_a_framework_package_hides_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "elsewhere"
+    (folder / "checkpoint").mkdir(parents=True)  # No __init__.py: a namespace folder, found after the package.
+    write(folder / "my_recipe_module.py", USER_RECIPE)
+    presets = write(folder / "presets.yaml", "mine:\n  recipe: my_ctr\n  imports: [my_recipe_module]\n")
+    monkeypatch.setenv(registry.PRESET_FILES_ENV, str(presets))
+
+    assert resolve_job(JobSpec("mine")).recipe.name == "my_ctr"

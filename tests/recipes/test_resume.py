@@ -7,6 +7,8 @@ state of the final checkpoint, every metric line, and TensorBoard curves that ne
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,8 +35,11 @@ from resume_helpers import (
     wait_and_kill_at_stall,
     wait_for_checkpoint,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from recipes.run import list_checkpoints
+
+KEEP_ALL = ("checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null")
 
 
 @pytest.fixture
@@ -157,3 +162,50 @@ def test_start_over_trains_from_scratch_and_moves_the_old_checkpoints_aside(tmp_
     reference_train = metric_history(reference)["train"]
     assert metric_history(output_dir)["train"] == reference_train[:5]
     assert tensorboard_scalars(output_dir, "train", "loss") == tensorboard_scalars(reference, "train", "loss")[:5]
+
+
+# Metrics of interrupted runs ------------------------------------------------------------------
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_the_run_resumes_without_duplicates(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Killed after the checkpoint of step 30 while writing the metrics line of step 36: the line is cut
+    short, and the checkpoint of step 40 never came."""
+    kept_all = shared_run(tmp_path_factory, "kept_all", *KEEP_ALL)
+    output_dir = copy_run(kept_all, tmp_path / "run")
+    shutil.rmtree(checkpoints_dir(output_dir) / f"step_{FINAL_STEP}")
+    train_jsonl = output_dir / "metrics" / "train.jsonl"
+    text = train_jsonl.read_text()
+    torn_at = text.index('{"step": 36') + 20
+    train_jsonl.write_text(text[:torn_at])
+
+    result = check_ok(run_recipes(tmp_path, *train_args(output_dir, *KEEP_ALL)))
+
+    lines = [line for line in result.stderr.splitlines() if "torn" in line]
+    assert len(lines) == 1 and str(train_jsonl) in lines[0], result.stderr
+    assert "Resumed from the checkpoint of step 30." in (output_dir / "logs" / "rank_0.log").read_text()
+    assert_same_training(kept_all, output_dir, FINAL_STEP)  # Every line parses, each step once.
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh_recording_no_step_twice(
+    tmp_path: Path, reference: Path
+) -> None:
+    output_dir = tmp_path / "run"
+    marker = tmp_path / "stalled"
+    process = start_recipes(tmp_path, *train_args(output_dir), env=stall_env("mid_file", 10, marker), stalling=True)
+    wait_and_kill_at_stall(process, marker)
+    assert committed_steps(output_dir) == []
+    assert [line["step"] for line in metric_history(output_dir)["train"]] == [4, 8]
+
+    result = check_ok(run_recipes(tmp_path, *train_args(output_dir)))
+
+    lines = [line for line in result.stderr.splitlines() if "Training starts from step 0" in line]
+    assert len(lines) == 1 and "metrics.old-1/" in lines[0] and "tb.old-1/" in lines[0], result.stderr
+    assert_same_training(reference, output_dir, FINAL_STEP)  # Curves and lines each hold every step once.
+    # What the killed run recorded is kept aside, whole.
+    old_lines = (output_dir / "metrics.old-1" / "train.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in old_lines] == [4, 8]
+    old_events = EventAccumulator(str(output_dir / "tb.old-1" / "train"))
+    old_events.Reload()
+    assert [event.step for event in old_events.Scalars("loss")] == [4, 8]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from torch import nn
 from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizerConfig
 from embedding.sharding import init_rows
 from gang import Gang
+from recipes.config import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 
 @dataclass
@@ -24,11 +25,12 @@ class SparseOptimizerSection:
     """The fused optimizer of the sparse tables (the dense layers use the ``optimizer`` section)."""
 
     name: Literal["sgd", "rowwise_adagrad", "adagrad", "adam", "adamw"] = "rowwise_adagrad"
-    lr: float = 0.05
-    weight_decay: float = 0.0
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
+    lr: NonNegativeFloat = 0.05
+    """0 freezes the tables."""
+    weight_decay: NonNegativeFloat = 0.0
+    eps: PositiveFloat = 1e-8
+    beta1: Annotated[float, Range(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
 
     def to_config(self) -> SparseOptimizerConfig:
         return SparseOptimizerConfig(
@@ -43,7 +45,7 @@ class SparseOptimizerSection:
 
 @dataclass
 class EmbeddingSection:
-    dim: int = 16
+    dim: PositiveInt = 16
     backend: Literal["sparse", "dense"] = "sparse"
     """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
@@ -68,11 +70,13 @@ class DenseEmbeddingBags(nn.Module):
     (not ``nn.EmbeddingBag``'s N(0, 1)), so the two backends compare on their updates alone.
     """
 
-    def __init__(self, tables: Sequence[TableSpec], dim: int, seed: int = 0) -> None:
+    def __init__(
+        self, tables: Sequence[TableSpec], dim: int, seed: int = 0, *, init_scale: float | None = None
+    ) -> None:
         super().__init__()
         self.bags = nn.ModuleDict()
         for t in tables:
-            config = EmbeddingTableConfig(t.name, t.num_rows, dim, t.features, pooling=t.pooling)
+            config = EmbeddingTableConfig(t.name, t.num_rows, dim, t.features, pooling=t.pooling, init_scale=init_scale)
             initial = init_rows(config, 0, t.num_rows, seed, torch.device("cpu"))
             self.bags[t.name] = nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
         self.table_of = {feature: t.name for t in tables for feature in t.features}
@@ -87,13 +91,32 @@ class DenseEmbeddingBags(nn.Module):
         }
 
 
-def build_embeddings(section: EmbeddingSection, tables: Sequence[TableSpec], gang: Gang, seed: int) -> nn.Module:
-    """The model's tables as the section asks; sparse tables are sharded over ``gang``."""
+def build_embeddings(
+    section: EmbeddingSection,
+    tables: Sequence[TableSpec],
+    gang: Gang,
+    seed: int,
+    *,
+    dim: int | None = None,
+    prefix: str = "",
+    init_scale: float | None = None,
+) -> nn.Module:
+    """The model's tables as the section asks; sparse tables are sharded over ``gang``.
+
+    A model that needs a second set of the same tables (the dim-1 first-order weights of a
+    factorization machine beside its vectors) overrides ``dim`` and names them apart with
+    ``prefix``: table names key the start-up report and the initial values, so two sets must not
+    share them. ``init_scale`` overrides the tables' default initial range; 0 starts them at zero.
+    """
+    dim = section.dim if dim is None else dim
+    tables = [TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling) for t in tables]
     if section.backend == "dense":
-        return DenseEmbeddingBags(tables, section.dim, seed).to(gang.device)
+        return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
-        EmbeddingTableConfig(t.name, t.num_rows, section.dim, t.features, pooling=t.pooling, placement=placement)
+        EmbeddingTableConfig(
+            t.name, t.num_rows, dim, t.features, pooling=t.pooling, init_scale=init_scale, placement=placement
+        )
         for t in tables
     ]
     return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer.to_config())

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 
 import fsspec
 
+from recipes.errors import UserError
 from recipes.recorders.base import MetricRecorder
+
+log = logging.getLogger(__name__)
 
 
 class JsonlRecorder(MetricRecorder):
@@ -26,10 +30,35 @@ class JsonlRecorder(MetricRecorder):
                 self._truncate_after(path, resume_step)
 
     def _truncate_after(self, path: str, step_nr: int) -> None:
+        """Keep the lines up to ``step_nr``, and drop a torn last line.
+
+        A run killed while writing leaves its last line cut short; it is the only line a
+        killed run can damage, so it is dropped with a warning rather than stopping every
+        later resume. A broken line before it was not written by this recorder, and stops the
+        run naming it.
+        """
         with self._fs.open(path, "r") as f:
-            lines = [line for line in f if line.strip() and json.loads(line)["step"] <= step_nr]
+            lines = f.read().splitlines()
+        kept = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)["step"]
+                if not isinstance(step, int):
+                    raise TypeError(f"its step is {step!r}")
+            except (ValueError, KeyError, TypeError) as ex:
+                if number < len(lines):
+                    raise UserError(
+                        f"Line {number} of {path} must be a JSON object with an integer step, but is {line[:80]!r} "
+                        f"instead ({ex}); fix or move the file to resume."
+                    ) from None
+                log.warning("Dropped the torn last line %d of %s, cut short when a run was killed.", number, path)
+                continue
+            if step <= step_nr:
+                kept.append(line + "\n")
         with self._fs.open(path, "w") as f:
-            f.writelines(lines)
+            f.writelines(kept)
 
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
         line = json.dumps({"step": step_nr, **values}, allow_nan=True)

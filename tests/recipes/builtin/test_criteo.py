@@ -123,7 +123,7 @@ def test_malformed_rows_are_logged_skipped_and_then_an_error(tmp_path: Path, cap
     lines[4] = lines[4].replace(f"{4:08x}", "xyz", 1)  # bad hex in cat_0
     path = write_lines(tmp_path / "day", lines)
 
-    with caplog.at_level(logging.WARNING, logger="recipes.builtin.dlrm.criteo"):
+    with caplog.at_level(logging.WARNING, logger="recipes.data.stream"):
         reader = CriteoReader(
             path, batch_size=3, num_embeddings_per_feature=NO_FOLDING, shuffle=False, max_malformed_rows=3
         )
@@ -431,7 +431,7 @@ def test_drop_last_logs_once_per_epoch_how_many_rows_it_dropped(
             shuffle_buffer_size=shuffle_buffer_size,
         )
 
-    with caplog.at_level(logging.INFO, logger="recipes.builtin.dlrm.criteo"):
+    with caplog.at_level(logging.INFO, logger="recipes.data.stream"):
         first = reader()
         steps = read_all(first)
         read_all(first)  # Past the end: nothing more to say.
@@ -456,7 +456,7 @@ def test_nothing_is_logged_without_drop_last(tmp_path: Path, caplog: pytest.LogC
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(103)])
     reader = CriteoReader(path, batch_size=4, dp_size=2, num_embeddings_per_feature=NO_FOLDING, drop_last=False)
 
-    with caplog.at_level(logging.INFO, logger="recipes.builtin.dlrm.criteo"):
+    with caplog.at_level(logging.INFO, logger="recipes.data.stream"):
         assert sum(batch.batch_size for step in read_all(reader) for batch in step) == 52
 
     assert caplog.records == []

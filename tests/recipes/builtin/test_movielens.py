@@ -13,6 +13,7 @@ import torch
 from gang import FakeGang
 from recipes.builtin.movielens.reader import MovieLensData, MovieLensReader, load_movielens
 from recipes.builtin.movielens.recipe import SHIPPED_DATA
+from recipes.cli import main
 from recipes.click.batch import CTRBatch
 from recipes.click.models import DLRM, CTRModel
 from recipes.data.reader import DataError
@@ -83,6 +84,33 @@ def test_hand_written_files_give_exact_features(tmp_path: Path) -> None:
 def test_malformed_files_are_data_errors_naming_file_and_line(tmp_path: Path, ratings: str, message: str) -> None:
     with pytest.raises(DataError, match=message):
         load_movielens(write_dataset(tmp_path / "ml", ratings=ratings))
+
+
+@pytest.mark.parametrize("rating", ["nan", "inf", "-inf", "NaN", "1e999"])
+def test_a_non_finite_rating_is_a_data_error_naming_file_and_line(tmp_path: Path, rating: str) -> None:
+    path = write_dataset(tmp_path / "ml", ratings=RATINGS + f"3,10,{rating},1000000001\n")
+
+    with pytest.raises(DataError) as info:
+        load_movielens(path)
+
+    assert str(info.value) == (
+        f"Line 5 of {path}/ratings.csv is malformed: `rating` must be a finite number, but is '{rating}' instead."
+    )
+
+
+def test_a_non_finite_rating_ends_training_in_one_line_with_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_dataset(tmp_path / "ml", ratings=RATINGS.replace("3.5", "nan"))
+    monkeypatch.chdir(tmp_path)
+
+    code = main(["train", "movielens_small", "-o", "out", f"dataset.path={path}", "metrics.console=false"])
+
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert lines == [
+        f"error: Line 3 of {path}/ratings.csv is malformed: `rating` must be a finite number, but is 'nan' instead."
+    ]
 
 
 def test_missing_files_are_data_errors(tmp_path: Path) -> None:

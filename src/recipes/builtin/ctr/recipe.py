@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from recipes.builtin.ctr.synthetic import SyntheticCTRData
 from recipes.click.models import CTRModel
 from recipes.click.units import click_prediction_parts
+from recipes.config import PositiveInt
 from recipes.data.memory import InMemoryReader
 from recipes.models.embeddings import (
     EmbeddingSection,
@@ -16,38 +17,26 @@ from recipes.models.embeddings import (
 from recipes.parallel import tensor_parallel_mlp
 from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
 from recipes.registry import register_recipe
-from recipes.sections import RecipeConfig
+from recipes.sections import RecipeConfig, Seed
 
 
 @dataclass
 class CTRModelSection:
     embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
-    hidden_dims: list[int] = field(default_factory=lambda: [64, 32])
+    hidden_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
 
 
 @dataclass
 class SyntheticDataSection:
-    num_train_samples: int = 32768
-    num_valid_samples: int = 8192
-    num_dense: int = 4
-    num_sparse: int = 4
-    vocab_size: int = 1000
-    batch_size: int = 256
+    num_train_samples: PositiveInt = 32768
+    num_valid_samples: PositiveInt = 8192
+    num_dense: PositiveInt = 4
+    num_sparse: PositiveInt = 4
+    vocab_size: PositiveInt = 1000
+    batch_size: PositiveInt = 256
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
-    data_seed: int = 7
+    data_seed: Seed = 7
     """The data's own seed, apart from the training ``seed``, so that changing one keeps the other."""
-
-    def __post_init__(self) -> None:
-        for name in (
-            "num_train_samples",
-            "num_valid_samples",
-            "num_dense",
-            "num_sparse",
-            "vocab_size",
-            "batch_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be >= 1, but is {getattr(self, name)} instead.")
 
 
 @dataclass

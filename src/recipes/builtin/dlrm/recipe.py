@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 from recipes.click.models import DLRM
 from recipes.click.units import click_prediction_parts
-from recipes.config import ConfigError
+from recipes.config import ConfigError, NonNegativeInt, PositiveInt, Range
 from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
@@ -28,15 +29,15 @@ class CriteoDataSection:
     valid_path: str | None = None
     test_path: str | None = None
     """Optional test day files, which ``eval``/``predict --split test`` score."""
-    synthetic_rows: int | None = None
+    synthetic_rows: Annotated[int, Range(ge=4)] | None = None
     """Instead of paths: write this many synthetic training rows (and a quarter as many for
     validation, and for test) under ``OUTPUT_DIR/data`` and train on them."""
-    num_embeddings_per_feature: list[int] = field(default_factory=lambda: [100_000])
+    num_embeddings_per_feature: list[PositiveInt] = field(default_factory=lambda: [100_000])
     """Hash sizes of the 26 categorical features: one value for all, or 26."""
-    batch_size: int = 2048
+    batch_size: PositiveInt = 2048
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
-    shuffle_buffer_size: int = 65_536
-    max_malformed_rows: int = 100
+    shuffle_buffer_size: PositiveInt = 65_536
+    max_malformed_rows: NonNegativeInt = 100
 
     def __post_init__(self) -> None:
         if len(self.num_embeddings_per_feature) not in (1, len(SPARSE_FEATURE_NAMES)):
@@ -49,9 +50,9 @@ class CriteoDataSection:
 @dataclass
 class DLRMModelSection:
     embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
-    bottom_dims: list[int] = field(default_factory=lambda: [64, 32])
+    bottom_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
     """Hidden layers of the dense-feature MLP; its output has the embedding dimension."""
-    top_dims: list[int] = field(default_factory=lambda: [64, 32])
+    top_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
     shared_table: bool = False
     """One table looked up by all 26 features, instead of one table per feature."""
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -170,12 +171,19 @@ def _csv_rows(path: str, header: tuple[str, ...]) -> Iterator[tuple[int, list[st
 
 
 def _parse(kind: type[int] | type[float], text: str, column: str, path: str, line_number: int) -> Any:
+    """``text`` as a number; ``float()`` also reads ``nan`` and ``inf``, which would train on garbage
+    (a NaN rating is no click and no non-click), so they are malformed rows too."""
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise DataError(
             f"Line {line_number} of {path} is malformed: `{column}` must be a {kind.__name__}, but is {text!r} instead."
         ) from None
+    if not math.isfinite(value):
+        raise DataError(
+            f"Line {line_number} of {path} is malformed: `{column}` must be a finite number, but is {text!r} instead."
+        )
+    return value
 
 
 class MovieLensReader(DataReader[CTRBatch]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,7 @@ from torch import nn
 from recipes.builtin.movielens.reader import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, MovieLensReader, load_movielens
 from recipes.click.models import DLRM, CTRModel
 from recipes.click.units import click_prediction_parts
+from recipes.config import PositiveInt, Range
 from recipes.models.embeddings import (
     EmbeddingSection,
     TableSpec,
@@ -34,8 +35,8 @@ class MovieLensDataSection:
     (not its path, which differs between installs and would stop a run's resume elsewhere)."""
     split: Literal["time", "random"] = "time"
     """``time``: the latest ratings are the validation set; ``random``: a seeded random split."""
-    valid_fraction: float = 0.2
-    batch_size: int = 512
+    valid_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.2
+    batch_size: PositiveInt = 512
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
 
 
@@ -44,8 +45,8 @@ class MovieLensModelSection:
     arch: Literal["dlrm", "mlp"] = "dlrm"
     """``dlrm``: dot-product interactions; ``mlp``: concatenated embeddings into an MLP."""
     embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
-    bottom_dims: list[int] = field(default_factory=lambda: [16])
-    top_dims: list[int] = field(default_factory=lambda: [64, 32])
+    bottom_dims: list[PositiveInt] = field(default_factory=lambda: [16])
+    top_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
 
 
 @dataclass

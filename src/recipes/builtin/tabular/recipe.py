@@ -1,0 +1,81 @@
+"""The ``tabular`` recipe: a ``dataset`` schema in YAML, a zoo model by ``model.name``, no Python of the user's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from recipes.click.units import click_prediction_parts
+from recipes.click.zoo import ZooModelSection, build_zoo_model
+from recipes.config import ConfigError
+from recipes.models.embeddings import TableSpec
+from recipes.parallel import tensor_parallel_mlp
+from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
+from recipes.registry import register_recipe
+from recipes.sections import RecipeConfig
+from recipes.tabular.libsvm import LibSVMReader
+from recipes.tabular.reader import TabularReader
+from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection
+
+
+@dataclass
+class TabularConfig(RecipeConfig):
+    model: ZooModelSection = field(default_factory=ZooModelSection)
+    dataset: TabularDataSection = field(default_factory=TabularDataSection)
+
+
+@register_recipe("tabular", TabularConfig, "Click prediction on CSV/TSV files declared by a schema, with a zoo model.")
+def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
+    config, gangs = context.config, context.gangs
+    data = config.dataset
+    if data.train_path is None or data.valid_path is None:
+        raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
+
+    def reader(path: str, train: bool) -> TabularReader | LibSVMReader:
+        if train:
+            batch_size = per_rank_batch_size(data.batch_size, gangs.dp.size)
+        else:
+            batch_size = per_rank_eval_batch_size(config, data.batch_size, gangs.dp.size)
+        reader_class = LibSVMReader if data.format in LIBSVM_FORMATS else TabularReader
+        tabular = reader_class(
+            path,
+            data,
+            batch_size=batch_size,
+            num_accumulate=config.trainer.grad_accumulation if train else 1,
+            dp_rank=gangs.dp.rank,
+            dp_size=gangs.dp.size,
+            shuffle=train,
+            shuffle_buffer_size=data.shuffle_buffer_size,
+            seed=config.seed,
+            max_malformed_rows=data.max_malformed_rows,
+            drop_last=train,
+        )
+        if isinstance(tabular, TabularReader):
+            tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
+        return tabular
+
+    train_reader, valid_reader = reader(data.train_path, train=True), reader(data.valid_path, train=False)
+    splits = {} if data.test_path is None else {"test": reader(data.test_path, train=False)}
+
+    model = build_zoo_model(
+        config.model, _tables(data), data.sparse_features, len(data.dense_columns), gangs.dp, config.seed
+    )
+    for mlp in (getattr(model, name, None) for name in ("mlp", "top_mlp")):
+        if mlp is not None:
+            tensor_parallel_mlp(mlp, gangs)
+    return click_prediction_parts(context, model, train_reader, valid_reader, splits)
+
+
+def _tables(data: TabularDataSection) -> list[TableSpec]:
+    """One table per categorical column, or one per group with a ``shared_table``; multi-hot bags pool by mean.
+    libSVM/libFFM: one table per field (weighted sums of the tokens' rows)."""
+    if data.format in LIBSVM_FORMATS:
+        return [TableSpec(name, data.libsvm_buckets, (name,)) for name in data.sparse_features]
+    tables = []
+    for group in data.categorical:
+        pooling: Literal["sum", "mean"] = "mean" if group.separator else "sum"
+        if group.shared_table is not None:
+            tables.append(TableSpec(group.shared_table, group.num_buckets, tuple(group.columns), pooling))
+        else:
+            tables += [TableSpec(name, group.num_buckets, (name,), pooling) for name in group.columns]
+    return tables

@@ -1,0 +1,116 @@
+"""The public-format presets train, validate and predict on small files written in those formats.
+
+The public files' licences forbid shipping them, so the tests write rows in each format with a
+learnable click signal: the click depends on one categorical column and one count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from pathlib import Path
+
+import pyarrow.csv as pa_csv
+import pytest
+from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["dataset.batch_size=64", "metrics.console=false", "trainer.validate_every_n_steps=10"]
+
+
+def criteo_line(rng: random.Random) -> str:
+    hot = rng.randrange(20)
+    count = rng.randrange(50)
+    click = int(rng.random() < (0.8 if hot < 5 else 0.15) + (0.1 if count > 40 else 0.0))
+    dense = [str(count) if i == 0 else ("" if rng.random() < 0.2 else str(rng.randrange(100))) for i in range(13)]
+    cats = [f"{hot:08x}"] + [f"{rng.randrange(1 << 32):08x}" if rng.random() < 0.9 else "" for _ in range(25)]
+    return "\t".join([str(click), *dense, *cats])
+
+
+def avazu_line(rng: random.Random, row: int) -> str:
+    site = rng.randrange(20)
+    click = int(rng.random() < (0.7 if site < 5 else 0.1))
+    values = [
+        f"{row}",
+        str(click),
+        f"141021{rng.randrange(24):02d}",
+        "1005",
+        str(rng.randrange(2)),
+        f"site{site:03d}",
+        "7e0d2a25",
+        "f028772b",
+        "ecad2386",
+        "7801e8d9",
+        "07d7df22",
+        f"dev{rng.randrange(500)}",
+        f"ip{rng.randrange(1000)}",
+        "8a4875bd",
+        "1",
+        "0",
+        *(str(rng.randrange(30)) for _ in range(8)),
+    ]
+    return ",".join(values)
+
+
+AVAZU_HEADER = (
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,device_id,"
+    "device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21"
+)
+
+
+def write_frappe(path: Path, num_rows: int, seed: int) -> str:
+    """libFM lines as in the NFM paper's Frappe files: a -1/1 label, then one ``idx:1`` per field."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(num_rows):
+        indices = [field * 100 + rng.randrange(100) for field in range(10)]
+        click = rng.random() < (0.8 if indices[0] % 100 < 30 else 0.2)
+        lines.append(("1" if click else "-1") + "".join(f" {index}:1" for index in indices) + "\n")
+    path.write_text("".join(lines))
+    return str(path)
+
+
+def write_criteo(path: Path, num_rows: int, seed: int) -> str:
+    rng = random.Random(seed)
+    with gzip.open(path, "wt") as file:
+        file.writelines(criteo_line(rng) + "\n" for _ in range(num_rows))
+    return str(path)
+
+
+def write_avazu(path: Path, num_rows: int, seed: int) -> str:
+    rng = random.Random(seed)
+    path.write_text(AVAZU_HEADER + "\r\n" + "".join(avazu_line(rng, i) + "\r\n" for i in range(num_rows)))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("preset", "write"), [("criteo_kaggle", write_criteo), ("avazu", write_avazu), ("frappe", write_frappe)]
+)
+def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
+    tmp_path: Path, preset: str, write: object
+) -> None:
+    suffix = {"criteo_kaggle": ".tsv.gz", "avazu": ".csv", "frappe": ".libfm"}[preset]
+    paths = {split: write(tmp_path / f"{split}{suffix}", rows, seed) for seed, (split, rows) in  # type: ignore[operator]
+             enumerate((("train", 3000), ("valid", 700), ("test", 500)))}  # fmt: skip
+    data = [f"dataset.{split}_path={path}" for split, path in paths.items()]
+
+    check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *data, *SMALL, timeout=600))
+    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+
+    valid = metric_history(tmp_path / "out")["valid"]
+    assert valid[-1]["auc"] > 0.7
+    assert {"auc", "log_loss", "ne", "calibration", "pr_auc"} <= set(valid[-1])
+    assert "test: auc=" in predicted.stdout
+    assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
+
+
+def test_a_file_in_the_wrong_format_stops_before_training(tmp_path: Path) -> None:
+    train = write_avazu(tmp_path / "train.csv", 200, 0)  # Avazu's CSV given to the Criteo TSV preset
+    paths = [f"dataset.train_path={train}", f"dataset.valid_path={train}"]
+
+    result = run_recipes(tmp_path, "train", "criteo_kaggle", "-o", "out", *paths, *SMALL)
+
+    assert result.returncode == 2
+    assert "Line 1 of" in one_line_error(result) and "does not fit the schema" in one_line_error(result)
+    assert not (tmp_path / "out" / "checkpoints").exists() or not list((tmp_path / "out" / "checkpoints").iterdir())
