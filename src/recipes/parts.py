@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import torch
 from torch import nn
@@ -80,6 +80,37 @@ def per_rank_eval_batch_size(config: RecipeConfig, train_batch_size: int, dp_siz
             f"but is {batch_size} instead."
         )
     return batch_size // dp_size
+
+
+class ReaderOptions(TypedDict):
+    """The keyword arguments every sharded reader of this package takes, for one split."""
+
+    batch_size: int
+    num_accumulate: int
+    dp_rank: int
+    dp_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+
+
+def reader_options(context: RecipeContext[Any], global_batch_size: int, train: bool) -> ReaderOptions:
+    """How a split is read: training shuffles, accumulates and drops a partial last step; validation,
+    ``eval`` and ``predict`` read every row in order, at ``validation.batch_size`` if set."""
+    config, dp = context.config, context.gangs.dp
+    if train:
+        batch_size = per_rank_batch_size(global_batch_size, dp.size)
+    else:
+        batch_size = per_rank_eval_batch_size(config, global_batch_size, dp.size)
+    return ReaderOptions(
+        batch_size=batch_size,
+        num_accumulate=config.trainer.grad_accumulation if train else 1,
+        dp_rank=dp.rank,
+        dp_size=dp.size,
+        shuffle=train,
+        seed=config.seed,
+        drop_last=train,
+    )
 
 
 def build_optimizer(section: OptimizerSection, params: Iterable[torch.nn.Parameter]) -> Optimizer:

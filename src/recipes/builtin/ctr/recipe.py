@@ -15,7 +15,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
+from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig, Seed
 
@@ -62,23 +62,6 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
     model = CTRModel(embeddings, features, section.dim, data.num_dense, config.model.hidden_dims)
     model.to(context.device)
     tensor_parallel_mlp(model.mlp, context.gangs)
-    batch_size = per_rank_batch_size(data.batch_size, dp.size)
-    train_reader = InMemoryReader(
-        train.batch,
-        len(train),
-        batch_size,
-        num_accumulate=config.trainer.grad_accumulation,
-        dp_rank=dp.rank,
-        dp_size=dp.size,
-        seed=config.seed,
-    )
-    valid_reader = InMemoryReader(
-        valid.batch,
-        len(valid),
-        per_rank_eval_batch_size(config, data.batch_size, dp.size),
-        dp_rank=dp.rank,
-        dp_size=dp.size,
-        shuffle=False,
-        drop_last=False,
-    )
+    train_reader = InMemoryReader(train.batch, len(train), **reader_options(context, data.batch_size, train=True))
+    valid_reader = InMemoryReader(valid.batch, len(valid), **reader_options(context, data.batch_size, train=False))
     return click_prediction_parts(context, model, train_reader, valid_reader)

@@ -17,7 +17,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
+from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
@@ -87,22 +87,12 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
     tensor_parallel_mlp(model.top_mlp, gangs)
 
     def reader(path: str, train: bool) -> CriteoReader:
-        if train:
-            batch_size = per_rank_batch_size(data.batch_size, gangs.dp.size)
-        else:
-            batch_size = per_rank_eval_batch_size(config, data.batch_size, gangs.dp.size)
         return CriteoReader(
             path,
-            batch_size=batch_size,
             num_embeddings_per_feature=sizes,
-            num_accumulate=config.trainer.grad_accumulation if train else 1,
-            dp_rank=gangs.dp.rank,
-            dp_size=gangs.dp.size,
-            shuffle=train,
             shuffle_buffer_size=data.shuffle_buffer_size,
-            seed=config.seed,
             max_malformed_rows=data.max_malformed_rows,
-            drop_last=train,
+            **reader_options(context, data.batch_size, train),
         )
 
     splits = {} if test_path is None else {"test": reader(test_path, train=False)}

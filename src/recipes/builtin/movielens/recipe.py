@@ -20,7 +20,7 @@ from recipes.models.embeddings import (
     build_embeddings,
 )
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
+from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 
@@ -80,20 +80,6 @@ def build_movielens(context: RecipeContext[MovieLensConfig]) -> RecipeParts:
     model.to(context.device)
 
     def reader(rows: npt.NDArray[np.int64], train: bool) -> MovieLensReader:
-        if train:
-            batch_size = per_rank_batch_size(data_section.batch_size, gangs.dp.size)
-        else:
-            batch_size = per_rank_eval_batch_size(config, data_section.batch_size, gangs.dp.size)
-        return MovieLensReader(
-            data,
-            rows,
-            batch_size=batch_size,
-            num_accumulate=config.trainer.grad_accumulation if train else 1,
-            dp_rank=gangs.dp.rank,
-            dp_size=gangs.dp.size,
-            shuffle=train,
-            seed=config.seed,
-            drop_last=train,
-        )
+        return MovieLensReader(data, rows, **reader_options(context, data_section.batch_size, train))
 
     return click_prediction_parts(context, model, reader(train_rows, train=True), reader(valid_rows, train=False))

@@ -10,7 +10,7 @@ from recipes.click.zoo import ZooModelSection, build_zoo_model
 from recipes.config import ConfigError
 from recipes.models.embeddings import TableSpec
 from recipes.parallel import tensor_parallel_mlp
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size, per_rank_eval_batch_size
+from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.tabular.libsvm import LibSVMReader
@@ -32,23 +32,13 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
 
     def reader(path: str, train: bool) -> TabularReader | LibSVMReader:
-        if train:
-            batch_size = per_rank_batch_size(data.batch_size, gangs.dp.size)
-        else:
-            batch_size = per_rank_eval_batch_size(config, data.batch_size, gangs.dp.size)
         reader_class = LibSVMReader if data.format in LIBSVM_FORMATS else TabularReader
         tabular = reader_class(
             path,
             data,
-            batch_size=batch_size,
-            num_accumulate=config.trainer.grad_accumulation if train else 1,
-            dp_rank=gangs.dp.rank,
-            dp_size=gangs.dp.size,
-            shuffle=train,
             shuffle_buffer_size=data.shuffle_buffer_size,
-            seed=config.seed,
             max_malformed_rows=data.max_malformed_rows,
-            drop_last=train,
+            **reader_options(context, data.batch_size, train),
         )
         if isinstance(tabular, TabularReader):
             tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
