@@ -34,11 +34,12 @@ import torch
 from gang import FakeGang, Gangs
 from recipes.builtin.dlrm.recipe import DLRMConfig
 from recipes.data.reader import DataReader
-from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler
+from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
 from recipes.profiler import Profiler
 from recipes.recorders import CompositeRecorder
 from recipes.rng import seed_everything
 from recipes.run import JobSpec, ResolvedJob, resolve_job
+from recipes.sparse_tables import find_sparse_tables, with_sparse_tables
 from recipes.trainer import Trainer
 
 GANGS = Gangs(FakeGang(), FakeGang(), FakeGang())
@@ -132,8 +133,9 @@ def main() -> None:
             job.config.trainer, max_num_steps=steps, publish_metrics_every_n_steps=steps
         )
 
-        assert parts.make_optimizer is not None
-        optimizer = parts.make_optimizer(parts.train_unit.model)
+        model = parts.train_unit.model
+        dense = build_optimizer(job.config.optimizer, model.parameters())
+        optimizer = with_sparse_tables(dense, find_sparse_tables(model))  # as the framework wires a recipe's tables
         # The LR schedule spans every step that either side takes.
         scheduler = build_lr_scheduler(job.config.lr_scheduler, optimizer, 2 * steps * (args.rounds + 1))
         loop = HandWrittenLoop(parts, loop_reader, optimizer, scheduler)
