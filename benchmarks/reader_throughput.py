@@ -1,23 +1,30 @@
-"""Throughput and memory of the Criteo reader and the schema-driven tabular reader against pandas.read_csv.
+"""Throughput and memory of the tabular readers producing ready batches, against a bare read of the same file.
 
-The tabular reader reads the same file through the ``criteo_kaggle`` schema (hashing the categorical
-text instead of parsing hex) and is compared with a *bare* ``pandas.read_csv`` (no conversion at all),
+CSV/TSV: ``TabularReader`` reads a synthetic Criteo-format TSV (label, 13 counts, 26 hex hashes,
+empty fields) through the Criteo schema (``recipes.builtin.dlrm.criteo.criteo_schema``: counts as
+``log(max(x, 0) + 1)``, categorical text hashed to ids) and builds CTRBatch tensors (unshuffled,
+one rank), against a *bare* ``pandas.read_csv`` of the file (its C parser, no conversion at all),
 the comparison issue 14 asks for.
 
-Both sides turn the same generated file into the same arrays: labels, the 13 integer features
-as ``log(max(x, 0) + 1)`` (empty: 0) in float32, and the 26 hex hashes as ``int(h, 16) % size``
-(empty: 0) in int64. The reader streams and also builds CTRBatch tensors (unshuffled, one
-rank); pandas loads the whole file with its C parser, then converts the hex strings with
-``int(h, 16)`` per value (it has no vectorised hex parser). Peak memory is measured with
-tracemalloc in separate passes (numpy and pandas report their buffers to it), on two file
-sizes, to show that the reader's peak does not grow with the file while pandas' does.
+Parquet: the same rows as Parquet (label and I1-I13 int64, C1-C26 strings, empty fields as nulls;
+row groups of 65,536 rows, a Parquet file's unit of reading); ``ParquetReader`` producing ready
+batches against a bare ``pyarrow.parquet.read_table``.
 
-    .venv/bin/python benchmarks/reader_throughput.py --num-rows 500000 --repeats 3
+The two sides of a comparison take turns, repeat after repeat, and the ratio is the median of the
+per-repeat ratios, so that a burst of load from elsewhere on the machine hits both sides. Peak
+memory is measured in separate passes on two file sizes, to show that a reader's peak does not
+grow with the file: by tracemalloc for CSV (numpy and pandas report their buffers to it), and for
+Parquet by tracemalloc plus Arrow's memory pool (pyarrow allocates out of tracemalloc's sight),
+each in a fresh process.
+
+    .venv/bin/python benchmarks/reader_throughput.py --num-rows 500000 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -26,31 +33,23 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
+import numba
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
-from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES, CriteoReader
+from recipes.builtin.dlrm.criteo import criteo_schema
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
-
-CRITEO_SCHEMA = TabularDataSection(
-    format="tsv",
-    header=False,
-    quote_char=None,
-    column_names=["label", "I{1..13}", "C{1..26}"],
-    label=LabelColumn(column="label"),
-    dense=[DenseColumns(columns=["I{1..13}"], log=True)],
-    categorical=[CategoricalColumns(columns=["C{1..26}"], num_buckets=10_000_000)],
-)
 
 TABLE_SIZE = 10_000_000
+CRITEO_SCHEMA = criteo_schema(TABLE_SIZE)
+PARQUET_SCHEMA = dataclasses.replace(CRITEO_SCHEMA, format="parquet")
+
 BATCH_SIZE = 4096
-
-
-def read_with_reader(path: str) -> int:
-    reader = CriteoReader(path, batch_size=BATCH_SIZE, num_embeddings_per_feature=TABLE_SIZE, shuffle=False)
-    return sum(batch.batch_size for step in reader for batch in step)
+PARQUET_ROW_GROUP_ROWS = 65_536
 
 
 def read_with_tabular(path: str) -> int:
@@ -62,26 +61,25 @@ def read_with_bare_pandas(path: str) -> int:
     return len(pd.read_csv(path, sep="\t", header=None))
 
 
-def read_with_pandas(path: str) -> int:
-    frame = pd.read_csv(path, sep="\t", header=None, dtype={c: str for c in range(14, 40)})
-    labels = frame[0].to_numpy(np.float32)
-    dense_values = frame.iloc[:, 1 : 1 + NUM_DENSE_FEATURES].fillna(0).clip(lower=0).to_numpy(np.float64)
-    dense = np.log1p(dense_values).astype(np.float32)
-    sparse = np.empty((len(frame), NUM_SPARSE_FEATURES), dtype=np.int64)
-    for k, column in enumerate(range(14, 40)):
-        hashes = frame[column].map(lambda h: int(h, 16), na_action="ignore").fillna(0).to_numpy(np.int64)
-        sparse[:, k] = hashes % TABLE_SIZE
-    assert len(labels) == len(dense) == len(sparse)
-    return len(labels)
+def timed(read: Callable[[str], int], path: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    rows = read(path)
+    return time.perf_counter() - start, rows
 
 
-def median_seconds(read: Callable[[str], int], path: str, repeats: int) -> tuple[float, int]:
-    times, rows = [], 0
+def compare(
+    read: Callable[[str], int], baseline: Callable[[str], int], path: str, repeats: int
+) -> tuple[float, float, float, int, int]:
+    """Median seconds of each side, taking turns, the median of the per-repeat throughput ratios, and the rows."""
+    read(path)  # Loads the numba kernels (a start-up cost, not throughput).
+    times, baseline_times, ratios, rows, baseline_rows = [], [], [], 0, 0
     for _ in range(repeats):
-        start = time.perf_counter()
-        rows = read(path)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), rows
+        seconds, rows = timed(read, path)
+        baseline_seconds, baseline_rows = timed(baseline, path)
+        times.append(seconds)
+        baseline_times.append(baseline_seconds)
+        ratios.append((rows / seconds) / (baseline_rows / baseline_seconds))
+    return statistics.median(times), statistics.median(baseline_times), statistics.median(ratios), rows, baseline_rows
 
 
 def peak_bytes(read: Callable[[str], int], path: str) -> int:
@@ -92,10 +90,71 @@ def peak_bytes(read: Callable[[str], int], path: str) -> int:
     return peak
 
 
+def write_criteo_parquet(tsv_path: str, parquet_path: str) -> None:
+    """The rows of a Criteo-format TSV as Parquet: int64 label and counts, string hashes, empty fields as nulls."""
+    names = PARQUET_SCHEMA.column_names or []
+    types = {name: pa.int64() if name == "label" or name.startswith("I") else pa.string() for name in names}
+    table = pa_csv.read_csv(
+        tsv_path,
+        read_options=pa_csv.ReadOptions(column_names=names),
+        parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pa_csv.ConvertOptions(column_types=types, strings_can_be_null=True),
+    )
+    pq.write_table(table, parquet_path, row_group_size=PARQUET_ROW_GROUP_ROWS)
+
+
+def read_with_parquet(path: str) -> int:
+    reader = ParquetReader(path, PARQUET_SCHEMA, batch_size=BATCH_SIZE, shuffle=False)
+    return sum(batch.batch_size for step in reader for batch in step)
+
+
+def read_with_bare_read_table(path: str) -> int:
+    return int(pq.read_table(path).num_rows)
+
+
+def _peak_with_arrow(read: Callable[[str], int], path: str) -> int:
+    """Run in a fresh process: the Arrow pool's peak is its whole life's."""
+    return peak_bytes(read, path) + int(pa.default_memory_pool().max_memory() or 0)
+
+
+def peak_bytes_with_arrow(read: Callable[[str], int], path: str) -> int:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return int(pool.apply(_peak_with_arrow, (read, path)))
+
+
+def parquet_report(big_tsv: str, small_tsv: str, num_rows: int, repeats: int) -> list[str]:
+    """Writes the two TSV files as Parquet beside them, times and measures both sides: the lines to print."""
+    big, small = big_tsv.replace(".tsv", ".parquet"), small_tsv.replace(".tsv", ".parquet")
+    write_criteo_parquet(big_tsv, big)
+    write_criteo_parquet(small_tsv, small)
+    size_mb = Path(big).stat().st_size / 1e6
+    reader_s, bare_s, ratio, reader_rows, bare_rows = compare(
+        read_with_parquet, read_with_bare_read_table, big, repeats
+    )
+    sides = (("reader", read_with_parquet), ("bare", read_with_bare_read_table))
+    memory = {(name, path): peak_bytes_with_arrow(read, path) / 1e6 for name, read in sides for path in (small, big)}
+
+    lines = [
+        f"\nParquet: {num_rows} rows, {size_mb:.0f} MB, row groups of {PARQUET_ROW_GROUP_ROWS} rows, median of "
+        f"{repeats}; peak MB: tracemalloc + Arrow's pool\n",
+        f"| side | rows/s | median s | peak MB ({num_rows // 5} rows) | peak MB ({num_rows} rows) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, key, seconds, rows in (
+        ("ParquetReader (criteo_kaggle schema)", "reader", reader_s, reader_rows),
+        ("bare pyarrow.parquet.read_table", "bare", bare_s, bare_rows),
+    ):
+        lines.append(
+            f"| {name} | {rows / seconds:,.0f} | {seconds:.2f} | {memory[key, small]:.0f} | {memory[key, big]:.0f} |"
+        )
+    lines.append(f"\nparquet / bare read_table throughput: {ratio:.2f}x (median of the per-repeat ratios)")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-rows", type=int, default=500_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as directory:
@@ -104,32 +163,26 @@ def main() -> None:
         write_synthetic_criteo(small, args.num_rows // 5, seed=1)
         size_mb = Path(big).stat().st_size / 1e6
 
-        reader_s, reader_rows = median_seconds(read_with_reader, big, args.repeats)
-        pandas_s, pandas_rows = median_seconds(read_with_pandas, big, args.repeats)
-        tabular_s, tabular_rows = median_seconds(read_with_tabular, big, args.repeats)
-        bare_s, bare_rows = median_seconds(read_with_bare_pandas, big, args.repeats)
-        sides = (("reader", read_with_reader), ("pandas", read_with_pandas), ("tabular", read_with_tabular))
+        tabular_s, bare_s, ratio, tabular_rows, bare_rows = compare(
+            read_with_tabular, read_with_bare_pandas, big, args.repeats
+        )
+        sides = (("tabular", read_with_tabular), ("bare", read_with_bare_pandas))
         memory = {(name, path): peak_bytes(read, path) / 1e6 for name, read in sides for path in (small, big)}
+        parquet = parquet_report(big, small, args.num_rows, args.repeats)
 
     print(
         f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: {args.num_rows} rows, {size_mb:.0f} MB, "
-        f"median of {args.repeats}\n"
+        f"median of {args.repeats}, numba threads: {numba.get_num_threads()}\n"
     )
     print(f"| side | rows/s | median s | peak MB ({args.num_rows // 5} rows) | peak MB ({args.num_rows} rows) |")
     print("| --- | --- | --- | --- | --- |")
     for name, key, seconds, rows in (
-        ("CriteoReader", "reader", reader_s, reader_rows),
-        ("pandas.read_csv + conversion", "pandas", pandas_s, pandas_rows),
-        ("TabularReader (criteo_kaggle schema)", "tabular", tabular_s, tabular_rows),
-        ("bare pandas.read_csv", None, bare_s, bare_rows),
+        ("TabularReader (Criteo schema)", "tabular", tabular_s, tabular_rows),
+        ("bare pandas.read_csv", "bare", bare_s, bare_rows),
     ):
-        peaks = "- | -" if key is None else f"{memory[key, small]:.0f} | {memory[key, big]:.0f}"
-        print(f"| {name} | {rows / seconds:,.0f} | {seconds:.2f} | {peaks} |")
-    print(
-        f"\nreader / pandas throughput: {(reader_rows / reader_s) / (pandas_rows / pandas_s):.2f}x "
-        f"(the reader drops the last {pandas_rows - reader_rows} rows that fill no whole batch)"
-    )
-    print(f"tabular / bare pandas throughput: {(tabular_rows / tabular_s) / (bare_rows / bare_s):.2f}x")
+        print(f"| {name} | {rows / seconds:,.0f} | {seconds:.2f} | {memory[key, small]:.0f} | {memory[key, big]:.0f} |")
+    print(f"\ntabular / bare pandas throughput: {ratio:.2f}x (median of the per-repeat ratios)")
+    print("\n".join(parquet))
 
 
 if __name__ == "__main__":

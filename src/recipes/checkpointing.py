@@ -6,6 +6,7 @@ training run puts in them and how it comes back from one.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -131,7 +132,8 @@ def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> 
 
 def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Keys whose values differ, other than those a resumed run may change."""
-    old, new = flatten(saved), flatten(current)
+    # Sorted keys everywhere, so that a list of groups saved as JSON compares equal to the same groups now.
+    old, new = (flatten(json.loads(json.dumps(config, sort_keys=True))) for config in (saved, current))
     keys = sorted(set(old) | set(new))
     return [k for k in keys if old.get(k) != new.get(k) and not k.startswith(RESUMABLE_CHANGES)]
 

@@ -33,6 +33,7 @@ from resume_helpers import (
     train_args,
 )
 
+from recipes.checkpointing import changed_keys
 from recipes.cli import main
 
 KEEP_ALL = ("checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null")
@@ -417,3 +418,11 @@ def test_a_full_disk_while_saving_ends_the_run_with_exit_1_one_line_and_the_prev
     ), errors[0]
     assert sorted(p.name for p in checkpoints_dir(output_dir).iterdir()) == ["step_10"]
     assert set(load_shared_verified(checkpoints_dir(output_dir) / "step_10")) >= {"model", "optimizer", "trainer"}
+
+
+def test_a_list_of_groups_saved_as_json_is_not_a_changed_key() -> None:
+    current = {"dataset": {"groups": [{"columns": ["a"], "vocabulary": True, "min_count": 2}], "lr": 0.1}}
+    saved = json.loads(json.dumps(current, sort_keys=True))  # as a checkpoint's metadata holds it
+
+    assert changed_keys(saved, current) == []
+    assert changed_keys(saved, {"dataset": {**current["dataset"], "lr": 0.2}}) == ["dataset.lr"]

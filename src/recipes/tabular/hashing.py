@@ -1,9 +1,14 @@
 """The stable 64-bit hash that maps a categorical value to its id, the same on every machine, rank and run.
 
-``hash(column, text) = splitmix64(fnv1a64(column + "\\x1f" + text))`` over the UTF-8 bytes: FNV-1a
-is keyed by the column so that equal texts of different columns (a shared table) land apart,
-and splitmix64's finaliser spreads FNV's weak low bits before the modulo. The id of a value is
-``1 + hash % (num_buckets - 1)``; an empty field is id 0, which no value shares.
+``key(column, text) = splitmix64(fnv1a64(column + "\\x1f" + text))`` over the UTF-8 bytes of the
+text with surrounding ASCII whitespace trimmed: FNV-1a is keyed by the column so that equal texts
+of different columns (a shared table) land apart, and splitmix64's finaliser spreads FNV's weak
+low bits before the modulo. An empty field has key 0 (a text whose key is 0, chance 2**-64,
+counts as empty too). The id of a value is ``1 + key % (num_buckets - 1)``; an empty field is
+id 0, which no value shares.
+
+The numba functions here are the building blocks of the readers' tokenisers, which hash a
+field's bytes where they lie in the chunk, without making a string of it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from recipes.tabular.tokens import trim
+
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 SEPARATOR = 0x1F
+NO_QUOTE = -1
 
 
 # Untyped: numba compiles these for the types of their arguments (uint8 bytes, int64 offsets, uint64 state).
@@ -34,13 +42,35 @@ def _splitmix64(value):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _ids(data, offsets, basis, num_buckets):  # type: ignore[no-untyped-def]
-    ids = np.zeros(len(offsets) - 1, dtype=np.int64)
-    modulus = np.uint64(num_buckets - 1)
-    for i in range(len(ids)):
-        if offsets[i + 1] > offsets[i]:
-            ids[i] = 1 + np.int64(_splitmix64(_fnv1a(data, offsets[i], offsets[i + 1], basis)) % modulus)
-    return ids
+def span_key(data, start, end, basis, quote):  # type: ignore[no-untyped-def]
+    """The key of the text ``data[start:end]`` (0 if it is empty once trimmed). With ``quote`` >= 0 the
+    span is a quoted field's inside, whose doubled quotes stand for one."""
+    start, end = trim(data, start, end)
+    if start == end:
+        return np.uint64(0)
+    if quote < 0:
+        return _splitmix64(_fnv1a(data, start, end, basis))
+    state, position = basis, start
+    while position < end:
+        state = (state ^ np.uint64(data[position])) * FNV_PRIME
+        position += 2 if data[position] == quote and position + 1 < end and data[position + 1] == quote else 1
+    return _splitmix64(state)
+
+
+@numba.njit(cache=True)
+def bucket_id(key, num_buckets):  # type: ignore[no-untyped-def]
+    """The id of ``key`` in a table of ``num_buckets`` rows; with 0 rows, the key itself (as int64)."""
+    if num_buckets == 0:
+        return np.int64(key)
+    return np.int64(0) if key == 0 else np.int64(key % (num_buckets - np.uint64(1))) + 1
+
+
+@numba.njit(cache=True)
+def _span_keys(data, starts, ends, basis):  # type: ignore[no-untyped-def]
+    keys = np.zeros(len(starts), dtype=np.uint64)
+    for i in range(len(keys)):
+        keys[i] = span_key(data, starts[i], ends[i], basis, NO_QUOTE)
+    return keys
 
 
 def column_basis(column: str) -> np.uint64:
@@ -49,14 +79,29 @@ def column_basis(column: str) -> np.uint64:
     return np.uint64(_fnv1a(key, 0, len(key), FNV_OFFSET))
 
 
+def bucket_ids(keys: npt.NDArray[np.uint64], num_buckets: int | npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """The ids of ``keys`` in tables of ``num_buckets`` rows (one number, or one per last-axis column)."""
+    modulus = np.asarray(num_buckets, dtype=np.uint64) - np.uint64(1)
+    ids = (keys % modulus + np.uint64(1)).astype(np.int64)
+    ids[keys == 0] = 0
+    return ids
+
+
+def span_keys(
+    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], column: str
+) -> npt.NDArray[np.uint64]:
+    """The keys of the texts ``data[starts[i]:ends[i]]`` as values of ``column``."""
+    keys: npt.NDArray[np.uint64] = _span_keys(data, starts, ends, column_basis(column))
+    return keys
+
+
 def hash_ids(values: pa.Array, column: str, num_buckets: int) -> npt.NDArray[np.int64]:
     """The ids of a string array's values (nulls and empty strings: 0), in ``[0, num_buckets)``."""
     values = values.cast(pa.large_string()).fill_null("")
     buffers = values.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int64)[values.offset : values.offset + len(values) + 1]
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    ids: npt.NDArray[np.int64] = _ids(data, np.ascontiguousarray(offsets), column_basis(column), num_buckets)
-    return ids
+    return bucket_ids(span_keys(data, offsets[:-1], offsets[1:], column), num_buckets)
 
 
 def hash_value(text: str, column: str, num_buckets: int) -> int:

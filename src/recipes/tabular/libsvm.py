@@ -19,12 +19,12 @@ from typing import Any
 import numba
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.data.stream import ParsedLines, StreamingLineReader
-from recipes.tabular.hashing import hash_ids
+from recipes.tabular.hashing import bucket_ids, span_keys
 from recipes.tabular.schema import TabularDataSection
+from recipes.tabular.tokens import number
 
 # Problem codes of the tokenizer, turned into sentences here.
 _OK, _NO_LABEL, _NO_COLON, _BAD_VALUE, _BAD_FIELD, _TOO_MANY = range(6)
@@ -35,34 +35,6 @@ _PROBLEMS = {
     _BAD_FIELD: "every field must be an integer in [0, {num_fields})",
     _TOO_MANY: "it must have at most {num_fields} feature tokens",
 }
-
-
-@numba.njit(cache=True)
-def _number(data, start, end):  # type: ignore[no-untyped-def]
-    """The decimal number in ``data[start:end]`` (sign, digits, point, exponent), and whether it is one."""
-    position, sign, value, seen = start, 1.0, 0.0, False
-    if position < end and (data[position] == 45 or data[position] == 43):  # '-' '+'
-        sign = -1.0 if data[position] == 45 else 1.0
-        position += 1
-    while position < end and 48 <= data[position] <= 57:
-        value, seen, position = value * 10.0 + (data[position] - 48), True, position + 1
-    if position < end and data[position] == 46:  # '.'
-        position += 1
-        scale = 0.1
-        while position < end and 48 <= data[position] <= 57:
-            value, seen, scale, position = value + (data[position] - 48) * scale, True, scale * 0.1, position + 1
-    if seen and position < end and (data[position] == 101 or data[position] == 69):  # 'e' 'E'
-        position += 1
-        exponent_sign, exponent, digits = 1, 0, False
-        if position < end and (data[position] == 45 or data[position] == 43):
-            exponent_sign = -1 if data[position] == 45 else 1
-            position += 1
-        while position < end and 48 <= data[position] <= 57:
-            exponent, digits, position = exponent * 10 + (data[position] - 48), True, position + 1
-        if not digits:
-            return 0.0, False
-        value *= 10.0 ** (exponent_sign * exponent)
-    return sign * value, seen and position == end
 
 
 @numba.njit(cache=True)
@@ -100,7 +72,7 @@ def _tokenize(data, with_fields, num_fields):  # type: ignore[no-untyped-def]
             while token_end < stop and data[token_end] != 32 and data[token_end] != 9:
                 token_end += 1
             if count == 0:
-                label, ok = _number(data, cursor, token_end)
+                label, ok = number(data, cursor, token_end)
                 labels[line] = label
                 if not ok:
                     codes[line] = _NO_LABEL
@@ -121,7 +93,7 @@ def _tokenize(data, with_fields, num_fields):  # type: ignore[no-untyped-def]
                     break
                 field = count - 1
                 if with_fields:
-                    field_value, ok = _number(data, cursor, colon1)
+                    field_value, ok = number(data, cursor, colon1)
                     if not ok or field_value != int(field_value) or not 0 <= field_value < num_fields:
                         codes[line] = _BAD_FIELD
                         break
@@ -134,7 +106,7 @@ def _tokenize(data, with_fields, num_fields):  # type: ignore[no-untyped-def]
                         break
                     if num_fields == 0:
                         field = 0
-                value, ok = _number(data, value_start, token_end)
+                value, ok = number(data, value_start, token_end)
                 if not ok or not np.isfinite(value) or end_idx <= start_idx:
                     codes[line] = _BAD_VALUE if end_idx > start_idx else _NO_COLON
                     break
@@ -182,7 +154,8 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
         bags = []
         for field in range(max(self._num_fields, 1)):
             mine = token_field == field if self._num_fields else np.ones(len(token_field), dtype=np.bool_)
-            ids = _hash_spans(data, starts[mine], ends[mine], self.feature_names[field], self._schema.libsvm_buckets)
+            keys = span_keys(data, starts[mine], ends[mine], self.feature_names[field])
+            ids = bucket_ids(keys, self._schema.libsvm_buckets)
             bags.append(_per_line_bags(token_line[mine], ids, values[mine], num_lines))
         valid = codes == _OK
         return ParsedLines(line_ends, valid, (clicks, *(b for pair in bags for b in pair)), problems)
@@ -218,17 +191,6 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
             return f"the label must be one of {allowed}, but is {label:g} instead"
         token = "field:idx:val" if self._with_fields else "idx:val"
         return _PROBLEMS[code].format(token=token, num_fields=self._num_fields)
-
-
-def _hash_spans(
-    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], name: str, buckets: int
-) -> npt.NDArray[np.int64]:
-    """The ids of the texts ``data[starts[i]:ends[i]]``, hashed as categorical values of feature ``name``."""
-    lengths = ends - starts
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    gathered = data[np.repeat(starts, lengths) + (np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths))]
-    array = pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(gathered.tobytes()))
-    return hash_ids(array, name, buckets)
 
 
 def _object_array(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:

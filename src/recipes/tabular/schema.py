@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from recipes.config import NonNegativeInt, PositiveInt, Range
 
-FORMATS = ("csv", "tsv", "libsvm", "libffm")
+FORMATS = ("csv", "tsv", "libsvm", "libffm", "parquet")
 LIBSVM_FORMATS = ("libsvm", "libffm")
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
@@ -75,9 +75,19 @@ class CategoricalColumns:
     """Multi-hot: a field holds several values split by this (e.g. ``"|"`` for genres), pooled by mean."""
     shared_table: str | None = None
     """One table of this name for all the columns, instead of one each (their values still hash apart)."""
+    vocabulary: bool = False
+    """Instead of hashing: the ``num_buckets - 2`` most frequent values of the training files seen at least
+    ``min_count`` times get ids of their own (from 2, by falling count), any other value the
+    out-of-vocabulary id 1. Counted in one pass at the first start, saved in the output directory."""
+    min_count: PositiveInt = 1
+    """With ``vocabulary``: how often a value must occur in the training files to get an id of its own."""
 
     def __post_init__(self) -> None:
         self.columns = expand_names(self.columns)
+        if self.min_count > 1 and not self.vocabulary:
+            raise ValueError(f"`min_count` applies with `vocabulary: true` only, but is {self.min_count} without it.")
+        if self.vocabulary and self.shared_table is not None:
+            raise ValueError("`vocabulary` and `shared_table` must not be combined, but are both set.")
         if self.separator == "":
             raise ValueError("`separator` must be a non-empty string or null, but is '' instead.")
 
@@ -89,9 +99,10 @@ class TabularDataSection:
     valid_path: str | None = None
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
-    format: Literal["csv", "tsv", "libsvm", "libffm"] = "csv"
-    """``csv`` (``delimiter``, default ``,``), ``tsv`` (tab), ``libsvm`` (also libFM: ``label idx:val ...``)
-    or ``libffm`` (``label field:idx:val ...``)."""
+    format: Literal["csv", "tsv", "libsvm", "libffm", "parquet"] = "csv"
+    """``csv`` (``delimiter``, default ``,``), ``tsv`` (tab), ``libsvm`` (also libFM: ``label idx:val ...``),
+    ``libffm`` (``label field:idx:val ...``) or ``parquet`` (typed columns named by the file, so ``delimiter``,
+    ``quote_char``, ``header`` and ``column_names`` do not apply; a list column can be a multi-hot bag)."""
     delimiter: str | None = None
     """The field separator; ``null``: the format's."""
     quote_char: str | None = '"'
@@ -118,7 +129,7 @@ class TabularDataSection:
     def __post_init__(self) -> None:
         if self.column_names is not None:
             self.column_names = expand_names(self.column_names)
-        if not self.header and self.column_names is None and self.format not in LIBSVM_FORMATS:
+        if not self.header and self.column_names is None and self.format not in (*LIBSVM_FORMATS, "parquet"):
             raise ValueError("`column_names` must name the columns of files without a header, but is not set.")
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")

@@ -1,3 +1,10 @@
+"""The ``dlrm`` recipe's reader: a ``TabularReader`` of ``criteo_schema``, on Criteo-format day files.
+
+How the tabular reader tokenises, hashes and reports a field is ``tests/recipes/tabular``'s; these
+tests check what the recipe relies on: Criteo's layout and DLRM's transforms, gzip, globs and
+fsspec paths, malformed lines, steps over ranks, shuffling, resume, and the synthetic writer.
+"""
+
 from __future__ import annotations
 
 import gzip
@@ -10,20 +17,29 @@ import numpy as np
 import pytest
 import torch
 
-from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recipes.builtin.dlrm.criteo_synthetic import main as synthetic_main
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recipes.cli import main
 from recipes.click.batch import CTRBatch
 from recipes.data.reader import DataError
 from recipes.data.sharding import window_permutation
+from recipes.tabular.hashing import hash_value
+from recipes.tabular.reader import TabularReader
 
-# Big enough that a hash of at most 8 hex digits is its own id.
-NO_FOLDING = 1 << 32
+TABLE_SIZE = 1 << 20
+
+
+def criteo_reader(
+    paths: str, num_embeddings_per_feature: int | list[int] = TABLE_SIZE, **kwargs: object
+) -> TabularReader:
+    """The reader the recipe builds for ``dataset.num_embeddings_per_feature``."""
+    return TabularReader(paths, criteo_schema(num_embeddings_per_feature), **kwargs)  # type: ignore[arg-type]
 
 
 def numbered_line(i: int) -> str:
-    """A well-formed line whose cat_0 hash is ``i``, so that rows can be told apart."""
-    dense = [str(i % 7)] * 13
+    """A well-formed line whose first count ``I1`` is ``i``, so that rows can be told apart."""
+    dense = [str(i)] + [str(i % 7)] * 12
     cats = [f"{i:08x}"] + [f"{(i * 31 + k) % 4096:08x}" for k in range(25)]
     return "\t".join([str(i % 2), *dense, *cats])
 
@@ -38,22 +54,22 @@ def write_lines(path: Path, lines: list[str]) -> str:
 
 
 def row_ids(steps: list[list[CTRBatch]]) -> list[list[list[int]]]:
-    """Per step, per micro-batch, the cat_0 ids (the row numbers of numbered lines)."""
-    return [[batch.sparse["cat_0"].ids.tolist() for batch in step] for step in steps]
+    """Per step, per micro-batch, the row numbers of numbered lines (their ``I1``, through DLRM's log)."""
+    return [[torch.expm1(batch.dense[:, 0].double()).round().long().tolist() for batch in step] for step in steps]
 
 
-def read_all(reader: CriteoReader) -> list[list[CTRBatch]]:
+def read_all(reader: TabularReader) -> list[list[CTRBatch]]:
     return list(reader)
 
 
-def test_reader_parses_known_values_exactly(tmp_path: Path) -> None:
+def test_the_criteo_schema_reads_known_values_as_dlrm_does(tmp_path: Path) -> None:
     dense = ["0", "1", "", "-3", "42", "7", "", "100", "2", "0", "5", "9", "1000000"]
     cats = ["", "0000000A", "ffffffff", "1", *([f"{k:08x}" for k in range(4, 26)])]
     second = ["0", *[""] * 13, *[""] * 26]
     path = write_lines(tmp_path / "day_0", ["\t".join(["1", *dense, *cats]), "\t".join(second)])
     sizes = [1000 + k for k in range(26)]
 
-    reader = CriteoReader(path, batch_size=2, num_embeddings_per_feature=sizes, shuffle=False)
+    reader = criteo_reader(path, sizes, batch_size=2, shuffle=False)
     [[batch]] = read_all(reader)
 
     expected_dense = [0.0 if v == "" else math.log(max(int(v), 0) + 1) for v in dense]
@@ -61,11 +77,32 @@ def test_reader_parses_known_values_exactly(tmp_path: Path) -> None:
     torch.testing.assert_close(batch.dense[0], torch.tensor(expected_dense, dtype=torch.float32))
     torch.testing.assert_close(batch.dense[1], torch.zeros(13))
     assert batch.labels.tolist() == [1.0, 0.0]
+    assert list(batch.sparse) == list(SPARSE_FEATURE_NAMES) == [f"C{k}" for k in range(1, 27)]
     for k, name in enumerate(SPARSE_FEATURE_NAMES):
-        expected = 0 if cats[k] == "" else int(cats[k], 16) % sizes[k]
+        expected = 0 if cats[k] == "" else hash_value(cats[k], name, sizes[k])
         assert batch.sparse[name].ids.tolist() == [expected, 0]
         assert batch.sparse[name].offsets.tolist() == [0, 1, 2]
-    assert batch.sparse["cat_2"].ids[0] == 0xFFFFFFFF % 1002
+    # The text is hashed, keyed by its column: not its hexadecimal value, not the same in every column.
+    assert batch.sparse["C2"].ids[0] == hash_value("0000000A", "C2", 1001) != hash_value("0000000a", "C2", 1001)
+    assert hash_value("00000004", "C5", 1000) != hash_value("00000004", "C6", 1000)
+
+
+def test_one_table_size_serves_every_feature_and_each_feature_can_have_its_own(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "day_0", [numbered_line(i) for i in range(3)])
+
+    def read(sizes: int | list[int]) -> CTRBatch:
+        [[batch]] = read_all(criteo_reader(path, sizes, batch_size=3, shuffle=False))
+        return batch
+
+    one, listed, own = read(50), read([50]), read([50] * 25 + [60])
+
+    for name in SPARSE_FEATURE_NAMES:
+        assert one.sparse[name].ids.tolist() == listed.sparse[name].ids.tolist()
+        assert all(0 < i < 50 for i in one.sparse[name].ids.tolist())
+    for name in SPARSE_FEATURE_NAMES[:-1]:
+        assert own.sparse[name].ids.tolist() == one.sparse[name].ids.tolist()
+    texts = [line.split("\t")[-1] for line in Path(path).read_text().splitlines()]
+    assert own.sparse["C26"].ids.tolist() == [hash_value(text, "C26", 60) for text in texts]
 
 
 def test_gzip_and_plain_files_read_the_same(tmp_path: Path) -> None:
@@ -74,7 +111,7 @@ def test_gzip_and_plain_files_read_the_same(tmp_path: Path) -> None:
     packed = write_lines(tmp_path / "day.tsv.gz", lines)
 
     def read(path: str) -> list[list[list[int]]]:
-        return row_ids(read_all(CriteoReader(path, batch_size=8, num_embeddings_per_feature=NO_FOLDING, seed=3)))
+        return row_ids(read_all(criteo_reader(path, batch_size=8, seed=3)))
 
     assert read(plain) == read(packed)
     assert sorted(i for step in read(plain) for batch in step for i in batch) == sorted(
@@ -85,7 +122,7 @@ def test_gzip_and_plain_files_read_the_same(tmp_path: Path) -> None:
 def test_steps_have_num_accumulate_micro_batches_and_drop_the_incomplete_step(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(23)])
 
-    reader = CriteoReader(path, batch_size=4, num_accumulate=2, num_embeddings_per_feature=NO_FOLDING, shuffle=False)
+    reader = criteo_reader(path, batch_size=4, num_accumulate=2, shuffle=False)
 
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]]]
     with pytest.raises(StopIteration):
@@ -96,22 +133,20 @@ def test_globs_read_files_in_order_and_a_missing_file_is_a_data_error(tmp_path: 
     write_lines(tmp_path / "day_0", [numbered_line(i) for i in range(3)])
     write_lines(tmp_path / "day_1.gz", [numbered_line(i) for i in range(3, 6)])
 
-    reader = CriteoReader(str(tmp_path / "day_*"), batch_size=6, num_embeddings_per_feature=NO_FOLDING, shuffle=False)
+    reader = criteo_reader(str(tmp_path / "day_*"), batch_size=6, shuffle=False)
 
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3, 4, 5]]]
     with pytest.raises(DataError, match="day_9"):
-        CriteoReader(str(tmp_path / "day_9"), batch_size=1, num_embeddings_per_feature=10)
+        criteo_reader(str(tmp_path / "day_9"), batch_size=1, num_embeddings_per_feature=10)
     with pytest.raises(DataError, match="matches none"):
-        CriteoReader(str(tmp_path / "month_*"), batch_size=1, num_embeddings_per_feature=10)
+        criteo_reader(str(tmp_path / "month_*"), batch_size=1, num_embeddings_per_feature=10)
 
 
 def test_memory_filesystem_paths() -> None:
     with fsspec.open("memory://criteo/day_0.gz", "wt", compression="gzip") as file:
         file.write("".join(numbered_line(i) + "\n" for i in range(10)))
 
-    reader = CriteoReader(
-        "memory://criteo/day_0.gz", batch_size=5, num_embeddings_per_feature=NO_FOLDING, shuffle=False
-    )
+    reader = criteo_reader("memory://criteo/day_0.gz", batch_size=5, shuffle=False)
 
     assert row_ids(read_all(reader)) == [[[0, 1, 2, 3, 4]], [[5, 6, 7, 8, 9]]]
 
@@ -120,36 +155,21 @@ def test_malformed_rows_are_logged_skipped_and_then_an_error(tmp_path: Path, cap
     lines = [numbered_line(i) for i in range(6)]
     lines[1] = lines[1].replace("\t", "\t\t", 1)  # 41 fields
     lines[3] = "2" + lines[3][1:]  # bad label
-    lines[4] = lines[4].replace(f"{4:08x}", "xyz", 1)  # bad hex in cat_0
+    lines[4] = lines[4].replace("\t4\t", "\tx4\t", 1)  # a count that is no number, in I1
     path = write_lines(tmp_path / "day", lines)
 
     with caplog.at_level(logging.WARNING, logger="recipes.data.stream"):
-        reader = CriteoReader(
-            path, batch_size=3, num_embeddings_per_feature=NO_FOLDING, shuffle=False, max_malformed_rows=3
-        )
+        reader = criteo_reader(path, batch_size=3, shuffle=False, max_malformed_rows=3)
         assert row_ids(read_all(reader)) == [[[0, 2, 5]]]
     assert [record.getMessage().split(",")[0] for record in caplog.records] == [
         f"Skipping line {n} of file://{path}" for n in (2, 4, 5)
     ]
     assert "41 instead" in caplog.records[0].getMessage()
-    assert "'xyz'" in caplog.records[2].getMessage()
+    assert "'x4'" in caplog.records[2].getMessage()
 
-    strict = CriteoReader(
-        path, batch_size=3, num_embeddings_per_feature=NO_FOLDING, shuffle=False, max_malformed_rows=2
-    )
-    with pytest.raises(DataError, match=rf"Line 5 of file://{path} is malformed: `cat_0` must be .*'xyz'"):
+    strict = criteo_reader(path, batch_size=3, shuffle=False, max_malformed_rows=2)
+    with pytest.raises(DataError, match=rf"Line 5 of file://{path} is malformed: `I1` must be .*'x4'"):
         read_all(strict)
-
-
-def test_a_non_integer_dense_value_is_malformed(tmp_path: Path) -> None:
-    fields = numbered_line(0).split("\t")
-    fields[3] = "1.5"
-    path = write_lines(tmp_path / "day", ["\t".join(fields)])
-
-    reader = CriteoReader(path, batch_size=1, num_embeddings_per_feature=10, max_malformed_rows=0)
-
-    with pytest.raises(DataError, match=r"Line 1 of .* integer feature 2 must be a decimal integer"):
-        next(reader)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -157,13 +177,12 @@ def test_two_ranks_share_every_row_once_with_equal_step_counts(tmp_path: Path, s
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(103)])
 
     def rank_rows(rank: int) -> list[list[list[int]]]:
-        reader = CriteoReader(
+        reader = criteo_reader(
             path,
             batch_size=4,
             num_accumulate=2,
             dp_rank=rank,
             dp_size=2,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle=shuffle,
             shuffle_buffer_size=30,
         )
@@ -180,10 +199,8 @@ def test_two_ranks_share_every_row_once_with_equal_step_counts(tmp_path: Path, s
 def test_shuffle_is_seeded_by_seed_and_epoch(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(64)])
 
-    def reader(seed: int) -> CriteoReader:
-        return CriteoReader(
-            path, batch_size=8, num_embeddings_per_feature=NO_FOLDING, seed=seed, shuffle_buffer_size=32
-        )
+    def reader(seed: int) -> TabularReader:
+        return criteo_reader(path, batch_size=8, seed=seed, shuffle_buffer_size=32)
 
     first = reader(0)
     epoch_0 = row_ids(read_all(first))
@@ -205,10 +222,9 @@ def test_window_boundaries_do_not_depend_on_the_read_chunk_size(tmp_path: Path) 
     path = write_lines(tmp_path / "day", lines)
 
     def read(chunk_bytes: int) -> list[list[list[int]]]:
-        reader = CriteoReader(
+        reader = criteo_reader(
             path,
             batch_size=3,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle_buffer_size=10,
             read_chunk_bytes=chunk_bytes,
         )
@@ -229,14 +245,13 @@ def test_resume_reads_exactly_the_rows_an_uninterrupted_run_reads(
     write_lines(tmp_path / "day_0.gz", lines[:40])
     write_lines(tmp_path / "day_1", lines[40:])
 
-    def reader() -> CriteoReader:
-        return CriteoReader(
+    def reader() -> TabularReader:
+        return criteo_reader(
             str(tmp_path / "day_*"),
             batch_size=3,
             num_accumulate=2,
             dp_rank=1,
             dp_size=2,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle=shuffle,
             shuffle_buffer_size=20,
             seed=5,
@@ -278,17 +293,16 @@ def test_synthetic_data_round_trips_and_carries_a_learnable_signal(tmp_path: Pat
     write_synthetic_criteo(again, 4000, seed=2, num_malformed=4)
     assert gzip.decompress(Path(path).read_bytes()) == gzip.decompress(Path(again).read_bytes())
 
-    reader = CriteoReader(
-        path, batch_size=2000, num_embeddings_per_feature=1 << 20, shuffle=False, max_malformed_rows=4
-    )
-    [[train], [test]] = read_all(reader)
+    [[train], [test]] = read_all(criteo_reader(path, batch_size=2000, shuffle=False, max_malformed_rows=4))
+    with pytest.raises(DataError, match="malformed row 4 of this epoch"):  # Each malformed line is one to the reader.
+        read_all(criteo_reader(path, batch_size=2000, shuffle=False, max_malformed_rows=3))
     assert 0.2 < train.labels.mean() < 0.8
     assert (train.dense == 0).float().mean() > 0.05
-    # Mean label per cat_0 category, learnt on one half, ranks the other half well above chance
+    # Mean label per C1 category, learnt on one half, ranks the other half well above chance
     # (0.5, with a standard error near 0.013 on 2000 rows).
-    train_ids, train_labels = train.sparse["cat_0"].ids.numpy(), train.labels.numpy()
+    train_ids, train_labels = train.sparse["C1"].ids.numpy(), train.labels.numpy()
     rate = {int(v): train_labels[train_ids == v].mean() for v in np.unique(train_ids)}
-    scores = np.array([rate.get(int(v), train_labels.mean()) for v in test.sparse["cat_0"].ids.numpy()])
+    scores = np.array([rate.get(int(v), train_labels.mean()) for v in test.sparse["C1"].ids.numpy()])
     assert held_out_auc(scores, test.labels.numpy()) > 0.56
 
 
@@ -306,11 +320,34 @@ def test_synthetic_cli_writes_rows_and_has_help(tmp_path: Path, capsys: pytest.C
 def test_invalid_arguments_are_value_errors(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(0)])
     with pytest.raises(ValueError, match="`dp_rank` must be in"):
-        CriteoReader(path, batch_size=1, num_embeddings_per_feature=10, dp_rank=2, dp_size=2)
-    with pytest.raises(ValueError, match="`num_embeddings_per_feature` must be"):
-        CriteoReader(path, batch_size=1, num_embeddings_per_feature=[10, 10])
+        criteo_reader(path, batch_size=1, num_embeddings_per_feature=10, dp_rank=2, dp_size=2)
+    for sizes in ([10, 10], 1, [1] * 26):
+        with pytest.raises(ValueError, match="`num_embeddings_per_feature` must be one int >= 2 or 26 of them, but is"):
+            criteo_reader(path, batch_size=1, num_embeddings_per_feature=sizes)
     with pytest.raises(ValueError, match="`batch_size` must be at least 1"):
-        CriteoReader(path, batch_size=0, num_embeddings_per_feature=10)
+        criteo_reader(path, batch_size=0, num_embeddings_per_feature=10)
+
+
+def test_the_recipe_stops_on_a_file_of_another_format_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "train.csv"
+    path.write_text("click,hour,site\n" + "1,14102100,abc\n" * 20)  # Avazu-like CSV: one field per tab-split line
+    data = ["dataset.synthetic_rows=null", f"dataset.train_path={path}", f"dataset.valid_path={path}"]
+
+    assert main(["train", "dlrm_criteo_tiny", "-o", str(tmp_path / "out"), *data]) == 2
+
+    error = capsys.readouterr().err
+    assert f"Line 1 of file://{path} does not fit the schema: it must have 40 fields, but has 1 instead" in error
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_table_of_one_row_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sizes = "dataset.num_embeddings_per_feature=[1]"
+
+    assert main(["train", "dlrm_criteo_tiny", "-o", str(tmp_path / "out"), sizes]) == 2
+
+    assert "num_embeddings_per_feature" in capsys.readouterr().err
 
 
 def interleave(per_rank: list[list[int]]) -> list[int]:
@@ -334,13 +371,12 @@ def test_without_drop_last_the_ranks_read_every_row_once_in_file_order(
     expected = [i for i in range(101) if i != 40]
 
     def read(rank: int) -> list[list[list[int]]]:
-        reader = CriteoReader(
+        reader = criteo_reader(
             path,
             batch_size=4,
             num_accumulate=num_accumulate,
             dp_rank=rank,
             dp_size=dp_size,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle=False,
             shuffle_buffer_size=30,  # Several windows; only the last holds a short step.
             drop_last=False,
@@ -359,12 +395,11 @@ def test_without_drop_last_a_shuffled_epoch_is_its_windows_permutations_dealt_ou
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(101)])
 
     def read(rank: int) -> list[int]:
-        reader = CriteoReader(
+        reader = criteo_reader(
             path,
             batch_size=4,
             dp_rank=rank,
             dp_size=3,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle_buffer_size=30,
             seed=9,
             drop_last=False,
@@ -385,12 +420,11 @@ def test_a_rank_the_short_last_step_does_not_reach_reads_a_valid_zero_row_batch(
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(25)])
 
     def last_step(rank: int) -> list[CTRBatch]:
-        reader = CriteoReader(
+        reader = criteo_reader(
             path,
             batch_size=4,
             dp_rank=rank,
             dp_size=3,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle=False,
             drop_last=False,
         )
@@ -420,14 +454,13 @@ def test_drop_last_logs_once_per_epoch_how_many_rows_it_dropped(
 ) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(num_rows)])
 
-    def reader() -> CriteoReader:
-        return CriteoReader(
+    def reader() -> TabularReader:
+        return criteo_reader(
             path,
             batch_size=4,
             num_accumulate=2,
             dp_rank=1,
             dp_size=2,
-            num_embeddings_per_feature=NO_FOLDING,
             shuffle_buffer_size=shuffle_buffer_size,
         )
 
@@ -454,7 +487,7 @@ def test_drop_last_logs_once_per_epoch_how_many_rows_it_dropped(
 
 def test_nothing_is_logged_without_drop_last(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_lines(tmp_path / "day", [numbered_line(i) for i in range(103)])
-    reader = CriteoReader(path, batch_size=4, dp_size=2, num_embeddings_per_feature=NO_FOLDING, drop_last=False)
+    reader = criteo_reader(path, batch_size=4, dp_size=2, drop_last=False)
 
     with caplog.at_level(logging.INFO, logger="recipes.data.stream"):
         assert sum(batch.batch_size for step in read_all(reader) for batch in step) == 52

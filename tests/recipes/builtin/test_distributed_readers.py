@@ -17,22 +17,27 @@ from torch.multiprocessing.spawn import spawn
 
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
-from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recipes.builtin.movielens.reader import SPARSE_FEATURE_NAMES as MOVIELENS_FEATURES
 from recipes.builtin.movielens.reader import MovieLensReader, load_movielens
 from recipes.builtin.movielens.recipe import SHIPPED_DATA
 from recipes.click.batch import CTRBatch
+from recipes.tabular.reader import TabularReader
 
 pytestmark = pytest.mark.slow
 
-NO_FOLDING = 1 << 32
 NUM_ROWS = 203  # Not a multiple of a global step: the tail is dropped alike on both ranks.
 
 
 def numbered_line(i: int) -> str:
-    """A well-formed Criteo line whose cat_0 hash is ``i``."""
+    """A well-formed Criteo line whose first count ``I1`` is ``i``."""
     cats = [f"{i:08x}"] + [f"{(i * 31 + k) % 4096:08x}" for k in range(25)]
-    return "\t".join([str(i % 2), *([str(i % 7)] * 13), *cats])
+    return "\t".join([str(i % 2), str(i), *([str(i % 7)] * 12), *cats])
+
+
+def row_numbers(batch: CTRBatch) -> list[int]:
+    """The row numbers of a batch of numbered lines: their ``I1``, back through DLRM's ``log(x + 1)``."""
+    return torch.expm1(batch.dense[:, 0].double()).round().long().tolist()
 
 
 def free_port() -> int:
@@ -41,9 +46,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def epoch_ids(reader: Any, feature: str) -> list[list[int]]:
-    """The ids of ``feature`` of each step, flattened over its micro-batches."""
-    return [[i for batch in step for i in batch.sparse[feature].ids.tolist()] for step in reader]
+def epoch_rows(reader: TabularReader) -> list[list[int]]:
+    """The row numbers of each step, flattened over its micro-batches."""
+    return [[i for batch in step for i in row_numbers(batch)] for step in reader]
 
 
 def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
@@ -51,19 +56,19 @@ def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))  # type: ignore[arg-type]
     try:
-        criteo = CriteoReader(
+        criteo = TabularReader(
             criteo_path,
+            criteo_schema(1 << 20),
             batch_size=8,
             num_accumulate=2,
-            num_embeddings_per_feature=NO_FOLDING,
             dp_rank=gang.rank,
             dp_size=gang.size,
             shuffle_buffer_size=64,
             seed=5,
         )
-        first_epoch = epoch_ids(criteo, "cat_0")
+        first_epoch = epoch_rows(criteo)
         criteo.reset()
-        second_epoch = epoch_ids(criteo, "cat_0")
+        second_epoch = epoch_rows(criteo)
 
         data = load_movielens(SHIPPED_DATA)
         train_rows, _ = data.split("random", 0.2, seed=1)
@@ -130,11 +135,11 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, re
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))  # type: ignore[arg-type]
     try:
-        criteo = CriteoReader(
+        criteo = TabularReader(
             criteo_path,
+            criteo_schema(4096),  # The rows of the shared table below.
             batch_size=8,
             num_accumulate=2,
-            num_embeddings_per_feature=4096,  # Above every hash of a numbered line: ids are hashes.
             dp_rank=gang.rank,
             dp_size=gang.size,
             shuffle=False,
@@ -164,7 +169,7 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, re
 
         results[rank] = gang.all_gather_object(
             (
-                [[batch.sparse["cat_0"].ids.tolist() for batch in step] for step in criteo_steps],
+                [[row_numbers(batch) for batch in step] for step in criteo_steps],
                 [
                     [list(zip(batch.sparse["user"].ids.tolist(), batch.sparse["movie"].ids.tolist())) for batch in step]
                     for step in movielens_steps

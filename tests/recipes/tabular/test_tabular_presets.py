@@ -114,3 +114,47 @@ def test_a_file_in_the_wrong_format_stops_before_training(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert "Line 1 of" in one_line_error(result) and "does not fit the schema" in one_line_error(result)
     assert not (tmp_path / "out" / "checkpoints").exists() or not list((tmp_path / "out" / "checkpoints").iterdir())
+
+
+def test_a_libsvm_preset_checks_its_files_before_training(tmp_path: Path) -> None:
+    train = write_avazu(tmp_path / "train.csv", 200, 0)  # a CSV given to the libFM preset
+    paths = [f"dataset.train_path={train}", f"dataset.valid_path={train}"]
+
+    result = run_recipes(tmp_path, "train", "frappe", "-o", "out", *paths, *SMALL)
+
+    assert result.returncode == 2
+    assert "Line 1 of" in one_line_error(result) and "does not fit the schema" in one_line_error(result)
+
+
+VOCABULARY_PRESET = """
+recipe: tabular
+config:
+  dataset:
+    format: csv
+    label: {column: click}
+    categorical:
+      - {columns: [site_id, device_ip], vocabulary: true, min_count: 2, num_buckets: 1000}
+      - {columns: [banner_pos, "C{14..21}"], num_buckets: 1000}
+  model: {name: fm}
+  trainer: {max_num_steps: 20, validate_every_n_steps: 10, score_metric: auc}
+  checkpoint: {every_n_steps: 10}
+"""
+
+
+def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path: Path) -> None:
+    (tmp_path / "clicks.yaml").write_text(VOCABULARY_PRESET)
+    paths = {split: write_avazu(tmp_path / f"{split}.csv", rows, seed) for seed, (split, rows) in
+             enumerate((("train", 2000), ("valid", 500)))}  # fmt: skip
+    data = [f"dataset.{split}_path={path}" for split, path in paths.items()]
+
+    check_ok(run_recipes(tmp_path, "train", "clicks.yaml", "-o", "out", *data, *SMALL))
+    log = tmp_path / "out" / "logs" / "rank_0.log"
+    assert "Vocabulary of `site_id`: 20 of 20 distinct values kept" in log.read_text()
+    # Appending rows to the training file must not change the ids of a run under way.
+    with open(paths["train"], "a") as file:
+        file.write("".join(avazu_line(random.Random(9), 10_000 + i) + "\r\n" for i in range(500)))
+    check_ok(run_recipes(tmp_path, "train", "out/config.yaml", "-o", "out", "trainer.max_num_steps=30", *SMALL))
+
+    assert "Loaded the vocabularies of site_id, device_ip" in log.read_text()
+    assert (tmp_path / "out" / "vocabularies.npz").exists()
+    assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,77 @@ def test_resume_mid_epoch_continues_with_the_same_rows(tmp_path: Path) -> None:
     resumed.load_state_dict(interrupted.state_dict())
 
     assert head + [b.dense.tolist() for step in resumed for b in step] == expected
+
+
+def random_rows(seed: int, num_rows: int) -> list[list[str]]:
+    """Rows of (click, amount, city, tags) text in the shapes real files hold: padded, quoted, empty, signed,
+    with exponents, commas, doubled quotes and non-ASCII text."""
+    rng = random.Random(seed)
+    numbers = ["0", "-7", "+3", "12.5", ".25", "3.", "1e3", "-2.5E-2", "007", " 42 ", "", "123456789012345", "6.02e23"]
+    words = ["Paris", "São Paulo", "a, b", 'say "hi"', " padded ", "", "x" * 40, "0", "é"]
+    return [
+        [
+            rng.choice(["0", "1", " 1"]),
+            rng.choice(numbers),
+            rng.choice(words),
+            "|".join(rng.choice(words[:4]) for _ in range(rng.randrange(1, 4))),
+        ]
+        for _ in range(num_rows)
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_values_are_read_as_the_csv_module_and_float_read_them(tmp_path: Path, seed: int) -> None:
+    rows = random_rows(seed, 300)
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file, lineterminator=random.Random(seed).choice(["\n", "\r\n"]))
+        writer.writerow(["click", "amount", "city", "tags"])
+        writer.writerows(rows)
+    data = schema(
+        dense=[DenseColumns(columns=["amount"], fill=-1.0)],
+        categorical=[
+            CategoricalColumns(columns=["city"], num_buckets=10_007),
+            CategoricalColumns(columns=["tags"], num_buckets=10_007, separator="|"),
+        ],
+    )
+
+    batch = read(path, data, batch_size=len(rows))[0]
+
+    expected_dense = [float(a) if a.strip() else -1.0 for _, a, _, _ in rows]
+    assert batch.dense[:, 0].tolist() == torch.tensor(expected_dense, dtype=torch.float32).tolist()  # type: ignore[attr-defined]
+    assert batch.labels.tolist() == [float(c.strip()) for c, _, _, _ in rows]  # type: ignore[attr-defined]
+    expected_cities = [hash_value(city.strip(), "city", 10_007) for _, _, city, _ in rows]
+    assert batch.sparse["city"].ids.tolist() == expected_cities  # type: ignore[attr-defined]
+    expected_tags = [hash_value(t.strip(), "tags", 10_007) for _, _, _, tags in rows for t in tags.split("|")]
+    assert batch.sparse["tags"].ids.tolist() == expected_tags  # type: ignore[attr-defined]
+
+
+def test_a_line_cut_wrong_is_reported_before_its_values(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('click,age,city\n1,1,"open\n7,x\n1,1,a,\n')
+
+    with pytest.raises(DataError) as error:
+        read(path, schema(), max_malformed_rows=2)
+
+    message = str(error.value)
+    assert "Line 4 of" in message and "it must have 3 fields, but has 4 instead" in message  # a trailing delimiter
+
+
+def test_an_unterminated_quote_and_a_bad_label_with_the_wrong_field_count(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('click,age,city\n1,1,"open\n')
+
+    with pytest.raises(DataError, match=r"Line 2 of .*a quoted field must end with a quote"):
+        read(path, schema())
+
+    path.write_text("click,age,city\n7,x\n")
+    with pytest.raises(DataError, match=r"Line 2 of .*it must have 3 fields, but has 2 instead"):
+        read(path, schema())
+
+
+def test_a_byte_order_mark_before_the_header_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_bytes("\ufeffclick,age,city\n1,2,a\n".encode())
+
+    assert [b.dense.tolist() for b in read(path, schema())] == [[[2.0]]]  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, NUM_SPARSE_FEATURES
 
 _SIGNAL_FEATURES = 3
 _ROWS_PER_CHUNK = 65_536
-_MALFORMED_KINDS = ("field_count", "hex", "integer", "label")
+_MALFORMED_KINDS = ("field_count", "number", "label")
 
 
 def write_synthetic_criteo(
@@ -40,8 +40,8 @@ def write_synthetic_criteo(
     ``seed`` draws the rows; ``model_seed`` draws the hidden click model that labels them, so
     files of different seeds and one model seed are train and validation sets of one task.
 
-    The malformed lines (a wrong field count, a bad hex hash, a non-integer value, a label
-    other than 0/1, in turn) sit at seeded random places.
+    The malformed lines (a wrong field count, a count that is no number, a label other than 0/1,
+    in turn) sit at seeded random places.
     """
     if num_rows < 0 or num_malformed < 0:
         raise ValueError(
@@ -101,10 +101,8 @@ def _break_line(line: str, kind: str) -> str:
     fields = line.split("\t")
     if kind == "field_count":
         return "\t".join(fields[:-1])
-    if kind == "hex":
-        fields[1 + NUM_DENSE_FEATURES] = "zz12xy34"
-    elif kind == "integer":
-        fields[1] = "1.5"
+    if kind == "number":
+        fields[1] = "1.5x"
     else:
         fields[0] = "2"
     return "\t".join(fields)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, CriteoReader
+from recipes.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, criteo_schema, table_sizes
 from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 from recipes.click.models import DLRM
 from recipes.click.units import click_prediction_parts
@@ -20,6 +20,7 @@ from recipes.parallel import tensor_parallel_mlp
 from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
+from recipes.tabular.reader import TabularReader
 
 
 @dataclass
@@ -32,19 +33,16 @@ class CriteoDataSection:
     synthetic_rows: Annotated[int, Range(ge=4)] | None = None
     """Instead of paths: write this many synthetic training rows (and a quarter as many for
     validation, and for test) under ``OUTPUT_DIR/data`` and train on them."""
-    num_embeddings_per_feature: list[PositiveInt] = field(default_factory=lambda: [100_000])
-    """Hash sizes of the 26 categorical features: one value for all, or 26."""
+    num_embeddings_per_feature: list[Annotated[int, Range(ge=2)]] = field(default_factory=lambda: [100_000])
+    """Table rows of the 26 categorical features C1-C26: one value for all, or 26. A value's id is
+    ``1 + hash(text) % (rows - 1)`` (``recipes.tabular.hashing``); an empty field's is 0."""
     batch_size: PositiveInt = 2048
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
     max_malformed_rows: NonNegativeInt = 100
 
     def __post_init__(self) -> None:
-        if len(self.num_embeddings_per_feature) not in (1, len(SPARSE_FEATURE_NAMES)):
-            raise ValueError(
-                f"`num_embeddings_per_feature` must hold 1 or {len(SPARSE_FEATURE_NAMES)} values, "
-                f"but holds {len(self.num_embeddings_per_feature)} instead."
-            )
+        table_sizes(self.num_embeddings_per_feature)  # One value or 26, each at least 2.
 
 
 @dataclass
@@ -69,12 +67,28 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
     data, section = config.dataset, config.model.embeddings
     train_path, valid_path, test_path = _data_paths(context)
 
-    sizes = data.num_embeddings_per_feature * (len(SPARSE_FEATURE_NAMES) // len(data.num_embeddings_per_feature))
+    sizes = table_sizes(data.num_embeddings_per_feature)
     if config.model.shared_table:
         tables = [TableSpec("shared", max(sizes), SPARSE_FEATURE_NAMES)]
         sizes = [max(sizes)] * len(sizes)
     else:
         tables = [TableSpec(name, size, (name,)) for name, size in zip(SPARSE_FEATURE_NAMES, sizes)]
+    schema = criteo_schema(sizes)
+
+    def reader(path: str, train: bool) -> TabularReader:
+        criteo = TabularReader(
+            path,
+            schema,
+            shuffle_buffer_size=data.shuffle_buffer_size,
+            max_malformed_rows=data.max_malformed_rows,
+            **reader_options(context, data.batch_size, train),
+        )
+        criteo.check_first_rows()  # A file of another format stops the run now, before the tables are built.
+        return criteo
+
+    train_reader, valid_reader = reader(train_path, train=True), reader(valid_path, train=False)
+    splits = {} if test_path is None else {"test": reader(test_path, train=False)}
+
     embeddings = build_embeddings(section, tables, gangs.dp, config.seed)
     model = DLRM(
         embeddings,
@@ -85,20 +99,7 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
         config.model.top_dims,
     ).to(context.device)
     tensor_parallel_mlp(model.top_mlp, gangs)
-
-    def reader(path: str, train: bool) -> CriteoReader:
-        return CriteoReader(
-            path,
-            num_embeddings_per_feature=sizes,
-            shuffle_buffer_size=data.shuffle_buffer_size,
-            max_malformed_rows=data.max_malformed_rows,
-            **reader_options(context, data.batch_size, train),
-        )
-
-    splits = {} if test_path is None else {"test": reader(test_path, train=False)}
-    return click_prediction_parts(
-        context, model, reader(train_path, train=True), reader(valid_path, train=False), splits
-    )
+    return click_prediction_parts(context, model, train_reader, valid_reader, splits)
 
 
 def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str, str | None]:

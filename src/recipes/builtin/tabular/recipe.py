@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
+from recipes.click.batch import CTRBatch
 from recipes.click.units import click_prediction_parts
 from recipes.click.zoo import ZooModelSection, build_zoo_model
 from recipes.config import ConfigError
+from recipes.data.stream import StreamingReader
 from recipes.models.embeddings import TableSpec
 from recipes.parallel import tensor_parallel_mlp
 from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.tabular.libsvm import LibSVMReader
+from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
 from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection
+from recipes.tabular.vocabulary import load_or_build_vocabularies
+
+VOCABULARIES_FILE = "vocabularies.npz"
 
 
 @dataclass
@@ -31,17 +40,25 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
 
-    def reader(path: str, train: bool) -> TabularReader | LibSVMReader:
-        reader_class = LibSVMReader if data.format in LIBSVM_FORMATS else TabularReader
-        tabular = reader_class(
-            path,
+    options: dict[str, Any] = {
+        "shuffle_buffer_size": data.shuffle_buffer_size,
+        "max_malformed_rows": data.max_malformed_rows,
+    }
+    if data.format in LIBSVM_FORMATS:
+        make_reader: Callable[..., StreamingReader[CTRBatch]] = partial(LibSVMReader, schema=data, **options)
+    elif data.format == "parquet":
+        make_reader = partial(ParquetReader, schema=data, **options)
+    else:
+        vocabularies = load_or_build_vocabularies(
+            os.path.join(context.output_dir, VOCABULARIES_FILE),
             data,
-            shuffle_buffer_size=data.shuffle_buffer_size,
-            max_malformed_rows=data.max_malformed_rows,
-            **reader_options(context, data.batch_size, train),
+            TabularReader(data.train_path, data, batch_size=1, **options).count_values,
         )
-        if isinstance(tabular, TabularReader):
-            tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
+        make_reader = partial(TabularReader, schema=data, vocabularies=vocabularies, **options)
+
+    def reader(path: str, train: bool) -> StreamingReader[CTRBatch]:
+        tabular = make_reader(path, **reader_options(context, data.batch_size, train))
+        tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
         return tabular
 
     train_reader, valid_reader = reader(data.train_path, train=True), reader(data.valid_path, train=False)
