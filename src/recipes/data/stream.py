@@ -333,44 +333,50 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
         of which is line ``first_line`` of the file, counting from 0)."""
 
     def read_chunks(self, start: Position) -> Generator[tuple[Position, ParsedLines], None, None]:
-        """The chunks of ``line_chunks``, parsed."""
-        with closing(self.line_chunks(start)) as chunks:
-            for position, buffer in chunks:
-                yield position, self.parse(buffer, position.file_index, position.record_number)
+        """The chunks of ``line_chunks``, parsed (their lines counted by the parse, not a pass of their own)."""
+        record_number = start.record_number
+        with closing(self._byte_chunks(start)) as chunks:
+            for file_index, offset, buffer in chunks:
+                record_number = record_number if offset or file_index == start.file_index else 0
+                parsed = self.parse(buffer, file_index, record_number)
+                yield Position(file_index, offset, record_number), parsed
+                record_number += len(parsed.line_ends)
 
     def line_chunks(self, start: Position) -> Generator[tuple[Position, bytes], None, None]:
         """Chunks of whole lines (a last line without newline gets one) from ``start`` on, each with the
         position of its first line; unparsed, for a pass over the data of its own (counting values, say)."""
-        position = start
+        record_number = start.record_number
+        with closing(self._byte_chunks(start)) as chunks:
+            for file_index, offset, buffer in chunks:
+                record_number = record_number if offset or file_index == start.file_index else 0
+                yield Position(file_index, offset, record_number), buffer
+                record_number += buffer.count(b"\n")
+
+    def _byte_chunks(self, start: Position) -> Generator[tuple[int, int, bytes], None, None]:
+        """``(file index, byte offset, chunk of whole lines)`` from ``start`` on."""
         for file_index in range(start.file_index, len(self._files)):
-            if file_index != start.file_index:
-                position = Position(file_index, 0, 0)
+            offset = start.offset if file_index == start.file_index else 0
             with self._files[file_index] as file:
-                if position.offset:
-                    file.seek(position.offset)
+                if offset:
+                    file.seek(offset)
                 tail = b""
                 while True:
                     block = file.read(self._read_chunk_bytes)
                     if not block:
                         if tail:
-                            yield position, tail + b"\n"
+                            yield file_index, offset, tail + b"\n"
                         break
                     block = tail + block
                     cut = block.rfind(b"\n") + 1
                     chunk, tail = block[:cut], block[cut:]
                     if len(tail) > MAX_LINE_BYTES:
-                        line_number = position.record_number + chunk.count(b"\n") + 1
                         raise DataError(
-                            f"Line {line_number} of {self.file_name(file_index)} must be at most "
+                            f"The line at byte {offset + cut} of {self.file_name(file_index)} must be at most "
                             f"{MAX_LINE_BYTES} bytes long, but is longer instead."
                         )
                     if chunk:
-                        yield position, chunk
-                        position = Position(
-                            file_index,
-                            position.offset + len(chunk),
-                            position.record_number + chunk.count(b"\n"),
-                        )
+                        yield file_index, offset, chunk
+                        offset += len(chunk)
 
 
 def require_at_least(name: str, value: int, minimum: int) -> None:

@@ -23,8 +23,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from recipes.tabular.hashing import NO_QUOTE, bucket_id, span_key
-from recipes.tabular.tokens import SMALL_COUNT_LOGS, log_count, number, trim
+from recipes.tabular.hashing import FNV_PRIME, NO_QUOTE, bucket_id, finish_key, span_key
+from recipes.tabular.tokens import SMALL_COUNT_LOGS, is_space, log_count, number, trim
 
 # What a column of the file is to the kernel.
 SKIP, LABEL, DENSE, CATEGORICAL, BAG = range(5)
@@ -72,13 +72,13 @@ def _label(data, start, end, plan_texts, plan_offsets, plan_clicks, threshold): 
     return -1.0
 
 
-@numba.njit(cache=True, parallel=True)
+@numba.njit(cache=True, nogil=True)
 def _tokenize(  # type: ignore[no-untyped-def]
     data, line_starts, skip, delimiter, quote, roles, slots, bases, buckets, fills, logs, small_count_logs,
     texts, offsets, clicks, threshold, labels, dense, ids, bag_spans, codes, columns,
 ):  # fmt: skip
     num_columns = len(roles)
-    for line in numba.prange(len(line_starts) - 1):
+    for line in range(len(line_starts) - 1):
         if line < skip:
             codes[line] = HEADER
             continue
@@ -87,7 +87,7 @@ def _tokenize(  # type: ignore[no-untyped-def]
             stop -= 1
         column, code, at = 0, OK, 0
         while True:
-            escaped = False
+            escaped, hashed, state, counted, count = False, False, np.uint64(0), False, np.int64(0)
             if quote >= 0 and cursor < stop and data[cursor] == quote:
                 start = cursor + 1
                 cursor = start
@@ -102,6 +102,24 @@ def _tokenize(  # type: ignore[no-untyped-def]
                     code = QUOTE
                     break
                 end, cursor = cursor, cursor + 1
+            elif column < num_columns and roles[column] == CATEGORICAL:
+                # Hashed while scanned: FNV's multiply chain runs beside the search for the delimiter.
+                start, state = cursor, bases[slots[column]]
+                while cursor < stop and data[cursor] != delimiter:
+                    state = (state ^ np.uint64(data[cursor])) * FNV_PRIME
+                    cursor += 1
+                end, hashed = cursor, True
+            elif column < num_columns and roles[column] == DENSE:
+                # A plain count (digits only, as most are) is read while scanned.
+                start, digits_only = cursor, True
+                while cursor < stop and data[cursor] != delimiter:
+                    digit = np.int64(data[cursor]) - 48
+                    if digit < 0 or digit > 9:
+                        digits_only = False
+                    count = count * 10 + digit
+                    cursor += 1
+                end = cursor
+                counted = digits_only and 0 < end - start <= 15
             else:
                 start = cursor
                 while cursor < stop and data[cursor] != delimiter:
@@ -110,15 +128,21 @@ def _tokenize(  # type: ignore[no-untyped-def]
             if column < num_columns and roles[column] != SKIP:
                 role, slot = roles[column], slots[column]
                 if role == CATEGORICAL:
-                    key = span_key(data, start, end, bases[slot], quote if escaped else NO_QUOTE)
+                    if hashed and (start == end or not (is_space(data[start]) or is_space(data[end - 1]))):
+                        key = finish_key(state) if start < end else np.uint64(0)
+                    else:  # Quoted, or whitespace to trim: hashed again, as the text is meant.
+                        key = span_key(data, start, end, bases[slot], quote if escaped else NO_QUOTE)
                     ids[line, slot] = bucket_id(key, buckets[slot])
                 elif role == BAG:
                     bag_spans[line, slot, 0], bag_spans[line, slot, 1], bag_spans[line, slot, 2] = start, end, escaped
                 elif role == DENSE:
-                    first, last = trim(data, start, end)
-                    value, ok = number(data, first, last)
-                    if first == last:
-                        value, ok = fills[slot], True
+                    if counted:
+                        value, ok = float(count), True
+                    else:
+                        first, last = trim(data, start, end)
+                        value, ok = number(data, first, last)
+                        if first == last:
+                            value, ok = fills[slot], True
                     if (not ok or not np.isfinite(value)) and code == OK:
                         code, at = NOT_A_NUMBER, column
                     dense[line, slot] = log_count(value, small_count_logs) if logs[slot] else value
@@ -178,6 +202,17 @@ def _at(data, position, pattern):  # type: ignore[no-untyped-def]
         if data[position + i] != pattern[i]:
             return False
     return True
+
+
+@numba.njit(cache=True, nogil=True)
+def line_starts(data):  # type: ignore[no-untyped-def]
+    """Where the lines of ``data`` (a chunk of whole lines) start, and its end, in one pass."""
+    starts = np.empty(len(data) + 1, dtype=np.int64)  # Room for the most lines there can be; touched as used.
+    starts[0], count = 0, 1
+    for position in range(len(data)):
+        if data[position] == 10:
+            starts[count], count = position + 1, count + 1
+    return starts[:count]
 
 
 def tokenize(

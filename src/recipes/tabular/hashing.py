@@ -4,7 +4,7 @@
 text with surrounding ASCII whitespace trimmed: FNV-1a is keyed by the column so that equal texts
 of different columns (a shared table) land apart, and splitmix64's finaliser spreads FNV's weak
 low bits before the modulo. An empty field has key 0 (a text whose key is 0, chance 2**-64,
-counts as empty too). The id of a value is ``1 + key % (num_buckets - 1)``; an empty field is
+becomes 1 instead). The id of a value is ``1 + key % (num_buckets - 1)``; an empty field is
 id 0, which no value shares.
 
 The numba functions here are the building blocks of the readers' tokenisers, which hash a
@@ -42,6 +42,13 @@ def _splitmix64(value):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
+def finish_key(state):  # type: ignore[no-untyped-def]
+    """The key of a non-empty value whose bytes FNV-1a has taken in (``state``)."""
+    key = _splitmix64(state)
+    return key if key != 0 else np.uint64(1)  # 0 is the empty value's key, which no value shares.
+
+
+@numba.njit(cache=True)
 def span_key(data, start, end, basis, quote):  # type: ignore[no-untyped-def]
     """The key of the text ``data[start:end]`` (0 if it is empty once trimmed). With ``quote`` >= 0 the
     span is a quoted field's inside, whose doubled quotes stand for one."""
@@ -49,12 +56,12 @@ def span_key(data, start, end, basis, quote):  # type: ignore[no-untyped-def]
     if start == end:
         return np.uint64(0)
     if quote < 0:
-        return _splitmix64(_fnv1a(data, start, end, basis))
+        return finish_key(_fnv1a(data, start, end, basis))
     state, position = basis, start
     while position < end:
         state = (state ^ np.uint64(data[position])) * FNV_PRIME
         position += 2 if data[position] == quote and position + 1 < end and data[position + 1] == quote else 1
-    return _splitmix64(state)
+    return finish_key(state)
 
 
 @numba.njit(cache=True)

@@ -98,11 +98,11 @@ class TabularReader(StreamingLineReader[CTRBatch]):
 
     def _tokenize(self, buffer: bytes, file_index: int, first_line: int) -> _Chunk:
         data = np.frombuffer(buffer, dtype=np.uint8)
-        line_ends = np.flatnonzero(data == ord("\n")).astype(np.int64) + 1
+        line_starts = delimited.line_starts(data)
+        line_ends = line_starts[1:]
         skip = 1 if self._schema.header and first_line == 0 else 0
         if skip:
             self._check_header(buffer[: line_ends[0]], file_index)
-        line_starts = np.concatenate([np.zeros(1, np.int64), line_ends])
         lines = delimited.tokenize(
             data,
             line_starts,
@@ -127,7 +127,8 @@ class TabularReader(StreamingLineReader[CTRBatch]):
     def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:
         labels, dense, single, *bags = columns
         one_each = np.arange(len(labels) + 1, dtype=np.int64)
-        features = {name: (np.ascontiguousarray(single[:, k]), one_each) for k, name in enumerate(self._single)}
+        by_column = single.T.copy()  # One copy makes every column's ids contiguous.
+        features = {name: (by_column[k], one_each) for k, name in enumerate(self._single)}
         for (name, _), bag in zip(self._bags, bags):
             lengths = np.fromiter((len(ids) for ids in bag), dtype=np.int64, count=len(bag))
             offsets = np.zeros(len(bag) + 1, dtype=np.int64)

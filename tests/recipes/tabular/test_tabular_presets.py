@@ -145,7 +145,7 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     (tmp_path / "clicks.yaml").write_text(VOCABULARY_PRESET)
     paths = {split: write_avazu(tmp_path / f"{split}.csv", rows, seed) for seed, (split, rows) in
              enumerate((("train", 2000), ("valid", 500)))}  # fmt: skip
-    data = [f"dataset.{split}_path={path}" for split, path in paths.items()]
+    data = [f"dataset.{split}_path={path}" for split, path in paths.items()] + [f"dataset.test_path={paths['valid']}"]
 
     check_ok(run_recipes(tmp_path, "train", "clicks.yaml", "-o", "out", *data, *SMALL))
     log = tmp_path / "out" / "logs" / "rank_0.log"
@@ -156,5 +156,8 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     check_ok(run_recipes(tmp_path, "train", "out/config.yaml", "-o", "out", "trainer.max_num_steps=30", *SMALL))
 
     assert "Loaded the vocabularies of site_id, device_ip" in log.read_text()
+    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+    assert "test: auc=" in predicted.stdout
+    assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
     assert (tmp_path / "out" / "vocabularies.npz").exists()
     assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7
