@@ -70,7 +70,7 @@ def test_the_contracts_hold_on_the_tree() -> None:
         ("recipes/models/mlp.py", "import recipes.builtin.dlrm", "Content imports no built-in recipe"),
         (
             "recipes/builtin/ctr/recipe.py",
-            "import recipes.builtin.movielens.reader",
+            "import recipes.builtin.dlrm.criteo",
             "Built-in recipes are independent",
         ),
     ],

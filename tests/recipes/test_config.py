@@ -395,9 +395,9 @@ def outside(declared: Range, kind: type) -> list[float]:
 def test_the_walk_covers_every_built_in_recipe_and_nested_and_list_fields() -> None:
     keys = {(name, f.key) for name, f in RECIPE_FIELDS}
 
-    assert {"ctr", "dlrm", "movielens"} <= set(RECIPE_NAMES)
+    assert {"ctr", "dlrm", "tabular"} <= set(RECIPE_NAMES)
     assert ("ctr", "model.hidden_dims") in keys
-    assert ("movielens", "model.embeddings.sparse_optimizer.lr") in keys
+    assert ("tabular", "model.embeddings.sparse_optimizer.lr") in keys
     assert ("dlrm", "trainer.early_stopping.min_delta") in keys
 
 

@@ -17,7 +17,7 @@ def leaf_keys(config_class: type) -> list[str]:
     return [key for key in keys if not any(other.startswith(key + ".") for other in keys)]
 
 
-@pytest.mark.parametrize("recipe", ["ctr", "dlrm", "movielens", "tabular"])
+@pytest.mark.parametrize("recipe", ["ctr", "dlrm", "tabular"])
 def test_every_config_key_is_in_the_readme(recipe: str) -> None:
     missing = [key for key in leaf_keys(get_recipe(recipe).config_class) if f"`{key}`" not in README]
 

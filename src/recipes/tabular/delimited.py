@@ -9,8 +9,9 @@ faster. What the kernel accepts is what RFC 4180 says of a CSV line, less newlin
 quotes: fields split by one delimiter byte, a field may be quoted and then holds delimiters and
 doubled quotes, a line may end in CRLF. Surrounding ASCII whitespace of a value is trimmed.
 
-Per line, the kernel writes the label, the dense values and the keys of the categorical values
-(``recipes.tabular.hashing``) into rows of preallocated arrays; a multi-hot field's span is kept
+Per line, the kernel writes the label, the dense values, the keys of the categorical values
+(``recipes.tabular.hashing``) and the exact (float64) numbers of the columns that split rows or
+derive others into rows of preallocated arrays; a multi-hot field's span is kept
 for a second pass, which splits it into its values. A line that does not fit gets a problem code
 and the column at fault, which the reader turns into a sentence with its file and line number.
 """
@@ -27,7 +28,7 @@ from recipes.tabular.hashing import FNV_PRIME, NO_QUOTE, bucket_id, finish_key, 
 from recipes.tabular.tokens import SMALL_COUNT_LOGS, is_space, log_count, number, trim
 
 # What a column of the file is to the kernel.
-SKIP, LABEL, DENSE, CATEGORICAL, BAG = range(5)
+SKIP, LABEL, DENSE, CATEGORICAL, BAG, NUMBER = range(6)
 # What is wrong with a line; ``columns`` say which column (the number of fields, for FIELD_COUNT).
 OK, HEADER, FIELD_COUNT, QUOTE, NOT_A_NUMBER, NOT_A_LABEL = range(6)
 
@@ -54,6 +55,7 @@ class TokenizedLines:
     dense: npt.NDArray[np.float32]  # [lines, dense columns]
     ids: npt.NDArray[np.int64]  # [lines, categorical columns]: ids, or keys (as int64) where num_buckets is 0
     bag_spans: npt.NDArray[np.int64]  # [lines, bag columns, (start, end, quoted with escapes)]
+    numbers: npt.NDArray[np.float64]  # [lines, number columns]: NaN where empty
     codes: npt.NDArray[np.int64]
     columns: npt.NDArray[np.int64]
 
@@ -75,7 +77,7 @@ def _label(data, start, end, plan_texts, plan_offsets, plan_clicks, threshold): 
 @numba.njit(cache=True, nogil=True)
 def _tokenize(  # type: ignore[no-untyped-def]
     data, line_starts, skip, delimiter, quote, roles, slots, bases, buckets, fills, logs, small_count_logs,
-    texts, offsets, clicks, threshold, labels, dense, ids, bag_spans, codes, columns,
+    texts, offsets, clicks, threshold, labels, dense, ids, bag_spans, numbers, codes, columns,
 ):  # fmt: skip
     num_columns = len(roles)
     for line in range(len(line_starts) - 1):
@@ -109,7 +111,7 @@ def _tokenize(  # type: ignore[no-untyped-def]
                     state = (state ^ np.uint64(data[cursor])) * FNV_PRIME
                     cursor += 1
                 end, hashed = cursor, True
-            elif column < num_columns and roles[column] == DENSE:
+            elif column < num_columns and (roles[column] == DENSE or roles[column] == NUMBER):
                 # A plain count (digits only, as most are) is read while scanned.
                 start, digits_only = cursor, True
                 while cursor < stop and data[cursor] != delimiter:
@@ -135,17 +137,22 @@ def _tokenize(  # type: ignore[no-untyped-def]
                     ids[line, slot] = bucket_id(key, buckets[slot])
                 elif role == BAG:
                     bag_spans[line, slot, 0], bag_spans[line, slot, 1], bag_spans[line, slot, 2] = start, end, escaped
-                elif role == DENSE:
+                elif role in (DENSE, NUMBER):
+                    empty = False
                     if counted:
                         value, ok = float(count), True
                     else:
                         first, last = trim(data, start, end)
                         value, ok = number(data, first, last)
-                        if first == last:
-                            value, ok = fills[slot], True
-                    if (not ok or not np.isfinite(value)) and code == OK:
+                        empty = first == last
+                        if empty:  # A dense column's fill; a number's NaN (missing).
+                            value, ok = (fills[slot] if role == DENSE else np.nan), True
+                    if (not ok or not (np.isfinite(value) or empty)) and code == OK:
                         code, at = NOT_A_NUMBER, column
-                    dense[line, slot] = log_count(value, small_count_logs) if logs[slot] else value
+                    if role == NUMBER:
+                        numbers[line, slot] = value
+                    else:
+                        dense[line, slot] = log_count(value, small_count_logs) if logs[slot] else value
                 else:
                     first, last = trim(data, start, end)
                     labels[line] = _label(data, first, last, texts, offsets, clicks, threshold)
@@ -222,17 +229,18 @@ def tokenize(
     delimiter: str,
     quote: str | None,
     plan: ColumnPlan,
-    num_slots: tuple[int, int, int],
+    num_slots: tuple[int, int, int, int],
 ) -> TokenizedLines:
     """The lines of ``data`` that start at ``line_starts[:-1]`` (the last entry is the end), the first
-    ``skip_lines`` of them headers; ``num_slots`` counts the dense, categorical and bag columns."""
+    ``skip_lines`` of them headers; ``num_slots`` counts the dense, categorical, bag and number columns."""
     num_lines = len(line_starts) - 1
-    num_dense, num_categorical, num_bags = num_slots
+    num_dense, num_categorical, num_bags, num_numbers = num_slots
     lines = TokenizedLines(
         labels=np.zeros(num_lines, np.float32),
         dense=np.zeros((num_lines, num_dense), np.float32),
         ids=np.zeros((num_lines, num_categorical), np.int64),
         bag_spans=np.zeros((num_lines, num_bags, 3), np.int64),
+        numbers=np.zeros((num_lines, num_numbers), np.float64),
         codes=np.zeros(num_lines, np.int64),
         columns=np.zeros(num_lines, np.int64),
     )
@@ -240,7 +248,7 @@ def tokenize(
         data, line_starts, skip_lines, ord(delimiter), NO_QUOTE if quote is None else ord(quote),
         plan.roles, plan.slots, plan.bases, plan.num_buckets, plan.fills, plan.logs, SMALL_COUNT_LOGS,
         plan.label_texts, plan.label_offsets, plan.label_clicks, plan.threshold,
-        lines.labels, lines.dense, lines.ids, lines.bag_spans, lines.codes, lines.columns,
+        lines.labels, lines.dense, lines.ids, lines.bag_spans, lines.numbers, lines.codes, lines.columns,
     )  # fmt: skip
     return lines
 

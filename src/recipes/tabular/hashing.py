@@ -102,13 +102,51 @@ def span_keys(
     return keys
 
 
-def hash_ids(values: pa.Array, column: str, num_buckets: int) -> npt.NDArray[np.int64]:
-    """The ids of a string array's values (nulls and empty strings: 0), in ``[0, num_buckets)``."""
+def text_keys(values: pa.Array | pa.ChunkedArray, column: str) -> npt.NDArray[np.uint64]:
+    """The keys of the texts of an array's values as values of ``column`` (nulls and empty strings: 0); an
+    integer's text is its decimal text."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
     values = values.cast(pa.large_string()).fill_null("")
     buffers = values.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int64)[values.offset : values.offset + len(values) + 1]
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return bucket_ids(span_keys(data, offsets[:-1], offsets[1:], column), num_buckets)
+    return span_keys(data, offsets[:-1], offsets[1:], column)
+
+
+def hash_ids(values: pa.Array, column: str, num_buckets: int) -> npt.NDArray[np.int64]:
+    """The ids of a string array's values (nulls and empty strings: 0), in ``[0, num_buckets)``."""
+    return bucket_ids(text_keys(values, column), num_buckets)
+
+
+@numba.njit(cache=True)
+def _integer_keys(values, basis):  # type: ignore[no-untyped-def]
+    keys = np.zeros(len(values), dtype=np.uint64)
+    digits = np.zeros(24, dtype=np.uint8)
+    for i in range(len(values)):
+        if np.isnan(values[i]):
+            continue
+        number, size = np.int64(values[i]), 0
+        magnitude = -number if number < 0 else number
+        while True:
+            digits[size], size = 48 + magnitude % 10, size + 1
+            magnitude //= 10
+            if magnitude == 0:
+                break
+        state = basis
+        if number < 0:
+            state = (state ^ np.uint64(45)) * FNV_PRIME
+        for k in range(size - 1, -1, -1):
+            state = (state ^ np.uint64(digits[k])) * FNV_PRIME
+        keys[i] = finish_key(state)
+    return keys
+
+
+def integer_keys(values: npt.NDArray[np.float64], column: str) -> npt.NDArray[np.uint64]:
+    """The keys of the decimal texts of whole numbers (``3.0`` is ``"3"``; NaN, a missing value, is key 0) as
+    values of ``column``: a derived column's values hash as the same numbers written in a file would."""
+    keys: npt.NDArray[np.uint64] = _integer_keys(np.asarray(values, np.float64), column_basis(column))
+    return keys
 
 
 def hash_value(text: str, column: str, num_buckets: int) -> int:

@@ -25,9 +25,11 @@ import pyarrow.parquet as pq
 from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.config import ConfigError
 from recipes.data.reader import DataError
-from recipes.data.stream import ParsedLines, Position, StreamingReader, require_at_least
+from recipes.data.stream import START, ParsedLines, Position, StreamingReader, require_at_least
+from recipes.tabular.added_columns import AddedColumns
 from recipes.tabular.schema import TabularDataSection
 from recipes.tabular.typed_columns import TypedRows
+from recipes.tabular.vocabulary import Encodings, ValueCounts
 
 
 class ParquetReader(StreamingReader[CTRBatch]):
@@ -36,14 +38,21 @@ class ParquetReader(StreamingReader[CTRBatch]):
 
     Batches are ``TabularReader``'s: the dense columns in schema order as ``dense``, one sparse feature
     per categorical column (named after it), and the label as 0/1. Every file's columns are checked
-    against the schema here, before any row is read. ``read_batch_rows`` rows are read and converted
-    at once; the other arguments are ``StreamingReader``'s.
+    against the schema here, before any row is read. ``split`` and ``encodings`` are ``TabularReader``'s;
+    ``read_batch_rows`` rows are read and converted at once; the other arguments are ``StreamingReader``'s.
     """
 
     record_name = "row"
 
     def __init__(
-        self, paths: str | Sequence[str], schema: TabularDataSection, *, read_batch_rows: int = 65_536, **kwargs: Any
+        self,
+        paths: str | Sequence[str],
+        schema: TabularDataSection,
+        *,
+        split: str = "train",
+        encodings: Encodings | None = None,
+        read_batch_rows: int = 65_536,
+        **kwargs: Any,
     ) -> None:
         require_at_least("read_batch_rows", read_batch_rows, 1)
         vocabularies = [name for group in schema.categorical if group.vocabulary for name in group.columns]
@@ -53,9 +62,16 @@ class ParquetReader(StreamingReader[CTRBatch]):
                 f"{vocabularies} instead."
             )
         self._schema = schema
-        self._rows = TypedRows(schema)
         self._read_batch_rows = read_batch_rows
         super().__init__(paths, **kwargs)
+        with self._files[0] as file:
+            names = self._open(file, 0, []).schema_arrow.names
+        counts = (encodings or Encodings({}, {})).counts
+        try:
+            self._added = AddedColumns(schema, names, split, counts, file_name=self.file_name(0))
+        except ConfigError as error:
+            raise DataError(str(error)) from None
+        self._rows = TypedRows(schema, self._added)
         self._dictionary_columns: list[list[str]] = []
         for file_index in range(len(self._files)):
             with self._files[file_index] as file:
@@ -67,12 +83,18 @@ class ParquetReader(StreamingReader[CTRBatch]):
     def read_chunks(self, start: Position) -> Generator[tuple[Position, ParsedLines], None, None]:
         """Record batches from row ``start.offset`` of file ``start.file_index`` on; a position's offset and
         record number are both the row."""
+        for position, parsed, _ in self._parsed_batches(start):
+            yield position, parsed
+
+    def _parsed_batches(
+        self, start: Position = START
+    ) -> Generator[tuple[Position, ParsedLines, pa.RecordBatch], None, None]:
         for file_index in range(start.file_index, len(self._files)):
             row = start.offset if file_index == start.file_index else 0
             with self._files[file_index] as file:
                 parquet = self._open(file, file_index, self._dictionary_columns[file_index])
                 for batch in self._batches(parquet, file_index, row, self._read_batch_rows):
-                    yield Position(file_index, row, row), self._parse(batch)
+                    yield Position(file_index, row, row), self._parse(batch), batch
                     row += batch.num_rows
 
     def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:
@@ -139,8 +161,18 @@ class ParquetReader(StreamingReader[CTRBatch]):
         except (pa.ArrowException, OSError) as ex:
             raise DataError(f"{self.file_name(file_index)} must be a readable Parquet file, but is not: {ex}") from None
 
+    def count_values(self) -> dict[str, ValueCounts]:
+        """The counts of the sources of the ``count`` and ``count_before`` columns in the kept, well-formed rows of
+        every file: one pass over the data, for ``recipes.tabular.vocabulary``."""
+        counters = self._added.counters()
+        for _, parsed, batch in self._parsed_batches():
+            keys, numbers = self._rows.file_keys_and_numbers(batch)
+            for name, (source, orders) in self._added.count_sources(keys, numbers).items():
+                counters[name].add(source[parsed.valid], None if orders is None else orders[parsed.valid])
+        return {name: counter.totals() for name, counter in counters.items()}
+
     def _parse(self, batch: pa.RecordBatch) -> ParsedLines:
-        columns, problems = self._rows.convert(batch)
-        valid = np.ones(batch.num_rows, dtype=np.bool_)
+        columns, problems, keep = self._rows.convert(batch)
+        valid = np.ones(batch.num_rows, dtype=np.bool_) if keep is None else keep.copy()
         valid[list(problems)] = False
         return ParsedLines(np.arange(1, batch.num_rows + 1, dtype=np.int64), valid, columns, problems)

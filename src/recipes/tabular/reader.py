@@ -2,7 +2,8 @@
 
 ``recipes.tabular.delimited``'s kernel turns each chunk of whole lines into columns in one pass
 (the streaming, shuffling, sharding and resume are ``recipes.data.stream``'s); this class plans
-what each column is to the kernel, turns keys into ids, and says in a sentence what is wrong
+what each column is to the kernel, adds the schema's joined and derived columns
+(``recipes.tabular.added_columns``), turns keys into ids, and says in a sentence what is wrong
 with a line that does not fit. CRLF line ends, quoted fields (without newlines inside) and gzip
 are handled; a header line is checked against the schema and skipped.
 """
@@ -10,7 +11,7 @@ are handled; a header line is checked against the schema and skipped.
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,17 +19,22 @@ import numpy as np
 import numpy.typing as npt
 
 from recipes.click.batch import CTRBatch, make_ctr_batch
+from recipes.config import ConfigError
 from recipes.data.reader import DataError
 from recipes.data.stream import START, ParsedLines, StreamingLineReader
 from recipes.tabular import delimited
+from recipes.tabular.added_columns import AddedColumns, dense_column
 from recipes.tabular.delimited import ColumnPlan, TokenizedLines
 from recipes.tabular.hashing import bucket_ids, column_basis
+from recipes.tabular.joins import Bags
 from recipes.tabular.schema import TabularDataSection
-from recipes.tabular.vocabulary import KeyCounter, Vocabulary
+from recipes.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 
 
 class TabularReader(StreamingLineReader[CTRBatch]):
-    """Reads the files of ``paths`` as ``schema`` says; the other arguments are ``StreamingLineReader``'s.
+    """Reads the files of ``paths`` as ``schema`` says, keeping the rows of ``split`` (``train``, ``valid`` or
+    ``test``: the schema's ``split`` says which rows each keeps); ``encodings`` are the vocabularies and value
+    counts the schema needs (``recipes.tabular.vocabulary``). The other arguments are ``StreamingLineReader``'s.
 
     Batches hold the dense columns in schema order as ``dense``, one sparse feature per
     categorical column (named after it), and the label as 0/1.
@@ -39,64 +45,75 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         paths: str | Sequence[str],
         schema: TabularDataSection,
         *,
-        vocabularies: Mapping[str, Vocabulary] | None = None,
+        split: str = "train",
+        encodings: Encodings | None = None,
         **kwargs: Any,
     ) -> None:
         self._schema = schema
-        self._vocabularies = dict(vocabularies or {})
+        self._encodings = encodings or Encodings({}, {})
         super().__init__(paths, **kwargs)
         self._names = self._column_names()
-        missing = [
-            c for c in (schema.label.column, *schema.dense_columns, *schema.categorical_columns) if c not in self._names
-        ]
-        if missing:
+        if schema.label.column not in self._names:
             raise DataError(
-                f"The schema's column '{missing[0]}' must be a column of {self.file_name(0)}, but the file's "
-                f"columns are {self._names} instead."
+                f"The schema's column '{schema.label.column}' must be a column of {self.file_name(0)}, but the "
+                f"file's columns are {self._names} instead."
             )
+        try:
+            self._added = AddedColumns(schema, self._names, split, self._encodings.counts, file_name=self.file_name(0))
+        except ConfigError as error:
+            raise DataError(str(error)) from None
         groups = {name: group for group in schema.categorical for name in group.columns}
-        self._single = [name for name in schema.categorical_columns if groups[name].separator is None]
-        self._bags = [
-            (name, groups[name].separator or "") for name in schema.categorical_columns if name not in self._single
-        ]
+        self._groups = groups
+        self._single = [name for name in schema.categorical_columns if not groups[name].multi_hot]
+        self._bags = [name for name in schema.categorical_columns if groups[name].multi_hot]
+        self._file_bags = [name for name in self._bags if name in self._names]
         self._vocabulary_columns = [name for name in schema.categorical_columns if groups[name].vocabulary]
-        # The kernel hands out keys (0 buckets) where a vocabulary maps them, ids otherwise.
-        self._buckets = np.array(
-            [0 if groups[name].vocabulary else groups[name].num_buckets for name in self._single], dtype=np.uint64
-        )
-        self._bag_buckets = [groups[name].num_buckets for name, _ in self._bags]
+        # File columns only read for their keys (join keys, counted sources), in slots after the features'.
+        self._hidden_keys = [name for name in self._added.file_keys if name not in self._single]
+        self._key_slots = {name: k for k, name in enumerate([*self._single, *self._hidden_keys])}
+        # Columns whose keys the kernel hands out, for ids made after it: vocabularies, join keys, counted
+        # sources, and added columns (whose keys are filled in after the kernel).
+        keyed = [name for name in self._single if groups[name].vocabulary or name in self._added.file_keys]
+        added = [name for name in self._single if name not in self._names]
+        self._keyed = {*keyed, *added, *self._hidden_keys}
+        self._number_slots = {name: k for k, name in enumerate(self._added.file_numbers)}
         self._plan = self._column_plan()
 
-    def count_values(self) -> dict[str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]]:
-        """The keys of the values of the vocabulary columns in the well-formed rows of every file, and
-        their counts: one pass over the data, for ``recipes.tabular.vocabulary``."""
+    def count_values(self) -> dict[str, ValueCounts]:
+        """The counts of the values of the vocabulary columns and of the sources of ``count`` and ``count_before``
+        columns in the kept, well-formed rows of every file: one pass over the data, for
+        ``recipes.tabular.vocabulary``."""
         counters = {name: KeyCounter() for name in self._vocabulary_columns}
+        counters.update(self._added.counters())
         for start, buffer in self.line_chunks(START):
-            chunk = self._tokenize(buffer, start.file_index, start.record_number)
-            valid = chunk.lines.codes == delimited.OK
+            chunk = self._keys_of(buffer, start.file_index, start.record_number)
             for k, name in enumerate(self._single):
                 if name in counters:
-                    counters[name].add(chunk.lines.ids[valid, k].view(np.uint64))
-            for (name, _), (keys, offsets) in zip(self._bags, chunk.bag_keys):
+                    counters[name].add(chunk.keys[chunk.valid, k])
+            for name, (keys, offsets) in chunk.bags.items():
                 if name in counters:
-                    counters[name].add(keys[np.repeat(valid, np.diff(offsets))])
+                    counters[name].add(keys[np.repeat(chunk.valid, np.diff(offsets))])
+            for name, (keys, orders) in self._added.count_sources(chunk.file_keys, chunk.file_numbers).items():
+                counters[name].add(keys[chunk.valid], None if orders is None else orders[chunk.valid])
         return {name: counter.totals() for name, counter in counters.items()}
 
     # The format -------------------------------------------------------------------------------
 
     def parse(self, buffer: bytes, file_index: int, first_line: int) -> ParsedLines:
-        chunk = self._tokenize(buffer, file_index, first_line)
-        lines = chunk.lines
-        if len(self._vocabularies) != len(self._vocabulary_columns):
-            raise ValueError(f"`vocabularies` must map every vocabulary column {self._vocabulary_columns}, but do not.")
+        chunk = self._keys_of(buffer, file_index, first_line)
+        if len(self._encodings.vocabularies) != len(self._vocabulary_columns):
+            raise ValueError(f"`encodings` must map every vocabulary column {self._vocabulary_columns}, but do not.")
+        ids = chunk.lines.ids[:, : len(self._single)]
         for k, name in enumerate(self._single):
-            if name in self._vocabularies:
-                lines.ids[:, k] = self._vocabularies[name].lookup(lines.ids[:, k].view(np.uint64))
-        bags = [self._bag_ids(name, keys, offsets) for (name, _), (keys, offsets) in zip(self._bags, chunk.bag_keys)]
-        columns: tuple[npt.NDArray[Any], ...] = (lines.labels, lines.dense, lines.ids, *bags)
-        return ParsedLines(chunk.line_ends, lines.codes == delimited.OK, columns, chunk.problems)
+            if name in self._keyed:
+                ids[:, k] = self._ids(name, ids[:, k].view(np.uint64))
+        bags = [self._bag_ids(name, *chunk.bags[name]) for name in self._bags]
+        columns: tuple[npt.NDArray[Any], ...] = (chunk.lines.labels, chunk.lines.dense, ids, *bags)
+        return ParsedLines(chunk.line_ends, chunk.valid, columns, chunk.problems)
 
-    def _tokenize(self, buffer: bytes, file_index: int, first_line: int) -> _Chunk:
+    def _keys_of(self, buffer: bytes, file_index: int, first_line: int) -> _Chunk:
+        """The lines of a chunk as the kernel leaves them (keys where ids come later), with the added columns
+        filled in, the rows outside the split marked invalid, and the multi-hot columns' keys."""
         data = np.frombuffer(buffer, dtype=np.uint8)
         line_starts = delimited.line_starts(data)
         line_ends = line_starts[1:]
@@ -110,26 +127,42 @@ class TabularReader(StreamingLineReader[CTRBatch]):
             self._schema.field_delimiter,
             self._schema.quote_char,
             self._plan,
-            (len(self._schema.dense_columns), len(self._single), len(self._bags)),
+            (len(self._schema.dense_columns), len(self._key_slots), len(self._file_bags), len(self._number_slots)),
         )
         problems = {
             int(line): self._problem(lines, int(line), buffer[line_starts[line] : line_ends[line]])
             for line in np.flatnonzero(lines.codes > delimited.HEADER)
         }
-        bag_keys = [
-            delimited.bag_keys(
-                data, lines.bag_spans[:, k], separator, self._plan.bases[len(self._single) + k], self._schema.quote_char
-            )
-            for k, (_, separator) in enumerate(self._bags)
-        ]
-        return _Chunk(line_ends, lines, problems, bag_keys)
+        quote = self._schema.quote_char
+        bags = {
+            name: delimited.bag_keys(data, lines.bag_spans[:, k], self._separator(name), column_basis(name), quote)
+            for k, name in enumerate(self._file_bags)
+        }
+        valid = lines.codes == delimited.OK
+        keys = lines.ids.view(np.uint64)
+        file_keys = {name: keys[:, self._key_slots[name]] for name in self._added.file_keys}
+        numbers = {name: lines.numbers[:, k] for name, k in self._number_slots.items()}
+        if not self._added.empty:
+            added = self._added.apply(file_keys, numbers)
+            if added.keep is not None:
+                valid &= added.keep
+            for line, problem in added.problems.items():
+                problems.setdefault(line, problem)
+            for name, values in added.keys.items():
+                keys[:, self._key_slots[name]] = values
+            bags.update(added.bags)
+            dense_numbers = {**numbers, **added.numbers}
+            for slot, (name, fill, log) in enumerate(self._dense_specs()):
+                if name in dense_numbers:
+                    lines.dense[:, slot] = dense_column(dense_numbers[name], fill, log)
+        return _Chunk(line_ends, lines, valid, keys, problems, bags, file_keys, numbers)
 
     def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:
         labels, dense, single, *bags = columns
         one_each = np.arange(len(labels) + 1, dtype=np.int64)
         by_column = single.T.copy()  # One copy makes every column's ids contiguous.
         features = {name: (by_column[k], one_each) for k, name in enumerate(self._single)}
-        for (name, _), bag in zip(self._bags, bags):
+        for name, bag in zip(self._bags, bags):
             lengths = np.fromiter((len(ids) for ids in bag), dtype=np.int64, count=len(bag))
             offsets = np.zeros(len(bag) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
@@ -147,37 +180,54 @@ class TabularReader(StreamingLineReader[CTRBatch]):
 
     # Columns ---------------------------------------------------------------------------------
 
+    def _ids(self, name: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        if name in self._encodings.vocabularies:
+            return self._encodings.vocabularies[name].lookup(keys)
+        return bucket_ids(keys, self._groups[name].num_buckets)
+
     def _bag_ids(self, name: str, keys: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """Per line, the ids of the values of its multi-hot field of column ``name``."""
-        if name in self._vocabularies:
-            ids = self._vocabularies[name].lookup(keys)
-        else:
-            ids = bucket_ids(keys, self._bag_buckets[[n for n, _ in self._bags].index(name)])
-        return _object_array(np.split(ids, offsets[1:-1]))
+        return _object_array(np.split(self._ids(name, keys), offsets[1:-1]))
+
+    def _separator(self, name: str) -> str:
+        """What splits a multi-hot field of ``name``: its group's separator, or (a field of one value) a byte that no
+        text holds."""
+        return self._groups[name].separator or "\0"
+
+    def _dense_specs(self) -> list[tuple[str, float, bool]]:
+        return [(name, group.fill, group.log) for group in self._schema.dense for name in group.columns]
 
     def _column_plan(self) -> ColumnPlan:
         schema = self._schema
         roles = np.full(len(self._names), delimited.SKIP, dtype=np.int64)
         slots = np.zeros(len(self._names), dtype=np.int64)
         position = {name: index for index, name in enumerate(self._names)}
-        for role, names in (
-            (delimited.DENSE, schema.dense_columns),
-            (delimited.CATEGORICAL, self._single),
-            (delimited.BAG, [name for name, _ in self._bags]),
-            (delimited.LABEL, [schema.label.column]),
+        for role, slot_of in (
+            (delimited.DENSE, {name: slot for slot, name in enumerate(schema.dense_columns)}),
+            (delimited.CATEGORICAL, self._key_slots),
+            (delimited.BAG, {name: slot for slot, name in enumerate(self._file_bags)}),
+            (delimited.NUMBER, self._number_slots),
+            (delimited.LABEL, {schema.label.column: 0}),
         ):
-            for slot, name in enumerate(names):
+            for name, slot in slot_of.items():
+                if name not in position:
+                    continue  # An added column: filled in after the kernel.
+                if roles[position[name]] not in (delimited.SKIP, delimited.DENSE):
+                    raise DataError(f"The column '{name}' of {self.file_name(0)} must have one role, but has several.")
                 roles[position[name]], slots[position[name]] = role, slot
         label = schema.label
         values = [*label.positive, *label.negative]
         encoded = [value.strip().encode() for value in values]
+        key_columns = [*self._single, *self._hidden_keys]
         return ColumnPlan(
             roles=roles,
             slots=slots,
-            bases=np.array([column_basis(name) for name in (*self._single, *(n for n, _ in self._bags))], np.uint64),
-            num_buckets=self._buckets,
-            fills=np.array([group.fill for group in schema.dense for _ in group.columns], np.float64),
-            logs=np.array([group.log for group in schema.dense for _ in group.columns], np.bool_),
+            bases=np.array([column_basis(name) for name in key_columns], np.uint64),
+            num_buckets=np.array(
+                [0 if name in self._keyed else self._groups[name].num_buckets for name in key_columns], np.uint64
+            ),
+            fills=np.array([fill for _, fill, _ in self._dense_specs()], np.float64),
+            logs=np.array([log for _, _, log in self._dense_specs()], np.bool_),
             label_texts=np.frombuffer(b"".join(encoded), dtype=np.uint8),
             label_offsets=np.cumsum([0, *(len(text) for text in encoded)], dtype=np.int64),
             label_clicks=np.array([1.0] * len(label.positive) + [0.0] * len(label.negative), np.float32),
@@ -227,13 +277,18 @@ class TabularReader(StreamingLineReader[CTRBatch]):
 
 @dataclass(frozen=True)
 class _Chunk:
-    """The lines of a chunk as the kernel left them (keys where a vocabulary maps them), what is wrong
-    with the bad ones, and each multi-hot column's keys with their offsets per line."""
+    """The lines of a chunk: the kernel's output, which rows are kept, the categorical keys (ids where no key
+    is needed; single-valued columns first, then hidden key columns), what is wrong with the bad lines, the
+    multi-hot columns' keys, and the keys and numbers of the file columns that ``AddedColumns`` reads."""
 
     line_ends: npt.NDArray[np.int64]
     lines: TokenizedLines
+    valid: npt.NDArray[np.bool_]
+    keys: npt.NDArray[np.uint64]
     problems: dict[int, str]
-    bag_keys: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]]
+    bags: dict[str, Bags]
+    file_keys: dict[str, npt.NDArray[np.uint64]]
+    file_numbers: dict[str, npt.NDArray[np.float64]]
 
 
 def _object_array(parts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[Any]:

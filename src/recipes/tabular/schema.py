@@ -4,17 +4,26 @@ Data is declared, not coded: a YAML schema names the files, their format and the
 column (the label, dense numbers, categorical values, multi-hot bags), and the reader turns rows
 into click-prediction batches. Column lists accept brace ranges: ``"I{1..13}"`` stands for
 ``I1`` ... ``I13``.
+
+Besides a file's own columns, a role may name a column of a side table joined by key (the genres
+of a movie, from ``movies.csv``) or a column derived from another (the hour of a timestamp, the
+number of training rows holding a value); ``split`` cuts the rows of one file into training,
+validation and test rows by the value of a column (a time split).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import Annotated, Literal
 
 from recipes.config import NonNegativeInt, PositiveInt, Range
 
 FORMATS = ("csv", "tsv", "libsvm", "libffm", "parquet")
+TIME_PARTS = ("hour", "weekday", "day", "month", "year")
+COUNTS = ("count", "count_before")
+PACKAGE_SCHEME = "package://"
 LIBSVM_FORMATS = ("libsvm", "libffm")
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
@@ -32,6 +41,20 @@ def expand_names(names: list[str]) -> list[str]:
             raise ValueError(f"A column range must count upwards, but '{name}' counts down instead.")
         expanded += [f"{prefix}{i}{suffix}" for i in range(int(first), int(last) + 1)]
     return expanded
+
+
+def resolve_path(path: str) -> str:
+    """``path``, or for ``package://PACKAGE/RELATIVE`` the file of that name in the installed package ``PACKAGE``:
+    data shipped with a package (a built-in preset's) is found wherever the package is installed, and a run's
+    config keeps the portable name, so that it resumes from another install."""
+    if not path.startswith(PACKAGE_SCHEME):
+        return path
+    package, _, relative = path.removeprefix(PACKAGE_SCHEME).partition("/")
+    try:
+        root = files(package)
+    except ModuleNotFoundError:
+        raise ValueError(f"The package of {path} must be installed, but '{package}' is not.") from None
+    return str(root.joinpath(relative))
 
 
 @dataclass
@@ -73,6 +96,9 @@ class CategoricalColumns:
     id 0 is an empty (missing) field's, which no value shares."""
     separator: str | None = None
     """Multi-hot: a field holds several values split by this (e.g. ``"|"`` for genres), pooled by mean."""
+    multi_hot: bool = False
+    """A bag of values per row, pooled by mean: implied by ``separator``; needed for a joined column whose key
+    has several rows in its side table (the tags of a movie)."""
     shared_table: str | None = None
     """One table of this name for all the columns, instead of one each (their values still hash apart)."""
     vocabulary: bool = False
@@ -90,12 +116,103 @@ class CategoricalColumns:
             raise ValueError("`vocabulary` and `shared_table` must not be combined, but are both set.")
         if self.separator == "":
             raise ValueError("`separator` must be a non-empty string or null, but is '' instead.")
+        self.multi_hot = self.multi_hot or self.separator is not None
+
+
+@dataclass
+class SplitByValue:
+    """Training, validation and test rows told apart by the value of a numeric column, such as a timestamp:
+    the latest rows validate, as a recommender is used (trained on the past, asked about the future)."""
+
+    column: str | None = None
+    """The numeric column; ``null``: every row of a split's files belongs to it."""
+    valid_from: Annotated[float, Range()] | None = None
+    """Rows whose value is at least this are validation rows (up to ``test_from``); smaller values train."""
+    test_from: Annotated[float, Range()] | None = None
+    """Rows whose value is at least this are test rows (optional)."""
+
+    def __post_init__(self) -> None:
+        if self.column is not None and self.valid_from is None:
+            raise ValueError(f"`split.valid_from` must be set to split by `{self.column}`, but is not.")
+        if self.column is None and (self.valid_from is not None or self.test_from is not None):
+            raise ValueError("`split.column` must name the column that `valid_from`/`test_from` cut, but is not set.")
+        if self.test_from is not None and self.valid_from is not None and self.test_from < self.valid_from:
+            raise ValueError(
+                f"`split.test_from` must be at least `valid_from` ({self.valid_from}), but is {self.test_from} instead."
+            )
+
+    def bounds(self, split: str) -> tuple[float, float] | None:
+        """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row."""
+        if self.column is None:
+            return None
+        assert self.valid_from is not None
+        test_from = float("inf") if self.test_from is None else self.test_from
+        return {"train": (-float("inf"), self.valid_from), "valid": (self.valid_from, test_from)}.get(
+            split, (test_from, float("inf"))
+        )
+
+
+@dataclass
+class JoinedTable:
+    """A side table whose columns join the rows by key: the attributes of an item or a user.
+
+    It is read whole at start-up (meant for tables of items or users, not logs): a CSV/TSV file with a header
+    (tab-separated if its name ends in ``.tsv`` or ``.tsv.gz``) or a Parquet file (``.parquet``), through fsspec.
+    Keys match by their text, as categorical values do. A row whose key the table lacks gets missing values
+    (categorical id 0, a dense ``fill``). A key may have several rows: its values of a column then form a bag,
+    which a categorical group takes with ``multi_hot: true``. When the table holds the ``split`` column, only
+    its rows of the training range are read, so that no later information leaks into the features.
+    """
+
+    path: str = ""
+    """An fsspec path (``package://PACKAGE/...`` for a file shipped in an installed package)."""
+    key: str = ""
+    """The side table's key column."""
+    on: str | None = None
+    """The rows' column that holds the key; ``null``: the column named like ``key``."""
+    columns: list[str] = field(default_factory=list)
+    """The side table's columns that the rows take, by their names (which must be new to the rows)."""
+
+    def __post_init__(self) -> None:
+        if not self.path or not self.key or not self.columns:
+            raise ValueError(
+                f"A join must name its `path`, `key` and `columns`, but has path={self.path!r}, key={self.key!r} and "
+                f"columns={self.columns!r}."
+            )
+        self.columns = expand_names(self.columns)
+        self.on = self.on or self.key
+
+
+@dataclass
+class DerivedColumn:
+    """A column computed from another: a part of a unix timestamp (UTC), or a count over the training rows.
+
+    ``hour`` (0-23), ``weekday`` (Monday is 0), ``day`` (of the month), ``month`` (1-12) and ``year`` read the
+    source as seconds since 1970; ``count`` is the number of training rows holding the source's value (the
+    popularity of an item, say); ``count_before`` the number of those that come before the row in the order of
+    ``split.column`` (for a validation or test row: all of them), so that a training row's feature holds nothing
+    from its future, as a validation row's cannot: a new user's first rows count 0, 1, 2... in training as in
+    validation. Counts are taken in one pass at the first start and saved in the output directory
+    (``count_before`` keeps one split value per training row). A derived column is a number: a dense group takes
+    it as is, a categorical group takes its decimal text.
+    """
+
+    name: str = ""
+    source: str = ""
+    transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before"] = "hour"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.source:
+            raise ValueError(
+                f"A derived column must have a `name` and a `source`, but has {self.name!r} and {self.source!r}."
+            )
 
 
 @dataclass
 class TabularDataSection:
     train_path: str | None = None
-    """Training files: an fsspec path or glob (local, memory://, s3://...), plain or gzip."""
+    """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
+    shipped in an installed package), plain or gzip."""
     valid_path: str | None = None
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
@@ -114,6 +231,11 @@ class TabularDataSection:
     label: LabelColumn = field(default_factory=LabelColumn)
     dense: list[DenseColumns] = field(default_factory=list)
     categorical: list[CategoricalColumns] = field(default_factory=list)
+    joins: list[JoinedTable] = field(default_factory=list)
+    """Side tables whose columns the rows take by key (CSV/TSV and Parquet files)."""
+    derived: list[DerivedColumn] = field(default_factory=list)
+    """Columns computed from others (CSV/TSV and Parquet files)."""
+    split: SplitByValue = field(default_factory=SplitByValue)
     num_fields: PositiveInt | None = None
     """libSVM: the k-th token of a line is field k (``field0``...), at most this many (one-hot data such as
     Frappe's); ``null``: one bag ``features`` of all tokens. libFFM: the number of fields (required)."""
@@ -136,16 +258,31 @@ class TabularDataSection:
         if self.format == "libffm" and self.num_fields is None:
             raise ValueError("`num_fields` must be set for `format: libffm`, but is not.")
         if self.format in LIBSVM_FORMATS:
-            if self.dense or self.categorical:
+            if self.dense or self.categorical or self.joins or self.derived or self.split.column:
                 raise ValueError(
-                    f"`format: {self.format}` takes its features from the tokens: `dense` and "
-                    "`categorical` must be empty, but are not."
+                    f"`format: {self.format}` takes its features from the tokens: `dense`, `categorical`, `joins`, "
+                    "`derived` and `split` must be empty, but are not."
                 )
             return
         used = [self.label.column, *self.dense_columns, *self.categorical_columns]
         repeated = sorted({name for name in used if used.count(name) > 1})
         if repeated:
             raise ValueError(f"A column must have one role, but {repeated} have several.")
+        ordered = [column.name for column in self.derived if column.transform == "count_before"]
+        if ordered and self.split.column is None:
+            raise ValueError(
+                f"`count_before` counts the training rows before a row in the order of `split.column`, which must be "
+                f"set for {ordered}, but is not."
+            )
+        added = [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
+        twice = sorted({name for name in added if added.count(name) > 1})
+        if twice:
+            raise ValueError(f"A joined or derived column must have a name of its own, but {twice} are added twice.")
+
+    @property
+    def added_columns(self) -> list[str]:
+        """The names of the joined and derived columns, which the files lack."""
+        return [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
 
     @property
     def field_delimiter(self) -> str:

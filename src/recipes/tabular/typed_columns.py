@@ -32,7 +32,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recipes.tabular.hashing import hash_ids
+from recipes.tabular.added_columns import AddedColumns, AddedValues, dense_column
+from recipes.tabular.hashing import bucket_ids, hash_ids, text_keys
 from recipes.tabular.schema import CategoricalColumns, TabularDataSection
 from recipes.tabular.tokens import SMALL_COUNT_LOGS, log_count
 
@@ -51,30 +52,48 @@ def _is_number(type_: pa.DataType) -> bool:
 
 
 class TypedRows:
-    """Converts record batches holding the schema's columns into rows, noting the malformed ones."""
+    """Converts record batches holding the schema's columns into rows, noting the malformed ones; ``added``
+    computes the joined and derived columns, and which rows the reader's split keeps."""
 
-    def __init__(self, schema: TabularDataSection) -> None:
+    def __init__(self, schema: TabularDataSection, added: AddedColumns) -> None:
         self._schema = schema
+        self._added = added
         self._groups = {name: group for group in schema.categorical for name in group.columns}
-        self.single_valued = [name for name in schema.categorical_columns if self._groups[name].separator is None]
-        self.multi_hot = [name for name in schema.categorical_columns if self._groups[name].separator is not None]
+        added_names = set(schema.added_columns)
+        self.single_valued = [
+            name for name in schema.categorical_columns if not self._groups[name].multi_hot and name not in added_names
+        ]
+        self.multi_hot = [name for name in schema.categorical_columns if self._groups[name].multi_hot]
+        self._file_dense = [name for name in schema.dense_columns if name not in added_names]
         self._hashers = {name: _DictionaryHasher(name, self._groups[name].num_buckets) for name in self.single_valued}
 
     @property
     def columns(self) -> list[str]:
-        """The columns the schema uses, label first."""
-        return [self._schema.label.column, *self._schema.dense_columns, *self._schema.categorical_columns]
+        """The file columns the schema reads, label first."""
+        added_names = set(self._schema.added_columns)
+        used = [
+            self._schema.label.column,
+            *self._file_dense,
+            *(name for name in self._schema.categorical_columns if name not in added_names),
+            *self._added.file_keys,
+            *self._added.file_numbers,
+        ]
+        return list(dict.fromkeys(used))
 
     def type_problem(self, name: str, type_: pa.DataType) -> str | None:
         """What a column of this type lacks for the role the schema gives ``name``; None if it fits."""
         value_type = _value_type(type_)
-        if name == self._schema.label.column:
+        if name in self._added.file_numbers:
+            fits, wanted = _is_number(value_type), "a number (a split column, or the source of a time part)"
+        elif name in self._added.file_keys and name not in self._groups:
+            fits, wanted = _is_text(value_type), "a string or integer (a join key, or the source of a count)"
+        elif name == self._schema.label.column:
             if self._schema.label.threshold is not None:
                 fits, wanted = _is_number(value_type), "a number (for `threshold`)"
             else:
                 fits, wanted = _is_text(value_type) or pa.types.is_boolean(value_type), "a string, integer or boolean"
-        elif name in self._groups and self._groups[name].separator is None:
-            fits, wanted = _is_text(value_type), "a string or integer (a list needs `separator`: multi-hot)"
+        elif name in self._groups and not self._groups[name].multi_hot:
+            fits, wanted = _is_text(value_type), "a string or integer (a list needs `multi_hot: true`)"
         elif name in self._groups:
             is_list = pa.types.is_list(type_) or pa.types.is_large_list(type_)
             fits = _is_text(value_type) or (is_list and _is_text(type_.value_type))
@@ -88,28 +107,56 @@ class TypedRows:
         hashed once instead of every row."""
         return [name for name in self.single_valued if pa.types.is_string(types[name])]
 
-    def convert(self, batch: pa.RecordBatch) -> tuple[tuple[npt.NDArray[Any], ...], dict[int, str]]:
-        """The rows of ``batch`` as ``(labels, dense, *categorical)``, and the first problem of each malformed row."""
+    def convert(
+        self, batch: pa.RecordBatch
+    ) -> tuple[tuple[npt.NDArray[Any], ...], dict[int, str], npt.NDArray[np.bool_] | None]:
+        """The rows of ``batch`` as ``(labels, dense, *categorical)``, the first problem of each malformed row, and
+        which rows the split keeps (``None``: all)."""
         problems: dict[int, str] = {}
         labels = self._labels(batch.column(self._schema.label.column), problems)
+        added = self._added_values(batch)
+        for row, problem in added.problems.items():
+            problems.setdefault(row, problem)
         dense = pooled_array((batch.num_rows, len(self._schema.dense_columns)), np.float32)
         index = 0
         for spec in self._schema.dense:
             for name in spec.columns:
-                values = _decoded(batch.column(name))
-                numbers, validity = _values_and_validity(values)
-                bad = _store_numbers(
-                    numbers, validity, values.offset, spec.fill, spec.log, SMALL_COUNT_LOGS, dense, index
-                )
-                _note(problems, bad, values, f"`{name}` must be a finite number or null")
+                if name in added.numbers:
+                    dense[:, index] = dense_column(added.numbers[name], spec.fill, spec.log)
+                else:
+                    values = _decoded(batch.column(name))
+                    numbers, validity = _values_and_validity(values)
+                    bad = _store_numbers(
+                        numbers, validity, values.offset, spec.fill, spec.log, SMALL_COUNT_LOGS, dense, index
+                    )
+                    _note(problems, bad, values, f"`{name}` must be a finite number or null")
                 index += 1
-        categorical = [
-            self._bags(name, batch.column(name))
-            if name in self.multi_hot
-            else self._hashers[name].ids(batch.column(name))
-            for name in self._schema.categorical_columns
-        ]
-        return (labels, dense, *categorical), problems
+        categorical = [self._categorical(name, batch, added) for name in self._schema.categorical_columns]
+        return (labels, dense, *categorical), problems, added.keep
+
+    def file_keys_and_numbers(
+        self, batch: pa.RecordBatch
+    ) -> tuple[dict[str, npt.NDArray[np.uint64]], dict[str, npt.NDArray[np.float64]]]:
+        """The keys and numbers of the file columns that ``AddedColumns`` reads."""
+        keys = {name: text_keys(batch.column(name), name) for name in self._added.file_keys}
+        numbers = {name: _floats(batch.column(name), np.nan) for name in self._added.file_numbers}
+        return keys, numbers
+
+    def _added_values(self, batch: pa.RecordBatch) -> AddedValues:
+        if self._added.empty:
+            return AddedValues()
+        return self._added.apply(*self.file_keys_and_numbers(batch))
+
+    def _categorical(self, name: str, batch: pa.RecordBatch, added: AddedValues) -> npt.NDArray[Any]:
+        num_buckets = self._groups[name].num_buckets
+        if name in added.bags:
+            keys, offsets = added.bags[name]
+            return object_array(np.split(bucket_ids(keys, num_buckets), offsets[1:-1]))
+        if name in added.keys:
+            return bucket_ids(added.keys[name], num_buckets)
+        if name in self.multi_hot:
+            return self._bags(name, batch.column(name))
+        return self._hashers[name].ids(batch.column(name))
 
     def empty_rows(self) -> tuple[npt.NDArray[Any], ...]:
         """Rows of zero rows, with the shapes and dtypes ``convert`` gives."""
@@ -140,8 +187,12 @@ class TypedRows:
         group: CategoricalColumns = self._groups[name]
         values = _decoded(values)
         if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)):
-            assert group.separator is not None
-            values = pc.split_pattern(values.cast(pa.string()).fill_null(""), group.separator)
+            texts = values.cast(pa.string()).fill_null("")
+            values = (
+                pc.split_pattern(texts, group.separator)
+                if group.separator
+                else pa.ListArray.from_arrays(np.arange(len(texts) + 1, dtype=np.int32), texts)
+            )
         lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
         ids = hash_ids(values.flatten(), name, group.num_buckets)
         missing = np.zeros(1, np.int64)

@@ -1,4 +1,6 @@
-"""Vocabularies of categorical columns: the frequent values of the training files each get an id of their own.
+"""Vocabularies of categorical columns (the frequent values of the training files each get an id of their own),
+and the value counts of ``count`` and ``count_before`` columns (how many training rows hold a value: its
+popularity; for ``count_before``, also when each of them was).
 
 Hashing gives every value a row whatever its count, so rare values share rows with frequent
 ones at random; a vocabulary gives the ``num_buckets - 2`` most frequent values seen at least
@@ -6,9 +8,9 @@ ones at random; a vocabulary gives the ``num_buckets - 2`` most frequent values 
 DeepCTR's and FuxiCTR's feature encoders do. Id 0 stays the missing value's, id 1 is the
 out-of-vocabulary id, the kept values get ids from 2 in order of falling count (ties: by key).
 
-A vocabulary is counted in one pass over the training files at the first start and saved in
-the output directory (whole or not at all); a resumed run, ``eval`` and ``predict`` load it
-instead of counting again, so that ids never change under a run whose files were appended to.
+Both are counted in one pass over the training files at the first start and saved in the output
+directory (whole or not at all); a resumed run, ``eval`` and ``predict`` load them instead of
+counting again, so that ids and counts never change under a run whose files were appended to.
 Values are known by their 64-bit keys (``recipes.tabular.hashing``), so no text is held.
 """
 
@@ -21,11 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import fsspec
+import numba
 import numpy as np
 import numpy.typing as npt
 
 from recipes.data.reader import DataError
-from recipes.tabular.schema import TabularDataSection
+from recipes.tabular.schema import COUNTS, TabularDataSection
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +69,70 @@ class Vocabulary:
         return ids
 
 
-class KeyCounter:
-    """Counts the keys of one column over many chunks, merging as it goes so memory follows distinct keys."""
+@dataclass(frozen=True)
+class ValueCounts:
+    """How many training rows hold each value of a column, by the value's key (sorted); with ``orders``, the
+    split-column values of those rows too, grouped by key in ``keys``' order and sorted within each key."""
 
-    def __init__(self) -> None:
+    keys: npt.NDArray[np.uint64]
+    counts: npt.NDArray[np.int64]
+    orders: npt.NDArray[np.float64] | None = None
+
+    def lookup(
+        self, keys: npt.NDArray[np.uint64], orders: npt.NDArray[np.float64] | None = None
+    ) -> npt.NDArray[np.float64]:
+        """The counts of ``keys`` (0 for a value no training row holds, NaN for a missing value, key 0); given
+        the rows' ``orders``, only the training rows of each key that come before the row are counted."""
+        counts = np.zeros(len(keys), np.float64)
+        if len(self.keys):
+            at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+            found = self.keys[at] == keys
+            if orders is None or self.orders is None:
+                counts = np.where(found, self.counts[at], 0).astype(np.float64)
+            else:
+                ends = np.cumsum(self.counts)
+                counts = _counts_before(self.orders, ends - self.counts, ends, at, found, orders)
+        counts[keys == 0] = np.nan
+        return counts
+
+
+@numba.njit(cache=True)
+def _counts_before(sorted_orders, starts, ends, at, found, orders):  # type: ignore[no-untyped-def]
+    """Per row, how many of its key's orders (``sorted_orders[starts[at]:ends[at]]``) are below its order."""
+    counts = np.zeros(len(at), np.float64)
+    for row in range(len(at)):
+        if found[row]:
+            low, high = starts[at[row]], ends[at[row]]
+            counts[row] = np.searchsorted(sorted_orders[low:high], orders[row])
+    return counts
+
+
+@dataclass(frozen=True)
+class Encodings:
+    """What the first start counts over the training files: vocabularies and value counts, by column."""
+
+    vocabularies: dict[str, Vocabulary]
+    counts: dict[str, ValueCounts]
+
+
+class KeyCounter:
+    """Counts the keys of one column over many chunks, merging as it goes so memory follows distinct keys;
+    ``ordered`` keeps every row's order as well (memory then follows the rows: 16 bytes each)."""
+
+    def __init__(self, ordered: bool = False) -> None:
         self._keys: list[npt.NDArray[np.uint64]] = []
         self._counts: list[npt.NDArray[np.int64]] = []
         self._pending = 0
+        self._ordered = ordered
+        self._orders: list[npt.NDArray[np.float64]] = []
 
-    def add(self, keys: npt.NDArray[np.uint64]) -> None:
+    def add(self, keys: npt.NDArray[np.uint64], orders: npt.NDArray[np.float64] | None = None) -> None:
+        if self._ordered != (orders is not None):
+            raise ValueError(f"`orders` must be given exactly when the counter is ordered ({self._ordered}).")
+        if orders is not None:
+            self._keys.append(keys.copy())
+            self._orders.append(orders.astype(np.float64))
+            return
         unique, counts = np.unique(keys, return_counts=True)
         self._keys.append(unique)
         self._counts.append(counts.astype(np.int64))
@@ -82,11 +140,17 @@ class KeyCounter:
         if self._pending > 4 * max(len(self._keys[0]), 1 << 20):
             self._merge()
 
-    def totals(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    def totals(self) -> ValueCounts:
+        if self._ordered:
+            keys = np.concatenate(self._keys) if self._keys else np.zeros(0, np.uint64)
+            orders = np.concatenate(self._orders) if self._orders else np.zeros(0, np.float64)
+            by_key_and_order = np.lexsort((orders, keys))
+            unique, counts = np.unique(keys[by_key_and_order], return_counts=True)
+            return ValueCounts(unique, counts.astype(np.int64), orders[by_key_and_order])
         self._merge()
         if not self._keys:
-            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-        return self._keys[0], self._counts[0]
+            return ValueCounts(np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        return ValueCounts(self._keys[0], self._counts[0])
 
     def _merge(self) -> None:
         if len(self._keys) < 2:
@@ -96,42 +160,48 @@ class KeyCounter:
         self._keys, self._counts, self._pending = [keys], [counts], len(keys)
 
 
-KeyCounts = Mapping[str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]]
-
-
-def load_or_build_vocabularies(
-    path: str, schema: TabularDataSection, count_values: Callable[[], KeyCounts]
-) -> dict[str, Vocabulary]:
-    """The vocabularies of the schema's vocabulary columns: those saved at ``path``, or else built from
-    ``count_values()`` (one pass over the training files) and saved there."""
+def load_or_build_encodings(
+    path: str, schema: TabularDataSection, count_values: Callable[[], Mapping[str, ValueCounts]]
+) -> Encodings:
+    """The vocabularies and value counts the schema asks for: those saved at ``path``, or else built from
+    ``count_values()`` (one pass over the training files, keyed by vocabulary column and ``count`` or
+    ``count_before`` column) and saved there."""
     wanted = {
         name: (group.min_count, group.num_buckets)
         for group in schema.categorical
         if group.vocabulary
         for name in group.columns
     }
-    if not wanted:
-        return {}
-    saved = load_vocabularies(path, wanted)
+    counted = {d.name: d.transform == "count_before" for d in schema.derived if d.transform in COUNTS}
+    if not wanted and not counted:
+        return Encodings({}, {})
+    saved = load_encodings(path, wanted, counted)
     if saved is not None:
-        logger.info("Loaded the vocabularies of %s from %s.", ", ".join(wanted), path)
+        logger.info("Loaded the vocabularies and counts of %s from %s.", ", ".join([*wanted, *counted]), path)
         return saved
-    counts = count_values()
+    totals = count_values()
     vocabularies = {}
     for name, (min_count, num_buckets) in wanted.items():
-        vocabularies[name] = Vocabulary.from_counts(*counts[name], min_count, num_buckets)
-        log_vocabulary(name, vocabularies[name], *counts[name])
-    save_vocabularies(path, vocabularies)
-    return vocabularies
+        vocabularies[name] = Vocabulary.from_counts(totals[name].keys, totals[name].counts, min_count, num_buckets)
+        log_vocabulary(name, vocabularies[name], totals[name].keys, totals[name].counts)
+    counts = {name: totals[name] for name in counted}
+    encodings = Encodings(vocabularies, counts)
+    save_encodings(path, encodings)
+    return encodings
 
 
-def save_vocabularies(path: str, vocabularies: dict[str, Vocabulary]) -> None:
-    """Write ``vocabularies`` to ``path`` (any fsspec URL) under a temporary name, then rename it."""
+def save_encodings(path: str, encodings: Encodings) -> None:
+    """Write ``encodings`` to ``path`` (any fsspec URL) under a temporary name, then rename it."""
     arrays: dict[str, npt.NDArray[np.generic]] = {}
-    for name, vocabulary in vocabularies.items():
+    for name, vocabulary in encodings.vocabularies.items():
         arrays[f"{name}/keys"] = vocabulary.keys
         arrays[f"{name}/ids"] = vocabulary.ids
         arrays[f"{name}/settings"] = np.array([vocabulary.min_count, vocabulary.num_buckets], np.int64)
+    for name, counts in encodings.counts.items():
+        arrays[f"{name}/count_keys"] = counts.keys
+        arrays[f"{name}/counts"] = counts.counts
+        if counts.orders is not None:
+            arrays[f"{name}/count_orders"] = counts.orders
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
     fs, plain_path = fsspec.core.url_to_fs(path)
@@ -141,17 +211,18 @@ def save_vocabularies(path: str, vocabularies: dict[str, Vocabulary]) -> None:
     fs.mv(temporary, plain_path)
 
 
-def load_vocabularies(path: str, wanted: dict[str, tuple[int, int]]) -> dict[str, Vocabulary] | None:
-    """The vocabularies saved at ``path`` (None if there are none), checked to be those of the config:
-    ``wanted`` maps a column to its ``(min_count, num_buckets)``."""
+def load_encodings(path: str, wanted: dict[str, tuple[int, int]], counted: dict[str, bool]) -> Encodings | None:
+    """The encodings saved at ``path`` (None if there are none), checked to be those of the config: ``wanted``
+    maps a vocabulary column to its ``(min_count, num_buckets)``, ``counted`` maps each ``count`` column to
+    False and each ``count_before`` column to True."""
     fs, plain_path = fsspec.core.url_to_fs(path)
     if not fs.exists(plain_path):
         return None
     with fs.open(plain_path, "rb") as file, np.load(io.BytesIO(file.read())) as arrays:
-        saved = {key.split("/")[0] for key in arrays.files}
+        saved = set(arrays.files)
         vocabularies = {}
         for name, (min_count, num_buckets) in wanted.items():
-            settings = arrays[f"{name}/settings"].tolist() if name in saved else None
+            settings = arrays[f"{name}/settings"].tolist() if f"{name}/settings" in saved else None
             if settings != [min_count, num_buckets]:
                 raise DataError(
                     f"The vocabulary of `{name}` saved in {path} must have been built with min_count={min_count} "
@@ -162,7 +233,16 @@ def load_vocabularies(path: str, wanted: dict[str, tuple[int, int]]) -> dict[str
             vocabularies[name] = Vocabulary(
                 arrays[f"{name}/keys"], arrays[f"{name}/ids"], int(min_count), int(num_buckets)
             )
-    return vocabularies
+        counts = {}
+        for name, ordered in counted.items():
+            if f"{name}/counts" not in saved or (ordered and f"{name}/count_orders" not in saved):
+                raise DataError(
+                    f"The {'ordered ' if ordered else ''}counts of `{name}` must be saved in {path} with the "
+                    "vocabularies, as the config counts it, but are not; use a new output directory to count anew."
+                )
+            orders = arrays[f"{name}/count_orders"] if ordered else None
+            counts[name] = ValueCounts(arrays[f"{name}/count_keys"], arrays[f"{name}/counts"], orders)
+    return Encodings(vocabularies, counts)
 
 
 def log_vocabulary(

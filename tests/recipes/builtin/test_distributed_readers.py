@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,14 +19,15 @@ from torch.multiprocessing.spawn import spawn
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
 from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
-from recipes.builtin.movielens.reader import SPARSE_FEATURE_NAMES as MOVIELENS_FEATURES
-from recipes.builtin.movielens.reader import MovieLensReader, load_movielens
-from recipes.builtin.movielens.recipe import SHIPPED_DATA
 from recipes.click.batch import CTRBatch
+from recipes.run import JobSpec, resolve_job
+from recipes.tabular.hashing import hash_value
 from recipes.tabular.reader import TabularReader
+from recipes.tabular.schema import CategoricalColumns, SplitByValue, TabularDataSection, resolve_path
 
 pytestmark = pytest.mark.slow
 
+MOVIELENS_TRAIN_ROWS = 80_003  # The ratings before the preset's `split.valid_from`.
 NUM_ROWS = 203  # Not a multiple of a global step: the tail is dropped alike on both ranks.
 
 
@@ -38,6 +40,16 @@ def numbered_line(i: int) -> str:
 def row_numbers(batch: CTRBatch) -> list[int]:
     """The row numbers of a batch of numbered lines: their ``I1``, back through DLRM's ``log(x + 1)``."""
     return torch.expm1(batch.dense[:, 0].double()).round().long().tolist()
+
+
+def movielens_schema(**changes: Any) -> TabularDataSection:
+    """The ``movielens_small`` preset's schema of the shipped ratings (joined genres and tags, derived columns,
+    the time split), with ``changes``."""
+    shipped = resolve_job(JobSpec("movielens_small")).config.dataset  # type: ignore[attr-defined]
+    return dataclasses.replace(shipped, **changes)
+
+
+SHIPPED_RATINGS = resolve_path("package://recipes.builtin.movielens/ml-latest-small/ratings.csv")
 
 
 def free_port() -> int:
@@ -70,16 +82,18 @@ def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
         criteo.reset()
         second_epoch = epoch_rows(criteo)
 
-        data = load_movielens(SHIPPED_DATA)
-        train_rows, _ = data.split("random", 0.2, seed=1)
-        movielens = MovieLensReader(data, train_rows, batch_size=256, dp_rank=gang.rank, dp_size=gang.size, seed=5)
-        # MovieLens holds one rating per (user, movie), so the pair names the rating.
+        # Ids from buckets too many to collide: MovieLens holds one rating per (user, movie), so the pair names it.
+        ids = CategoricalColumns(columns=["userId", "movieId"], num_buckets=1 << 62)
+        schema = movielens_schema(categorical=[ids], dense=[], derived=[], joins=[])
+        movielens = TabularReader(
+            SHIPPED_RATINGS, schema, split="train", batch_size=256, dp_rank=gang.rank, dp_size=gang.size, seed=5
+        )
         pairs = [
-            list(zip(batch.sparse["user"].ids.tolist(), batch.sparse["movie"].ids.tolist()))
+            list(zip(batch.sparse["userId"].ids.tolist(), batch.sparse["movieId"].ids.tolist()))
             for step in movielens
             for batch in step
         ]
-        results[rank] = gang.all_gather_object((first_epoch, second_epoch, pairs, movielens.num_steps_per_epoch))
+        results[rank] = gang.all_gather_object((first_epoch, second_epoch, pairs))
     finally:
         dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
@@ -105,13 +119,15 @@ def test_two_ranks_read_every_row_once_per_epoch(tmp_path: Path) -> None:
     assert rank_0[0] != rank_0[1], "a new epoch reshuffles"
 
     pairs_0, pairs_1 = rank_0[2], rank_1[2]
-    assert rank_0[3] == rank_1[3] == len(pairs_0) == len(pairs_1)
+    assert len(pairs_0) == len(pairs_1) > 0, "both ranks must run the same number of steps"
     seen = [pair for batch in pairs_0 + pairs_1 for pair in batch]
+    assert len(seen) == MOVIELENS_TRAIN_ROWS // 512 * 512, "every training rating of whole steps is read"
     assert len(seen) == len(set(seen)), "no rating is read twice in an epoch"
 
 
 KEPT_ROWS = 193  # One row past whole steps on 2 and 3 ranks: the last step reaches rank 0 only.
 KEPT_RATINGS = 961  # Likewise for MovieLens' steps of 32 and 48 ratings.
+MOVIELENS_BUCKETS = 4096
 PLACEMENTS: list[Placement] = ["row_wise", "table_wise", "replicated"]
 
 
@@ -129,7 +145,7 @@ def lookup_every_batch(gang: ProcessGroupGang, steps: list[list[CTRBatch]], tabl
                     assert outputs[name].shape == (batch.batch_size, 2)
 
 
-def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, results: Any) -> None:
+def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, ratings_path: str, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -150,10 +166,15 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, re
         shared = EmbeddingTableConfig("shared", 4096, 2, SPARSE_FEATURE_NAMES, placement="row_wise")
         lookup_every_batch(gang, criteo_steps, [shared])
 
-        data = load_movielens(SHIPPED_DATA)
-        movielens = MovieLensReader(
-            data,
-            np.arange(KEPT_RATINGS),
+        # The first ratings with the genres and tags that join them: bags on every placement.
+        # No split, so no counts before a row: the time parts stay.
+        time_parts = [derived for derived in movielens_schema().derived if derived.transform != "count_before"]
+        schema = movielens_schema(split=SplitByValue(), derived=time_parts, dense=[])
+        for group in schema.categorical:
+            group.num_buckets = MOVIELENS_BUCKETS
+        movielens = TabularReader(
+            ratings_path,
+            schema,
             batch_size=16,
             dp_rank=gang.rank,
             dp_size=gang.size,
@@ -162,8 +183,8 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, re
         )
         movielens_steps = list(movielens)
         tables = [
-            EmbeddingTableConfig(name, data.vocab_sizes[name], 2, (name,), placement=placement)
-            for name, placement in zip(MOVIELENS_FEATURES, PLACEMENTS * 2)
+            EmbeddingTableConfig(name, MOVIELENS_BUCKETS, 2, (name,), placement=placement)
+            for name, placement in zip(schema.categorical_columns, PLACEMENTS * 3)
         ]
         lookup_every_batch(gang, movielens_steps, tables)
 
@@ -171,7 +192,10 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, re
             (
                 [[row_numbers(batch) for batch in step] for step in criteo_steps],
                 [
-                    [list(zip(batch.sparse["user"].ids.tolist(), batch.sparse["movie"].ids.tolist())) for batch in step]
+                    [
+                        list(zip(batch.sparse["userId"].ids.tolist(), batch.sparse["movieId"].ids.tolist()))
+                        for batch in step
+                    ]
                     for step in movielens_steps
                 ],
             )
@@ -193,7 +217,10 @@ def test_without_drop_last_ranks_read_every_row_in_lockstep_and_in_input_order(t
     criteo_path.write_text("".join(numbered_line(i) + "\n" for i in range(KEPT_ROWS)))
     results = mp.Manager().dict()
 
-    spawn(keep_last_worker, args=(world_size, free_port(), str(criteo_path), results), nprocs=world_size)
+    ratings_path = tmp_path / "ratings.csv"
+    ratings_path.write_text("".join(Path(SHIPPED_RATINGS).read_text().splitlines(keepends=True)[: KEPT_RATINGS + 1]))
+    args = (world_size, free_port(), str(criteo_path), str(ratings_path), results)
+    spawn(keep_last_worker, args=args, nprocs=world_size)
 
     per_rank = results[0]
     criteo = [steps for steps, _ in per_rank]
@@ -209,6 +236,10 @@ def test_without_drop_last_ranks_read_every_row_in_lockstep_and_in_input_order(t
         return [row for step in rank_steps for batch in step for row in batch]
 
     assert interleave([flat(rank_steps) for rank_steps in criteo]) == list(range(KEPT_ROWS))
-    data = load_movielens(SHIPPED_DATA)
-    expected = list(zip(data.users[:KEPT_RATINGS].tolist(), data.movies[:KEPT_RATINGS].tolist()))
+    with open(SHIPPED_RATINGS, newline="") as file:
+        first_ratings = list(csv.DictReader(file))[:KEPT_RATINGS]
+    expected = [
+        (hash_value(r["userId"], "userId", MOVIELENS_BUCKETS), hash_value(r["movieId"], "movieId", MOVIELENS_BUCKETS))
+        for r in first_ratings
+    ]
     assert interleave([flat(rank_steps) for rank_steps in movielens]) == expected

@@ -21,6 +21,7 @@ from test_tabular_presets import SMALL, criteo_line
 from recipes.click.batch import CTRBatch
 from recipes.config import ConfigError
 from recipes.data.reader import DataError
+from recipes.tabular.added_columns import AddedColumns
 from recipes.tabular.hashing import hash_value
 from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
@@ -111,9 +112,9 @@ def test_a_sliced_batch_with_nulls_converts_like_its_values() -> None:
         dense=[DenseColumns(columns=["age"], fill=-1.0)],
     )
 
-    (_, dense, ids), problems = TypedRows(data).convert(batch)
+    (_, dense, ids), problems, keep = TypedRows(data, AddedColumns(data, batch.schema.names, "train")).convert(batch)
 
-    assert not problems
+    assert not problems and keep is None
     assert ids.tolist() == [0 if v is None else hash_value(v, "city", 1_000_000) for v in text[5:16].to_pylist()]
     assert dense[:, 0].tolist() == [-1.0 if v is None else v for v in ages[5:16].to_pylist()]
 
@@ -267,7 +268,7 @@ def test_malformed_rows_are_skipped_up_to_the_limit_with_their_row_number(
             r"floating-point number, but is string instead",
         ),
         ({"click": [1], "age": [3], "city": [1.5]}, r"The column 'city' of .* must be a string or integer .* double"),
-        ({"click": [1], "age": [3], "city": [["a"]]}, r"'city' .* \(a list needs `separator`: multi-hot\)"),
+        ({"click": [1], "age": [3], "city": [["a"]]}, r"'city' .* \(a list needs `multi_hot: true`\)"),
     ],
 )
 def test_a_file_whose_columns_do_not_fit_the_schema_fails_at_construction(

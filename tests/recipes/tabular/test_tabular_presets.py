@@ -155,7 +155,7 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
         file.write("".join(avazu_line(random.Random(9), 10_000 + i) + "\r\n" for i in range(500)))
     check_ok(run_recipes(tmp_path, "train", "out/config.yaml", "-o", "out", "trainer.max_num_steps=30", *SMALL))
 
-    assert "Loaded the vocabularies of site_id, device_ip" in log.read_text()
+    assert "Loaded the vocabularies and counts of site_id, device_ip" in log.read_text()
     predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
     assert "test: auc=" in predicted.stdout
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500

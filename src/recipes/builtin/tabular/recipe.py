@@ -21,10 +21,11 @@ from recipes.sections import RecipeConfig
 from recipes.tabular.libsvm import LibSVMReader
 from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection
-from recipes.tabular.vocabulary import load_or_build_vocabularies
+from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection, resolve_path
+from recipes.tabular.vocabulary import load_or_build_encodings
 
-VOCABULARIES_FILE = "vocabularies.npz"
+ENCODINGS_FILE = "vocabularies.npz"
+"""The vocabularies and value counts counted at the first start (named before counts joined them)."""
 
 
 @dataclass
@@ -44,25 +45,26 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         "shuffle_buffer_size": data.shuffle_buffer_size,
         "max_malformed_rows": data.max_malformed_rows,
     }
+    train_path, valid_path = resolve_path(data.train_path), resolve_path(data.valid_path)
     if data.format in LIBSVM_FORMATS:
         make_reader: Callable[..., StreamingReader[CTRBatch]] = partial(LibSVMReader, schema=data, **options)
-    elif data.format == "parquet":
-        make_reader = partial(ParquetReader, schema=data, **options)
     else:
-        vocabularies = load_or_build_vocabularies(
-            os.path.join(context.output_dir, VOCABULARIES_FILE),
+        reader_class = ParquetReader if data.format == "parquet" else TabularReader
+        encodings = load_or_build_encodings(
+            os.path.join(context.output_dir, ENCODINGS_FILE),
             data,
-            TabularReader(data.train_path, data, batch_size=1, **options).count_values,
+            lambda: reader_class(train_path, data, split="train", batch_size=1, **options).count_values(),
         )
-        make_reader = partial(TabularReader, schema=data, vocabularies=vocabularies, **options)
+        make_reader = partial(reader_class, schema=data, encodings=encodings, **options)
 
-    def reader(path: str, train: bool) -> StreamingReader[CTRBatch]:
-        tabular = make_reader(path, **reader_options(context, data.batch_size, train))
+    def reader(path: str, split: str) -> StreamingReader[CTRBatch]:
+        by_split = {} if data.format in LIBSVM_FORMATS else {"split": split}
+        tabular = make_reader(path, **by_split, **reader_options(context, data.batch_size, split == "train"))
         tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
         return tabular
 
-    train_reader, valid_reader = reader(data.train_path, train=True), reader(data.valid_path, train=False)
-    splits = {} if data.test_path is None else {"test": reader(data.test_path, train=False)}
+    train_reader, valid_reader = reader(train_path, "train"), reader(valid_path, "valid")
+    splits = {} if data.test_path is None else {"test": reader(resolve_path(data.test_path), "test")}
 
     model = build_zoo_model(
         config.model, _tables(data), data.sparse_features, len(data.dense_columns), gangs.dp, config.seed
@@ -80,7 +82,7 @@ def _tables(data: TabularDataSection) -> list[TableSpec]:
         return [TableSpec(name, data.libsvm_buckets, (name,)) for name in data.sparse_features]
     tables = []
     for group in data.categorical:
-        pooling: Literal["sum", "mean"] = "mean" if group.separator else "sum"
+        pooling: Literal["sum", "mean"] = "mean" if group.multi_hot else "sum"
         if group.shared_table is not None:
             tables.append(TableSpec(group.shared_table, group.num_buckets, tuple(group.columns), pooling))
         else:
