@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from recipes.data.reader import DataError
 from recipes.errors import UserError
 from recipes.predictions import PredictionCollector
 from recipes.protocols import Predictor, Validation
@@ -30,8 +31,10 @@ def evaluate(
             f"The eval unit '{unit.name}' ({type(unit).__name__}) must have a `predict(batch)` method to write "
             "predictions, but has none."
         )
+    num_steps = 0
     with torch.no_grad():
         for batches in validation.reader:
+            num_steps += 1
             outputs = []
             for batch in batches:
                 with autocast():
@@ -42,6 +45,11 @@ def evaluate(
             if predictions is not None:
                 predictions.add_step(outputs)
     validation.reader.reset()
+    if num_steps == 0:  # Every rank reads as many steps: all raise, or none.
+        raise DataError(
+            "The evaluation data reader yields no step: the data must hold at least one row, but is empty (a split "
+            "by value whose bounds no row falls within, say)."
+        )
     values = unit.metric_bag.compute()
     unit.metric_bag.reset()
     return values

@@ -157,3 +157,14 @@ def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(tmp_p
     assert [entry["step"] for entry in valid] == [10, 20] and valid[-1]["auc"] > 0.6
     assert "test: auc=" in predicted.stdout
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == sum(time >= test_from for time in times)
+
+
+def test_a_split_that_leaves_validation_empty_stops_in_one_line_with_exit_2(tmp_path: Path) -> None:
+    # Milliseconds for seconds: no rating is as late as this, so validation would score nothing.
+    short = ["dataset.split.valid_from=1339227125000", "trainer.max_num_steps=4", "trainer.validate_every_n_steps=2"]
+
+    result = run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *short)
+
+    assert result.returncode == 2
+    assert "The evaluation data reader yields no step" in one_line_error(result)
+    assert not (tmp_path / "out" / "checkpoints").exists()
