@@ -111,11 +111,8 @@ class AddedColumns:
             for row in np.flatnonzero(np.isnan(split_values)):
                 values.problems[int(row)] = f"the split column `{column}` must hold a number, but is empty"
         for table in self.tables:
-            assert table.join.on is not None
-            positions = table.positions(keys[table.join.on])
+            positions = table.join_keys(keys)
             found = positions >= 0
-            for name, side_keys in table.single_keys.items():
-                keys[name] = np.where(found, side_keys[np.maximum(positions, 0)], np.uint64(0))
             for name, side_numbers in table.numbers.items():
                 numbers[name] = np.where(found, side_numbers[np.maximum(positions, 0)], np.nan)
             for name, bags in table.bags.items():
@@ -149,10 +146,7 @@ class AddedColumns:
         joins), and for ``count_before`` the rows' values of the split column (their order in time)."""
         keys = dict(keys)
         for table in self.tables:
-            assert table.join.on is not None
-            positions = table.positions(keys[table.join.on])
-            for name, side_keys in table.single_keys.items():
-                keys[name] = np.where(positions >= 0, side_keys[np.maximum(positions, 0)], np.uint64(0))
+            table.join_keys(keys)
         split_column = self._schema.split.column
         return {
             d.name: (keys[d.source], numbers[split_column] if d.transform == "count_before" and split_column else None)

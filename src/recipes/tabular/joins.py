@@ -77,6 +77,15 @@ class SideTable:
         at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         return np.where((self.keys[at] == keys) & (keys != 0), at, -1).astype(np.int64)
 
+    def join_keys(self, keys: dict[str, npt.NDArray[np.uint64]]) -> npt.NDArray[np.int64]:
+        """Adds to ``keys`` the keys of the single-valued columns the rows take (the missing key 0 where the table
+        lacks a row's key), and returns ``positions`` of the rows' keys."""
+        assert self.join.on is not None
+        positions = self.positions(keys[self.join.on])
+        for name, side_keys in self.single_keys.items():
+            keys[name] = np.where(positions >= 0, side_keys[np.maximum(positions, 0)], np.uint64(0))
+        return positions
+
     # Reading -------------------------------------------------------------------------------------
 
     def _read(self, join: JoinedTable, split: SplitByValue) -> pa.Table:
