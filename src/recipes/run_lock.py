@@ -162,6 +162,8 @@ class RunLock:
         outcome = None if error is None else (isinstance(error, UserError), str(error))
         if gang.size > 1:
             outcome = gang.broadcast_object(outcome)
+            if outcome is not None:
+                gang.barrier()  # Every rank has its copy before any tears gloo down (rank 0 aborted otherwise).
         if error is not None:
             raise error
         if outcome is not None:
