@@ -11,6 +11,13 @@ gradient of every feature's pooled output (what the dense part of a model would 
 the optimizer's ``step`` and ``zero_grad``. Methods take turns step by step; the table gives
 each one's median and interquartile range.
 
+A third layout, "shared, hash", is our rowwise_adagrad step on a hash table (``kind="hash"``,
+eviction lru) of 1,000,000 slots looked up by all 26 features, the same Zipf ranks spread over
+the int64 range by splitmix64 (distinct ranks stay distinct ids). It takes turns with the
+others; its warm-up steps insert the batch's ids (the batch is the same at every step, and far
+fewer than the slots), so the measured steps find them all. Its ratios are to the shared
+layout's baselines, and the line after the table gives its time over the fixed shared table's.
+
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 
 ``--threads`` (default: torch's default) sets both torch's and numba's thread counts.
@@ -35,36 +42,46 @@ from torch import nn
 
 from embedding import (
     EmbeddingTableConfig,
+    HashPolicy,
     JaggedIds,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
     SparseOptimizerConfig,
 )
+from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
 
 TOTAL_ROWS = 1_000_000
 DIM = 64
 BATCH = 4096
 NUM_FEATURES = 26
 FEATURES = [f"f{i}" for i in range(NUM_FEATURES)]
+HASH_LAYOUT = "shared, hash"
+HASH_METHOD = "ours rowwise_adagrad"
 
 
 def table_configs(layout: str) -> list[EmbeddingTableConfig]:
     if layout == "shared":
         return [EmbeddingTableConfig("shared", TOTAL_ROWS, DIM, tuple(FEATURES))]
+    if layout == "hash":
+        policy = HashPolicy(eviction="lru")
+        return [EmbeddingTableConfig("hashed", TOTAL_ROWS, DIM, tuple(FEATURES), kind="hash", hash_policy=policy)]
     rows = [TOTAL_ROWS // NUM_FEATURES + (i < TOTAL_ROWS % NUM_FEATURES) for i in range(NUM_FEATURES)]
     return [EmbeddingTableConfig(f"t{i}", rows[i], DIM, (name,)) for i, name in enumerate(FEATURES)]
 
 
 def make_features(tables: list[EmbeddingTableConfig]) -> SparseFeatures:
+    """The batch: Zipf ranks modulo a fixed table's rows, or spread over int64 for a hash table."""
     rng = np.random.default_rng(0)
     zipf = rng.zipf(1.1, size=(NUM_FEATURES, BATCH))
-    rows_of = {feature: table.num_rows for table in tables for feature in table.features}
+    table_of = {feature: table for table in tables for feature in table.features}
+
+    def ids(i: int, name: str) -> np.ndarray:
+        table = table_of[name]
+        return spread(zipf[i]) if table.kind == "hash" else zipf[i] % table.num_rows
+
     return SparseFeatures(
-        {
-            name: JaggedIds.from_dense(torch.from_numpy(zipf[i] % rows_of[name]).view(BATCH, 1))
-            for i, name in enumerate(FEATURES)
-        }
+        {name: JaggedIds.from_dense(torch.from_numpy(ids(i, name)).view(BATCH, 1)) for i, name in enumerate(FEATURES)}
     )
 
 
@@ -163,13 +180,16 @@ def main() -> None:
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(f"batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}, {args.steps} steps after {args.warmup} warm-up")
     print("layouts: '26 tables' = 26 tables holding 1,000,000 rows together, one per feature;")
-    print("         'shared' = one 1,000,000-row table looked up by all 26 features\n")
+    print("         'shared' = one 1,000,000-row table looked up by all 26 features;")
+    print(f"         '{HASH_LAYOUT}' = a hash table of 1,000,000 slots (eviction lru) looked up by all 26 features,")
+    print("         ids spread over int64; ratios to the shared layout's baselines\n")
     # Both layouts' methods take turns too, so that the two layouts are compared under one load.
     steps_by_method = {
         (layout, method): build(table_configs("shared" if layout == "shared" else "split"), optimizer_name)
         for layout in LAYOUTS
         for method, build, optimizer_name in METHODS
     }
+    steps_by_method[HASH_LAYOUT, HASH_METHOD] = ours(table_configs("hash"), "rowwise_adagrad")
     times = step_times_ms(steps_by_method, args.steps, args.warmup)
     medians = {key: statistics.median(key_times) for key, key_times in times.items()}
     print(f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} ({numba.threading_layer()})\n")
@@ -177,9 +197,12 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for (layout, method), ms in medians.items():
         low, _, high = statistics.quantiles(times[layout, method], n=4)
-        sparse_adam = medians[layout, "EmbeddingBag+SparseAdam"] / ms
-        adagrad = medians[layout, "EmbeddingBag+Adagrad"] / ms
+        baseline_layout = "shared" if layout == HASH_LAYOUT else layout
+        sparse_adam = medians[baseline_layout, "EmbeddingBag+SparseAdam"] / ms
+        adagrad = medians[baseline_layout, "EmbeddingBag+Adagrad"] / ms
         print(f"| {layout} | {method} | {ms:.2f} | {low:.1f}-{high:.1f} | {sparse_adam:.2f}x | {adagrad:.2f}x |")
+    hash_ratio = medians[HASH_LAYOUT, HASH_METHOD] / medians["shared", HASH_METHOD]
+    print(f"{HASH_METHOD}: hash table / fixed shared table time {hash_ratio:.2f}")
     for method, _, _ in METHODS[2:]:
         print(f"{method}: shared / 26 tables time {medians['shared', method] / medians['26 tables', method]:.2f}")
 

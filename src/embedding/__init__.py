@@ -9,18 +9,23 @@ from embedding.config import (
     OutOfRangePolicy,
     Placement,
     Pooling,
+    TableKind,
 )
 from embedding.features import JaggedIds, SparseFeatures
+from embedding.hash_index import EVICTION_POLICIES, EvictionPolicy, HashPolicy, TableFullError
 from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
 from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimizerStateError
 from embedding.planner import TableSharding, plan_sharding
 from embedding.state import ShardedStateError
 
 __all__ = [
+    "EVICTION_POLICIES",
     "PLACEMENTS",
     "CombinedOptimizer",
     "EmbeddingConfigError",
     "EmbeddingTableConfig",
+    "EvictionPolicy",
+    "HashPolicy",
     "Initializer",
     "JaggedIds",
     "OutOfRangePolicy",
@@ -34,6 +39,8 @@ __all__ = [
     "SparseOptimizerConfig",
     "SparseOptimizerError",
     "SparseOptimizerStateError",
+    "TableFullError",
+    "TableKind",
     "TableSharding",
     "plan_sharding",
 ]

@@ -16,13 +16,15 @@ import torch
 from torch import nn
 
 from embedding.config import EmbeddingTableConfig, check_tables
+from embedding.dynamic_state import hash_shard_state, load_hash_shard
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.lookup import Bags, TableLookup, make_lookup
+from embedding.memory import check_memory, rank_bytes
 from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
-from gang import FakeGang, Gang
+from gang import FakeGang, Gang, ReduceOperation
 
 
 class SparseFeatureError(ValueError):
@@ -63,6 +65,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.optimizer = optimizer if optimizer is not None else SparseOptimizerConfig()
         self.gang = gang if gang is not None else FakeGang()
         self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
+        self.memory_bytes = rank_bytes(self.tables, self.plan, self.gang.rank, self.optimizer)
+        """This rank's bytes of rows, optimizer state and hash maps: checked against the available memory."""
+        check_memory(self.memory_bytes, self.gang.device, self.gang.rank)
         self.groups: list[ShardGroup] = build_groups(
             self.tables, self.plan, self.gang.size, self.gang.rank, seed, self.gang.device
         )
@@ -76,7 +81,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
         features = features.to(self.gang.device)
         _check_features(self.tables, features)
-        lookups = [make_lookup(group, self.gang) for group in self.groups]
+        lookups = [make_lookup(group, self.gang, self.training) for group in self.groups]
         bags = [_group_bags(group, features) for group in self.groups]
         pairs_by_group = [_table_features(group) for group in self.groups]
         sizes = [[_num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
@@ -90,18 +95,44 @@ class ShardedEmbeddingCollection(nn.Module):
             outputs[feature] = rows
         return outputs
 
+    def hash_table_statistics(self) -> dict[str, dict[str, float]]:
+        """Per hash table, over all ranks: rows used, load factor, and the ids admitted, rejected
+        (no row: not admitted yet, or the table full under ``ttl``) and evicted (expired ones
+        included) since the run began. Collective: every rank must call it."""
+        dynamic = [shard.dynamic for shard in self.shards.values() if shard.dynamic is not None]
+        if not dynamic:
+            return {}
+        names = ("rows_used", "admitted", "rejected", "evicted")
+        totals = torch.tensor([[rows.statistics()[name] for name in names] for rows in dynamic], dtype=torch.float64)
+        totals = totals.to(self.gang.device)
+        self.gang.all_reduce(totals, ReduceOperation.SUM)
+        statistics = {}
+        for rows, values in zip(dynamic, totals.tolist()):
+            table = dict(zip(names, values))
+            table["load_factor"] = table["rows_used"] / rows.config.num_rows
+            statistics[rows.config.name] = table
+        return statistics
+
     def sharded_state_dict(self) -> dict[str, Any]:
         """This rank's rows of every table and their optimizer state, with global row ranges.
 
-        Like ``nn.Module.state_dict``, the tensors share storage with the live tables: save
-        or copy them before the next optimizer step.
+        Like ``nn.Module.state_dict``, the tensors of fixed tables share storage with the live
+        tables: save or copy them before the next optimizer step. A hash table's piece is a copy
+        (see :mod:`embedding.dynamic_state`), as training lookups change its slots.
         """
-        return shard_states(self.shards.values())
+        state = shard_states(shard for shard in self.shards.values() if shard.dynamic is None)
+        for shard in self.shards.values():
+            if shard.dynamic is not None:
+                state["tables"][shard.config.name] = hash_shard_state(shard)
+        return state
 
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
         """Copy in the rows this rank owns from the sharded state dicts of every rank of a
         saving job, whatever its number of ranks or placements."""
-        load_shard_states(self.shards.values(), pieces)
+        load_shard_states([shard for shard in self.shards.values() if shard.dynamic is None], pieces)
+        for shard in self.shards.values():
+            if shard.dynamic is not None:
+                load_hash_shard(shard, pieces)
 
 
 class _PooledLookup(torch.autograd.Function):
@@ -190,7 +221,7 @@ def _uniform_bags(
     if any(hashed):
         num_rows = torch.tensor([[table.num_rows] for table, _ in pairs], device=device)
         ids = torch.where(torch.tensor(hashed, device=device).unsqueeze(1), torch.remainder(ids, num_rows), ids)
-    if num_ids > 0:
+    if num_ids > 0 and pairs[0][0].kind == "fixed":  # a hash table takes any id
         lows, highs = ids.aminmax(dim=1)
         for (table, feature), low, high in zip(pairs, lows.tolist(), highs.tolist()):
             _check_id_range(table, feature, low, high)
@@ -229,7 +260,7 @@ def _jagged_bags(
         feature_ids = feature_jagged.ids.to(torch.int64)
         if table.out_of_range == "hash":
             feature_ids = torch.remainder(feature_ids, table.num_rows)
-        elif feature_ids.numel() > 0:
+        elif feature_ids.numel() > 0 and table.kind == "fixed":
             low, high = (int(value) for value in torch.aminmax(feature_ids))
             _check_id_range(table, feature, low, high)
         ids.append(feature_ids + buffer_offset if buffer_offset else feature_ids)

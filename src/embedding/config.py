@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from embedding.hash_index import EVICTION_POLICIES, HashPolicy
 from embedding.optim_config import SparseOptimizerConfig
 
 Pooling = Literal["sum", "mean", "none"]
@@ -22,6 +23,10 @@ Placement = Literal["table_wise", "row_wise", "replicated"]
 every row on every rank (data-parallel)."""
 
 PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
+
+TableKind = Literal["fixed", "hash"]
+"""``fixed``: ids are rows, in ``[0, num_rows)``; ``hash``: any int64 id gets a row of its own, out of
+``num_rows`` (the capacity), when admitted (see :mod:`embedding.hash_index`)."""
 
 
 class EmbeddingConfigError(ValueError):
@@ -49,6 +54,8 @@ class EmbeddingTableConfig:
     optimizer: SparseOptimizerConfig | None = None
     out_of_range: OutOfRangePolicy = "error"
     placement: Placement | None = field(default=None)
+    kind: TableKind = "fixed"
+    hash_policy: HashPolicy = field(default_factory=HashPolicy)
 
     def __post_init__(self) -> None:
         # Configs read from YAML carry lists; a tuple keeps the config hashable and frozen.
@@ -56,8 +63,9 @@ class EmbeddingTableConfig:
         if not self.name:
             raise EmbeddingConfigError("`name` of an embedding table must be a non-empty string, but is '' instead.")
         if self.num_rows < 1:
+            rows = "capacity" if self.kind == "hash" else "num_rows"
             raise EmbeddingConfigError(
-                f"`num_rows` of table '{self.name}' must be at least 1, but is {self.num_rows} instead."
+                f"`{rows}` of table '{self.name}' must be at least 1, but is {self.num_rows} instead."
             )
         if self.dim < 1:
             raise EmbeddingConfigError(f"`dim` of table '{self.name}' must be at least 1, but is {self.dim} instead.")
@@ -70,9 +78,44 @@ class EmbeddingTableConfig:
         _check_choice(self.name, "out_of_range", self.out_of_range, get_args(OutOfRangePolicy))
         if self.placement is not None:
             _check_choice(self.name, "placement", self.placement, PLACEMENTS)
+        _check_choice(self.name, "kind", self.kind, get_args(TableKind))
+        if self.kind == "hash":
+            self._check_hash_table()
         if self.init_scale is not None and self.init_scale < 0.0:
             raise EmbeddingConfigError(
                 f"`init_scale` of table '{self.name}' must be at least 0, but is {self.init_scale} instead."
+            )
+
+    def _check_hash_table(self) -> None:
+        policy = self.hash_policy
+        if policy.min_count < 1:
+            raise EmbeddingConfigError(
+                f"`min_count` of hash table '{self.name}' must be at least 1, but is {policy.min_count} instead."
+            )
+        if not 0.0 < policy.admit_probability <= 1.0:
+            raise EmbeddingConfigError(
+                f"`admit_probability` of hash table '{self.name}' must be in (0, 1], but is "
+                f"{policy.admit_probability} instead."
+            )
+        _check_choice(self.name, "eviction", policy.eviction, EVICTION_POLICIES)
+        if (policy.eviction == "ttl") != (policy.ttl_steps is not None):
+            raise EmbeddingConfigError(
+                f"`ttl_steps` of hash table '{self.name}' must be set exactly when `eviction` is ttl, but eviction is "
+                f"{policy.eviction} and ttl_steps is {policy.ttl_steps} instead."
+            )
+        if policy.ttl_steps is not None and policy.ttl_steps < 1:
+            raise EmbeddingConfigError(
+                f"`ttl_steps` of hash table '{self.name}' must be at least 1, but is {policy.ttl_steps} instead."
+            )
+        if self.out_of_range != "error":
+            raise EmbeddingConfigError(
+                f"`out_of_range` of hash table '{self.name}' must be error (a hash table takes any id), but is "
+                f"{self.out_of_range} instead."
+            )
+        if self.placement not in (None, "row_wise"):
+            raise EmbeddingConfigError(
+                f"`placement` of hash table '{self.name}' must be row_wise (rows sharded by a hash of the id), but is "
+                f"{self.placement} instead."
             )
 
     @property

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from embedding.id_hashing import owner_ranks
 from embedding.sharding import GradRecord, ShardGroup
 from gang import Gang
 
@@ -59,23 +60,37 @@ class TableLookup(ABC):
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None: ...
 
 
-def make_lookup(group: ShardGroup, gang: Gang) -> TableLookup:
-    """The lookup for ``group``: local when this rank holds its whole tables, else all-to-all."""
+def make_lookup(group: ShardGroup, gang: Gang, training: bool) -> TableLookup:
+    """The lookup for ``group``: local when this rank holds its whole tables, else all-to-all.
+
+    ``training`` lets a hash table's lookup admit and insert ids; otherwise it only finds them.
+    """
     if gang.size == 1:
-        return LocalLookup(group)
+        return LocalLookup(group, training)
     if group.placement == "replicated":
-        return ReplicatedLookup(group, gang)
-    return AllToAllLookup(group, gang)
+        return ReplicatedLookup(group, gang, training)
+    return AllToAllLookup(group, gang, training)
+
+
+def _local_rows(group: ShardGroup, ids: torch.Tensor, row_start: int, training: bool) -> torch.Tensor:
+    """The rows of ``group``'s buffer that this rank's share of ``ids`` (global rows, or a hash table's ids) read."""
+    if group.dynamic is not None:
+        return group.dynamic.rows(ids, group.weight, group.optimizer_state, training)
+    return ids - row_start if row_start else ids
 
 
 class LocalLookup(TableLookup):
     """Every row is on this rank: no communication."""
 
-    def __init__(self, group: ShardGroup) -> None:
+    def __init__(self, group: ShardGroup, training: bool) -> None:
         self._group = group
+        self._training = training
         self._bags: Bags | None = None
 
     def forward(self, bags: Bags) -> torch.Tensor:
+        if self._group.dynamic is not None:
+            rows = _local_rows(self._group, bags.ids, 0, self._training)
+            bags = Bags(rows, bags.offsets, bags.scales, bags.one_id_per_bag)
         self._bags = bags
         return _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
 
@@ -95,8 +110,8 @@ class ReplicatedLookup(LocalLookup):
     """Every rank holds every row and looks up locally; in backward, every rank records the
     gradients of all ranks, in rank order, so that every replica applies the same update."""
 
-    def __init__(self, group: ShardGroup, gang: Gang) -> None:
-        super().__init__(group)
+    def __init__(self, group: ShardGroup, gang: Gang, training: bool) -> None:
+        super().__init__(group, training)
         self._gang = gang
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
@@ -136,18 +151,18 @@ class AllToAllLookup(TableLookup):
     Backward sends each partial sum's gradient back to its owner, which records it.
     """
 
-    def __init__(self, group: ShardGroup, gang: Gang) -> None:
+    def __init__(self, group: ShardGroup, gang: Gang, training: bool) -> None:
         (self._shard,) = group.shards
         self._group = group
         self._gang = gang
+        self._training = training
 
     def forward(self, bags: Bags) -> torch.Tensor:
         gang, device = self._gang, bags.ids.device
 
         # Phase 1: bucketize ids by owner. Sorting stably keeps each owner's ids in bag order,
         # so the ids of one bag at one owner are contiguous: one partial sum.
-        inner_bounds = torch.tensor(self._shard.sharding.row_bounds[1:-1], device=device)
-        owner = torch.bucketize(bags.ids, inner_bounds, right=True)
+        owner = self._owners(bags.ids)
         order = torch.argsort(owner, stable=True)
         sent_owner, sent_ids, sent_bag = owner[order], bags.ids[order], bags.bag_of_each_id()[order]
         sent_scales = bags.scales[order] if bags.scales is not None else torch.ones_like(sent_ids, dtype=torch.float32)
@@ -166,7 +181,7 @@ class AllToAllLookup(TableLookup):
 
         # Phase 3: local lookup, one partial sum per (requester, bag).
         recv_starts = _partial_bag_starts(recv_bag, _segment_starts(recv_counts))
-        self._local_ids = recv_ids - self._shard.row_start
+        self._local_ids = _local_rows(self._group, recv_ids, self._shard.row_start, self._training)
         self._partial_of_id = torch.cumsum(recv_starts, 0) - 1
         partial_offsets = torch.cat(
             [torch.nonzero(recv_starts).flatten(), torch.tensor([recv_ids.numel()], device=device)]
@@ -179,6 +194,14 @@ class AllToAllLookup(TableLookup):
         received = _exchange(gang, partials, self._partials_per_requester, self._partials_per_owner)
         pooled = torch.zeros((bags.num_bags, self._shard.config.dim), dtype=partials.dtype, device=device)
         return pooled.index_add_(0, self._partial_bag_target, received)
+
+    def _owners(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rank holding each id: by row range, or by a hash of the id for a hash table."""
+        if self._group.dynamic is not None:
+            owners = owner_ranks(ids.detach().to("cpu", torch.int64).numpy(), self._gang.size)
+            return torch.from_numpy(owners).to(ids.device)
+        inner_bounds = torch.tensor(self._shard.sharding.row_bounds[1:-1], device=ids.device)
+        return torch.bucketize(ids, inner_bounds, right=True)
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
         grad_partials = self._group.concat_grad_rows(grad_pieces)[self._partial_bag_target]

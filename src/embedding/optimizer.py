@@ -69,8 +69,9 @@ class SparseOptimizer:
                 self._param_group_of.append(first + overrides.index(group.optimizer))
         for group, group_config in zip(self._groups, self._configs):
             weight = group.weight
+            fill = {key: float(value[0]) for key, value in init_optimizer_state(group_config, 1, 1).items()}
             group.set_optimizer_state(
-                init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device)
+                init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device), fill
             )
 
     @property
@@ -90,6 +91,8 @@ class SparseOptimizer:
         self._step += 1
         multiplier, self._grad_multiplier = self._grad_multiplier, 1.0
         for group, group_config, param_group_index in zip(self._groups, self._configs, self._param_group_of):
+            if group.dynamic is not None:
+                group.dynamic.index.advance()  # what forward inserts from here on belongs to the next step
             grads = group.accumulated_grads()
             if grads is None:
                 continue

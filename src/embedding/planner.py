@@ -76,7 +76,9 @@ def plan_sharding(
 
     placements: dict[str, Placement] = {}
     for table in tables:
-        if table.placement is not None:
+        if table.kind == "hash":
+            placements[table.name] = "row_wise"  # slots split evenly; ids go to ranks by a hash
+        elif table.placement is not None:
             placements[table.name] = table.placement
         elif table.num_bytes <= replicate_max_bytes:
             placements[table.name] = "replicated"

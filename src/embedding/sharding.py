@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from embedding.config import EmbeddingTableConfig
+from embedding.dynamic_rows import DynamicRows
 from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import TableSharding
 
@@ -55,6 +56,8 @@ class TableShard:
     row_end: int
     weight: torch.Tensor
     optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    dynamic: DynamicRows | None = None
+    """A hash table's slots: which id each row holds (``None`` for a fixed table)."""
 
     @property
     def num_rows(self) -> int:
@@ -66,7 +69,9 @@ class ShardGroup:
     """Shards stored one after the other in ``weight``, looked up and stepped together.
 
     Its tables share a dim and an optimizer. On a gang of several ranks, only replicated tables
-    share a group, as each table-wise or row-wise table needs an all-to-all of its own.
+    share a group, as each table-wise or row-wise table needs an all-to-all of its own. A hash
+    table is a group of its own, whose ``dynamic`` rows map ids to slots; its buffer ends with
+    the default row that ids without a slot read.
     """
 
     shards: list[TableShard]
@@ -74,6 +79,7 @@ class ShardGroup:
     weight: torch.Tensor
     optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: list[GradRecord] = field(default_factory=list)
+    dynamic: DynamicRows | None = None
     _grad_rows_buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -85,14 +91,17 @@ class ShardGroup:
         """The optimizer override of the group's tables (``None``: the collection default)."""
         return self.shards[0].config.optimizer
 
-    def set_optimizer_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Take ``state`` for the whole buffer, and give every shard its rows of it.
+    def set_optimizer_state(self, state: dict[str, torch.Tensor], fill: Mapping[str, float]) -> None:
+        """Take ``state`` for the whole buffer, and give every shard its rows of it; ``fill`` is
+        each state's initial value, which a hash table's reused row starts from again.
 
         Each tensor is moved to memory backed by huge pages, like the weights (see
         :func:`empty_on_huge_pages`), as the update reads and writes its rows with theirs.
         """
         state = {key: _copy_on_huge_pages(tensor) for key, tensor in state.items()}
         self.optimizer_state = state
+        if self.dynamic is not None:
+            self.dynamic.state_fill = dict(fill)
         for shard, offset in zip(self.shards, self.buffer_offsets):
             shard.optimizer_state = {key: tensor[offset : offset + shard.num_rows] for key, tensor in state.items()}
 
@@ -114,6 +123,11 @@ class ShardGroup:
         return torch.cat(list(pieces), out=buffer[:num_rows])
 
     def record(self, grads: GradRecord) -> None:
+        """Keep ``grads`` for the next step; those of a hash table's default row are dropped."""
+        keep = self.dynamic.keep_updates(grads.ids) if self.dynamic is not None else None
+        if keep is not None:
+            scale = grads.grad_scale[keep] if grads.grad_scale is not None else None
+            grads = GradRecord(grads.ids[keep], grads.grad_rows, grads.grad_index[keep], scale)
         self.grads.append(grads)
 
     def accumulated_grads(self) -> GradRecord | None:
@@ -139,15 +153,18 @@ def build_groups(
 ) -> list[ShardGroup]:
     """Allocate and initialise this rank's shards of ``tables``, grouped into buffers."""
     members: dict[Hashable, list[EmbeddingTableConfig]] = {}
+    groups = []
     for table in tables:
         sharding = plan[table.name]
+        if table.kind == "hash":
+            groups.append(_hash_group(table, sharding, rank, gang_size, seed, device))
+            continue
         if gang_size == 1 or sharding.placement == "replicated":
             key: Hashable = (table.dim, table.optimizer)
         else:
             key = table.name
         members.setdefault(key, []).append(table)
 
-    groups = []
     for group_tables in members.values():
         ranges = [plan[table.name].local_rows(rank) for table in group_tables]
         sizes = [end - start for start, end in ranges]
@@ -160,6 +177,18 @@ def build_groups(
             shards.append(TableShard(table, plan[table.name], start, end, shard_weight))
         groups.append(ShardGroup(shards, offsets, weight))
     return groups
+
+
+def _hash_group(
+    table: EmbeddingTableConfig, sharding: TableSharding, rank: int, gang_size: int, seed: int, device: torch.device
+) -> ShardGroup:
+    """A hash table's shard: its slots, all free, then the default row (zeros)."""
+    start, end = sharding.local_rows(rank)
+    weight = empty_on_huge_pages((end - start + 1, table.dim), device)
+    weight.zero_()
+    dynamic = DynamicRows(table, end - start, seed, rank, gang_size)
+    shard = TableShard(table, sharding, start, end, weight[: end - start], dynamic=dynamic)
+    return ShardGroup([shard], [0], weight, dynamic=dynamic)
 
 
 def empty_on_huge_pages(shape: tuple[int, int], device: torch.device) -> torch.Tensor:

@@ -69,6 +69,11 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
 
 
 def _check_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
+    if saved.get("kind") == "hash":
+        raise ShardedStateError(
+            f"Table '{shard.config.name}' is a fixed table, but the checkpoint holds a hash table of that name: "
+            "set its kind to hash to load it."
+        )
     saved_shape = (saved["num_rows"], saved["weight"].size(1))
     shape = (shard.config.num_rows, shard.config.dim)
     if saved_shape != shape:

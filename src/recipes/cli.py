@@ -1,4 +1,4 @@
-"""``python -m recipes``: list, show, train, evaluate and predict with presets.
+"""``python -m recipes``: list, show, train, evaluate and predict with presets; export a run's tables.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
 with the cause; the traceback goes to the rank's log file), 130 interrupted by Ctrl-C (after
@@ -14,9 +14,10 @@ import sys
 from collections.abc import Sequence
 
 from checkpoint import CheckpointError
-from embedding import EmbeddingConfigError, SparseFeatureError
+from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureError
 from recipes.config import dump_yaml
 from recipes.errors import UserError
+from recipes.export_tables import export_tables
 from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun
 from recipes.registry import all_presets
 from recipes.run import (
@@ -33,7 +34,7 @@ from recipes.stop_signals import TrainingInterrupted
 log = logging.getLogger(__name__)
 
 # Mistakes in what the user asked for or gave: a bad preset, key, value, path, checkpoint or id.
-USER_ERRORS = (UserError, CheckpointError, EmbeddingConfigError, SparseFeatureError)
+USER_ERRORS = (UserError, CheckpointError, EmbeddingConfigError, ShardedStateError, SparseFeatureError)
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         _scoring_arguments(scoring, predict=scoring is predict_parser)
     checkpoints = commands.add_parser("checkpoints", help="list the checkpoints of an output directory")
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR")
+    export = commands.add_parser("export-tables", help="write a checkpoint's sparse tables as Parquet files")
+    export.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
+    export.add_argument("--checkpoint", default="last", help="last (default), best, or a step: N or step_N")
+    export.add_argument("-o", "--output", required=True, metavar="DIR", help="a new folder: one <table>.parquet each")
     return parser
 
 
@@ -189,6 +194,11 @@ def _checkpoints(output_dir: str) -> None:
         print(f"{info.step:>8}  {score:>10}  {size:>10}  {'yes' if info.resumable else 'no':<9}  {kept}{best}")
 
 
+def _export_tables(args: argparse.Namespace) -> None:
+    for table in export_tables(args.output_dir, args.checkpoint, args.output):
+        print(f"{table.name}: {table.num_rows:,} rows x {table.dim} -> {table.path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_launcher()
@@ -196,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         # Overrides may come after options (`-o DIR a.b=1`), which argparse leaves over.
         args, extra = parser.parse_known_args(argv)
-        unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+        unknown = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "args")]
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if hasattr(args, "args"):
@@ -217,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _score(args)
         elif args.command == "checkpoints":
             _checkpoints(args.output_dir)
+        elif args.command == "export-tables":
+            _export_tables(args)
         return 0
     except USER_ERRORS as ex:
         print(f"error: {ex}", file=sys.stderr)

@@ -52,6 +52,7 @@ from recipes.sections import RecipeConfig
 from recipes.sparse_tables import (
     build_optimizer_with_tables,
     find_sparse_tables,
+    hash_table_metrics,
     refuse_features_without_tables,
     report_sparse_tables,
     sharded_state_with_tables,
@@ -325,6 +326,7 @@ def build_trainer(
             checkpointer=checkpointer,
             checkpoint_every_n_steps=config.checkpoint.every_n_steps,
             checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
+            state_metrics=lambda: hash_table_metrics(tables),
         )
     except BaseException:
         recorder.close()

@@ -17,7 +17,14 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from embedding import CombinedOptimizer, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures, SparseOptimizer
+from embedding import (
+    CombinedOptimizer,
+    EmbeddingTableConfig,
+    ShardedEmbeddingCollection,
+    SparseFeatureError,
+    SparseFeatures,
+    SparseOptimizer,
+)
 from recipes.config import ConfigError
 from recipes.protocols import ShardedStateful
 
@@ -100,6 +107,17 @@ def refuse_features_without_tables(collections: Mapping[str, ShardedEmbeddingCol
         collection.register_forward_pre_hook(check)
 
 
+def hash_table_metrics(collections: Mapping[str, ShardedEmbeddingCollection]) -> dict[str, float]:
+    """``hash_tables/<table>/<statistic>`` for every hash table: rows used, load factor, admitted, rejected and
+    evicted ids (see ``ShardedEmbeddingCollection.hash_table_statistics``). Collective."""
+    return {
+        f"hash_tables/{table}/{name}": value
+        for collection in collections.values()
+        for table, statistics in collection.hash_table_statistics().items()
+        for name, value in statistics.items()
+    }
+
+
 def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) -> list[str]:
     """One line per table: rows, dim, placement, optimizer and the bytes this rank holds (rows and state)."""
     lines = []
@@ -109,15 +127,32 @@ def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) 
             config = table.optimizer or collection.optimizer
             held = shard.weight.numel() * shard.weight.element_size()
             held += sum(state.numel() * state.element_size() for state in shard.optimizer_state.values())
+            if shard.dynamic is not None:
+                held += shard.dynamic.index.nbytes
             lines.append(
-                f"sparse table '{table.name}' ({_where(path)}): {table.num_rows:,} rows x {table.dim}, "
-                f"{collection.plan[table.name].placement} over {collection.gang.size} rank(s), "
+                f"sparse table '{table.name}' ({_where(path)}): {_layout(table, collection)}, "
                 f"{config.name} lr={config.lr:g}, {_human_bytes(held)} on rank {collection.gang.rank}, "
                 f"features {', '.join(table.features)}"
             )
+    if collections:
+        rank = next(iter(collections.values())).gang.rank
+        needed = sum(collection.memory_bytes for collection in collections.values())
+        lines.append(f"sparse tables need {_human_bytes(needed)} on rank {rank} (rows, optimizer state, hash maps)")
     for line in lines:
         log.info(line)
     return lines
+
+
+def _layout(table: EmbeddingTableConfig, collection: ShardedEmbeddingCollection) -> str:
+    ranks = f"{collection.gang.size} rank(s)"
+    if table.kind == "fixed":
+        return f"{table.num_rows:,} rows x {table.dim}, {collection.plan[table.name].placement} over {ranks}"
+    policy = table.hash_policy
+    ttl = f" after {policy.ttl_steps} steps" if policy.ttl_steps is not None else ""
+    return (
+        f"hash table of {table.num_rows:,} rows x {table.dim} (min_count {policy.min_count}, admit_probability "
+        f"{policy.admit_probability:g}, eviction {policy.eviction}{ttl}), sharded by id over {ranks}"
+    )
 
 
 def _where(path: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -68,7 +68,11 @@ class _StepTotals:
 
 
 class Trainer(Generic[BatchT]):
-    """Trains ``unit`` on ``data_reader`` until a step limit, an epoch limit, early stopping or a stop request."""
+    """Trains ``unit`` on ``data_reader`` until a step limit, an epoch limit, early stopping or a stop request.
+
+    ``state_metrics`` gives values that describe the state at a publish rather than the steps since
+    the last one (a hash table's rows in use, say); every rank calls it, so it may be collective.
+    """
 
     def __init__(
         self,
@@ -88,6 +92,7 @@ class Trainer(Generic[BatchT]):
         checkpointer: Checkpointer = NOOP_CHECKPOINTER,
         checkpoint_every_n_steps: int | None = None,
         checkpoint_every_n_data_epochs: int | None = None,
+        state_metrics: Callable[[], Mapping[str, float]] = dict,
     ) -> None:
         self._unit = unit
         self._reader = data_reader
@@ -104,6 +109,7 @@ class Trainer(Generic[BatchT]):
         self._checkpointer = checkpointer
         self._checkpoint_every_n_steps = checkpoint_every_n_steps
         self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
+        self._state_metrics = state_metrics
 
         self._autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.mixed_precision]
         self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
@@ -331,6 +337,7 @@ class Trainer(Generic[BatchT]):
         values.update(self._unit.metric_bag.compute())
         values["lr"] = float(self._lr_scheduler.get_last_lr()[0])
         values["data_epoch"] = float(self._data_epoch_nr)
+        values.update(self._state_metrics())
         self._metrics.reset()
         self._unit.metric_bag.reset()
         if self._gangs.root.rank == 0:

@@ -90,7 +90,16 @@ def no_samples(features: SparseFeatures) -> SparseFeatures:
 def train_step(
     collection: ShardedEmbeddingCollection, optimizer: SparseOptimizer, step: int, rank: int, world_size: int
 ) -> dict[str, torch.Tensor]:
-    features, coefficients = rank_batch(step, rank, world_size)
+    return apply_step(collection, optimizer, *rank_batch(step, rank, world_size))
+
+
+def apply_step(
+    collection: ShardedEmbeddingCollection,
+    optimizer: SparseOptimizer,
+    features: SparseFeatures,
+    coefficients: dict[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """One step of a linear loss with the given coefficients; the outputs the step looked up."""
     outputs = collection(features)
     sum((outputs[name] * coefficients[name]).sum() for name in outputs).backward()
     optimizer.step()

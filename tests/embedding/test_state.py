@@ -20,7 +20,7 @@ def shards_of(sharding: TableSharding, world_size: int, filled: bool) -> list[Ta
     shards = []
     for rank in range(world_size):
         (group,) = build_groups([TABLE], {"t": sharding}, world_size, rank, seed=0, device=torch.device("cpu"))
-        group.set_optimizer_state(init_optimizer_state(SparseOptimizerConfig(), group.weight.size(0), 3))
+        group.set_optimizer_state(init_optimizer_state(SparseOptimizerConfig(), group.weight.size(0), 3), {})
         (shard,) = group.shards
         if filled:
             shard.weight.copy_(FULL_WEIGHT[shard.row_start : shard.row_end])

@@ -14,10 +14,17 @@ from typing import Annotated, Literal
 import torch
 from torch import nn
 
-from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizerConfig
+from embedding import (
+    EmbeddingTableConfig,
+    EvictionPolicy,
+    HashPolicy,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizerConfig,
+)
 from embedding.sharding import init_rows
 from gang import Gang
-from recipes.config import NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from recipes.config import ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt, Range
 
 
 @dataclass
@@ -44,6 +51,24 @@ class SparseOptimizerSection:
 
 
 @dataclass
+class HashTableSection:
+    """How the tables of ``kind: hash`` admit and evict ids (see ``embedding.hash_index``)."""
+
+    min_count: PositiveInt = 1
+    """An id gets a row once looked up this many times in training; until then it reads zeros."""
+    admit_probability: Annotated[float, Range(gt=0, le=1)] = 1.0
+    """Each training step that looks up an id without a row admits it with this probability (seeded)."""
+    eviction: EvictionPolicy = "lru"
+    """When a table is full: ``lru`` evicts the least recently looked-up id, ``lfu`` the least often (both
+    among sampled rows), ``ttl`` frees ids not looked up in the last ``ttl_steps`` steps and admits no more while
+    full, ``none`` stops the run."""
+    ttl_steps: PositiveInt | None = None
+
+    def to_policy(self) -> HashPolicy:
+        return HashPolicy(self.min_count, self.admit_probability, self.eviction, self.ttl_steps)
+
+
+@dataclass
 class EmbeddingSection:
     dim: PositiveInt = 16
     backend: Literal["sparse", "dense"] = "sparse"
@@ -51,6 +76,11 @@ class EmbeddingSection:
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
     """Where the sparse tables' rows live; ``auto`` lets the planner balance bytes and lookups."""
     sparse_optimizer: SparseOptimizerSection = field(default_factory=SparseOptimizerSection)
+    kind: Literal["fixed", "hash"] = "fixed"
+    """``fixed``: the data reader maps each value to one of a table's rows (hashing modulo its rows, so values
+    may share one); ``hash``: a value keeps its full 64-bit id and gets a row of its own when admitted, the
+    table's rows being its capacity (sparse backend only)."""
+    hash: HashTableSection = field(default_factory=HashTableSection)
 
 
 @dataclass(frozen=True)
@@ -111,11 +141,21 @@ def build_embeddings(
     dim = section.dim if dim is None else dim
     tables = [TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling) for t in tables]
     if section.backend == "dense":
+        if section.kind == "hash":
+            raise ConfigError("`embeddings.kind` hash needs `embeddings.backend` sparse, but the backend is dense.")
         return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
         EmbeddingTableConfig(
-            t.name, t.num_rows, dim, t.features, pooling=t.pooling, init_scale=init_scale, placement=placement
+            t.name,
+            t.num_rows,
+            dim,
+            t.features,
+            pooling=t.pooling,
+            init_scale=init_scale,
+            placement=placement,
+            kind=section.kind,
+            hash_policy=section.hash.to_policy(),
         )
         for t in tables
     ]

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from embedding.id_hashing import mix64
 from recipes.tabular.tokens import trim
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -35,16 +36,9 @@ def _fnv1a(data, start, end, state):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _splitmix64(value):  # type: ignore[no-untyped-def]
-    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return value ^ (value >> np.uint64(31))
-
-
-@numba.njit(cache=True)
 def finish_key(state):  # type: ignore[no-untyped-def]
     """The key of a non-empty value whose bytes FNV-1a has taken in (``state``)."""
-    key = _splitmix64(state)
+    key = mix64(state)
     return key if key != 0 else np.uint64(1)  # 0 is the empty value's key, which no value shares.
 
 
@@ -87,11 +81,15 @@ def column_basis(column: str) -> np.uint64:
 
 
 def bucket_ids(keys: npt.NDArray[np.uint64], num_buckets: int | npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-    """The ids of ``keys`` in tables of ``num_buckets`` rows (one number, or one per last-axis column)."""
-    modulus = np.asarray(num_buckets, dtype=np.uint64) - np.uint64(1)
+    """The ids of ``keys`` in tables of ``num_buckets`` rows (one number, or one per last-axis column); with 0
+    rows, the keys themselves as int64 (for a hash table, which takes any id)."""
+    num_buckets = np.asarray(num_buckets, dtype=np.uint64)
+    modulus = np.maximum(num_buckets, np.uint64(2)) - np.uint64(1)
     ids = (keys % modulus + np.uint64(1)).astype(np.int64)
     ids[keys == 0] = 0
-    return ids
+    if not np.any(num_buckets == 0):
+        return ids
+    return np.where(num_buckets == 0, keys.astype(np.int64), ids)
 
 
 def span_keys(

@@ -14,7 +14,7 @@ validation and test rows by the value of a column (a time split).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from typing import Annotated, Literal
 
@@ -302,3 +302,11 @@ class TabularDataSection:
     @property
     def categorical_columns(self) -> list[str]:
         return [name for group in self.categorical for name in group.columns]
+
+
+def with_full_keys(schema: TabularDataSection) -> TabularDataSection:
+    """``schema`` as a reader feeding hash tables needs it: every hashed categorical value (and libSVM
+    ``idx``) keeps its full 64-bit key instead of a row among ``num_buckets``, which then only sizes the
+    tables (their capacity). Vocabulary columns keep their ids, already rows of their own."""
+    categorical = [group if group.vocabulary else replace(group, num_buckets=0) for group in schema.categorical]
+    return replace(schema, categorical=categorical, libsvm_buckets=0)

@@ -21,6 +21,7 @@ from recipes.parts import RecipeContext, RecipeParts, reader_options
 from recipes.registry import register_recipe
 from recipes.sections import RecipeConfig
 from recipes.tabular.reader import TabularReader
+from recipes.tabular.schema import with_full_keys
 
 
 @dataclass
@@ -74,6 +75,8 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
     else:
         tables = [TableSpec(name, size, (name,)) for name, size in zip(SPARSE_FEATURE_NAMES, sizes)]
     schema = criteo_schema(sizes)
+    if section.kind == "hash":  # every value keeps its full 64-bit key; the sizes are the tables' capacities
+        schema = with_full_keys(schema)
 
     def reader(path: str, train: bool) -> TabularReader:
         criteo = TabularReader(

@@ -21,7 +21,7 @@ from recipes.sections import RecipeConfig
 from recipes.tabular.libsvm import LibSVMReader
 from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection, resolve_path
+from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection, resolve_path, with_full_keys
 from recipes.tabular.vocabulary import load_or_build_encodings
 
 ENCODINGS_FILE = "vocabularies.npz"
@@ -41,21 +41,23 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
 
+    # Hash tables take each value's full 64-bit key; `num_buckets` then sizes them (see `_tables`).
+    read_as = with_full_keys(data) if config.model.embeddings.kind == "hash" else data
     options: dict[str, Any] = {
         "shuffle_buffer_size": data.shuffle_buffer_size,
         "max_malformed_rows": data.max_malformed_rows,
     }
     train_path, valid_path = resolve_path(data.train_path), resolve_path(data.valid_path)
     if data.format in LIBSVM_FORMATS:
-        make_reader: Callable[..., StreamingReader[CTRBatch]] = partial(LibSVMReader, schema=data, **options)
+        make_reader: Callable[..., StreamingReader[CTRBatch]] = partial(LibSVMReader, schema=read_as, **options)
     else:
         reader_class = ParquetReader if data.format == "parquet" else TabularReader
         encodings = load_or_build_encodings(
             os.path.join(context.output_dir, ENCODINGS_FILE),
-            data,
-            lambda: reader_class(train_path, data, split="train", batch_size=1, **options).count_values(),
+            read_as,
+            lambda: reader_class(train_path, read_as, split="train", batch_size=1, **options).count_values(),
         )
-        make_reader = partial(reader_class, schema=data, encodings=encodings, **options)
+        make_reader = partial(reader_class, schema=read_as, encodings=encodings, **options)
 
     def reader(path: str, split: str) -> StreamingReader[CTRBatch]:
         by_split = {} if data.format in LIBSVM_FORMATS else {"split": split}

@@ -1,0 +1,147 @@
+"""Checkpoint pieces of hash tables: the ids a shard holds, with their rows, optimizer state and counters.
+
+A piece is ``{"kind": "hash", "num_rows" (the capacity), "dim", "rank", "num_ranks", "weight",
+"optimizer_state", "index": {...}}`` where row ``i`` of ``weight`` and of every optimizer state
+belongs to id ``index["keys"][i]``, held in slot ``index["slots"][i]``. Only used slots are
+saved, so a checkpoint grows with the ids seen, not with the capacity.
+
+Loading into the layout that saved a piece restores its slots, sketch and counters exactly, so
+that the run goes on bit-exact. Into another number of ranks, every rank takes the ids that
+hash to it now from all pieces, in id order; if they outnumber its slots, it keeps those its
+eviction policy would keep. Counts of ids without a row carry over, summed over the pieces and
+resized to the new shards' sketch width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedding.hash_index import resize_sketch
+from embedding.id_hashing import owner_ranks
+from embedding.sharding import TableShard
+from embedding.state import ShardedStateError
+
+
+def hash_shard_state(shard: TableShard) -> dict[str, Any]:
+    """A copy of ``shard``'s used rows and index: lookups in training change both before the next step."""
+    assert shard.dynamic is not None
+    index = shard.dynamic.index
+    slots, keys = index.occupied()
+    rows = torch.from_numpy(slots).to(shard.weight.device)
+    return {
+        "kind": "hash",
+        "num_rows": shard.config.num_rows,
+        "dim": shard.config.dim,
+        "rank": shard.dynamic.rank,
+        "num_ranks": shard.dynamic.num_ranks,
+        "weight": shard.weight.detach()[rows],
+        "optimizer_state": {name: tensor[rows] for name, tensor in shard.optimizer_state.items()},
+        "index": {
+            "step": index.step,
+            "slots": torch.from_numpy(slots),
+            "keys": torch.from_numpy(keys),
+            "last_seen": torch.from_numpy(index.last_seen[slots]),
+            "frequency": torch.from_numpy(index.frequency[slots]),
+            "sketch": torch.from_numpy(index.sketch.copy()),
+            "counters": torch.from_numpy(index.counters.copy()),
+        },
+    }
+
+
+def load_hash_shard(shard: TableShard, pieces: Sequence[Mapping[str, Any]]) -> None:
+    """Fill ``shard`` from the pieces of its table in ``pieces`` (see the module's docstring)."""
+    assert shard.dynamic is not None
+    name = shard.config.name
+    saved = [piece["tables"][name] for piece in pieces if name in piece["tables"]]
+    if not saved:
+        raise ShardedStateError(f"The checkpoint pieces must hold table '{name}', but hold no piece of it.")
+    for piece in saved:
+        _check_piece(shard, piece)
+    dynamic = shard.dynamic
+    own = [p for p in saved if (p["rank"], p["num_ranks"]) == (dynamic.rank, dynamic.num_ranks)]
+    if (
+        own
+        and own[0]["weight"].size(0) <= shard.num_rows
+        and own[0]["index"]["sketch"].shape == dynamic.index.sketch.shape
+    ):
+        _restore(shard, own[0])
+    else:
+        _reshard(shard, saved)
+
+
+def _check_piece(shard: TableShard, piece: Mapping[str, Any]) -> None:
+    name = shard.config.name
+    if piece.get("kind") != "hash":
+        raise ShardedStateError(
+            f"Table '{name}' is a hash table, but the checkpoint holds a fixed table of that name: "
+            "a fixed table's rows do not say which ids they belong to."
+        )
+    shape, saved_shape = (shard.config.num_rows, shard.config.dim), (piece["num_rows"], piece["dim"])
+    if shape != saved_shape:
+        raise ShardedStateError(
+            f"Hash table '{name}' must have capacity x dim {shape} in the checkpoint, but has {saved_shape} instead."
+        )
+    if (
+        piece["optimizer_state"]
+        and shard.optimizer_state
+        and piece["optimizer_state"].keys() != shard.optimizer_state.keys()
+    ):
+        raise ShardedStateError(
+            f"The optimizer state of table '{name}' must have the keys {sorted(shard.optimizer_state)} in the "
+            f"checkpoint, but has {sorted(piece['optimizer_state'])} instead."
+        )
+
+
+def _restore(shard: TableShard, piece: Mapping[str, Any]) -> None:
+    assert shard.dynamic is not None
+    index = piece["index"]
+    shard.dynamic.index.load_state_dict({key: _numpy(value) for key, value in index.items()})
+    _copy_rows(shard, piece["weight"], piece["optimizer_state"], index["slots"])
+
+
+def _reshard(shard: TableShard, saved: Sequence[Mapping[str, Any]]) -> None:
+    assert shard.dynamic is not None
+    dynamic = shard.dynamic
+    keys = np.concatenate([_numpy(p["index"]["keys"]) for p in saved])
+    last_seen = np.concatenate([_numpy(p["index"]["last_seen"]) for p in saved])
+    frequency = np.concatenate([_numpy(p["index"]["frequency"]) for p in saved])
+    mine = np.flatnonzero(owner_ranks(keys, dynamic.num_ranks) == dynamic.rank)
+    if mine.size > shard.num_rows:
+        if dynamic.config.hash_policy.eviction == "none":
+            raise ShardedStateError(
+                f"Hash table '{shard.config.name}' must fit its ids into {shard.num_rows:,} rows on rank "
+                f"{dynamic.rank}, but the checkpoint holds {mine.size:,} of them and its eviction is 'none'."
+            )
+        priority = frequency if dynamic.config.hash_policy.eviction == "lfu" else last_seen
+        kept = np.lexsort((keys[mine], -priority[mine].astype(np.int64)))[: shard.num_rows]
+        mine = mine[kept]
+    mine = mine[np.argsort(keys[mine], kind="stable")]
+    step = max(int(p["index"]["step"]) for p in saved)
+    slots = dynamic.index.load_keys(keys[mine], last_seen[mine], frequency[mine], step)
+    # Each id was counted on its owner only, so the sum of the pieces' sketches counts every id.
+    width = dynamic.index.sketch.shape[1]
+    sketches = [resize_sketch(_numpy(p["index"]["sketch"]), width).astype(np.int64) for p in saved]
+    dynamic.index.sketch[...] = np.minimum(np.sum(sketches, axis=0), 2**31 - 1)
+    if dynamic.rank == 0:  # cumulative admitted, rejected and evicted: the sums move to rank 0
+        dynamic.index.counters[2:] = np.sum([_numpy(p["index"]["counters"])[2:] for p in saved], axis=0)
+
+    weight = torch.cat([p["weight"] for p in saved])[torch.from_numpy(mine)]
+    names = saved[0]["optimizer_state"].keys()
+    state = {name: torch.cat([p["optimizer_state"][name] for p in saved])[torch.from_numpy(mine)] for name in names}
+    _copy_rows(shard, weight, state, torch.from_numpy(slots))
+
+
+def _copy_rows(shard: TableShard, weight: torch.Tensor, state: Mapping[str, torch.Tensor], slots: torch.Tensor) -> None:
+    rows = slots.to(shard.weight.device)
+    shard.weight[rows] = weight.to(shard.weight.device)
+    if state and shard.optimizer_state:
+        for name, tensor in shard.optimizer_state.items():
+            tensor[rows] = state[name].to(tensor.device)
+
+
+def _numpy(value: Any) -> Any:
+    return value.numpy() if isinstance(value, torch.Tensor) else value
