@@ -6,7 +6,7 @@ the ranks), so both do the same work per step. The rate is read from the run's o
 first window (start-up, numba compilation), and divided by the global batch. Runs of 1 and 2
 processes alternate; medians over rounds are reported.
 
-    python benchmarks/dp_scaling.py [--preset ctr_tiny] [--steps 200] [--rounds 3]
+    python benchmarks/dp_scaling.py [--preset dlrm_criteo_tiny] [--steps 100] [--batch-sizes 8192 512] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -40,26 +40,30 @@ def steps_per_second(preset: str, nproc: int, steps: int, batch_size: int, outpu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="ctr_tiny")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=512, help="the global batch")
+    parser.add_argument("--preset", default="dlrm_criteo_tiny")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 512], help="global batches")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    rates: dict[int, list[float]] = {1: [], 2: []}
+    print(f"{args.preset}, {args.steps} steps, {os.cpu_count()} CPU cores; each rank takes its share of them")
+    ratios = {}
     with tempfile.TemporaryDirectory() as folder:
-        for round_nr in range(args.rounds):
-            for nproc in (1, 2):
-                output_dir = Path(folder) / f"run_{nproc}_{round_nr}"
-                rates[nproc].append(steps_per_second(args.preset, nproc, args.steps, args.batch_size, output_dir))
-
-    one, two = statistics.median(rates[1]), statistics.median(rates[2])
-    print(f"{args.preset}, global batch {args.batch_size}, {args.steps} steps, {os.cpu_count()} CPU cores")
-    print("| processes | median steps/s | rounds |")
-    print("| ---: | ---: | --- |")
-    for nproc, median in ((1, one), (2, two)):
-        print(f"| {nproc} | {median:.1f} | {', '.join(f'{r:.1f}' for r in rates[nproc])} |")
-    print(f"2 processes / 1 process: {two / one:.2f}x")
+        for batch_size in args.batch_sizes:
+            rates: dict[int, list[float]] = {1: [], 2: []}
+            for round_nr in range(args.rounds):
+                for nproc in (1, 2):
+                    output_dir = Path(folder) / f"run_{batch_size}_{nproc}_{round_nr}"
+                    rates[nproc].append(steps_per_second(args.preset, nproc, args.steps, batch_size, output_dir))
+            one, two = statistics.median(rates[1]), statistics.median(rates[2])
+            ratios[batch_size] = two / one
+            print(f"\nglobal batch {batch_size}")
+            print("| processes | median steps/s | rounds |")
+            print("| ---: | ---: | --- |")
+            for nproc, median in ((1, one), (2, two)):
+                print(f"| {nproc} | {median:.1f} | {', '.join(f'{r:.1f}' for r in rates[nproc])} |")
+            print(f"2 processes / 1 process: {two / one:.2f}x")
+    print(" ".join(f"ratio_{batch_size}={ratio:.2f}" for batch_size, ratio in ratios.items()))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from torch import nn
 from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.dynamic_state import hash_shard_state, load_hash_shard
 from embedding.features import JaggedIds, SparseFeatures
-from embedding.lookup import Bags, TableLookup, make_lookup
+from embedding.lookup import Bags, TableLookup, backward_all, forward_all, make_lookup
 from embedding.memory import check_memory, rank_bytes
 from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
@@ -154,16 +154,14 @@ class _PooledLookup(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         ctx.lookups, ctx.sizes = lookups, sizes
         outputs: list[torch.Tensor] = []
-        for lookup, group_bags, group_sizes in zip(lookups, bags, sizes):
-            outputs.extend(torch.split(lookup.forward(group_bags), group_sizes))
+        for pooled, group_sizes in zip(forward_all(lookups, bags), sizes):
+            outputs.extend(torch.split(pooled, group_sizes))
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
-        first = 0
-        for lookup, group_sizes in zip(ctx.lookups, ctx.sizes):
-            lookup.backward(grads[first : first + len(group_sizes)])
-            first += len(group_sizes)
+        ends = list(itertools.accumulate(len(group_sizes) for group_sizes in ctx.sizes))
+        backward_all(ctx.lookups, [grads[end - len(sizes) : end] for end, sizes in zip(ends, ctx.sizes)])
         return None, None, None, None
 
 

@@ -1,7 +1,11 @@
 import sys
 
-from recipes.errors import UserError
-from recipes.registry import refuse_shadowing_modules
+from recipes.threads import size_numba_pool
+
+size_numba_pool()  # before anything imports numba
+
+from recipes.errors import UserError  # noqa: E402
+from recipes.registry import refuse_shadowing_modules  # noqa: E402
 
 # Before the CLI imports the framework's packages: from a folder holding a user's `units.py`,
 # `python -m recipes` would import that file instead, and fail far from the cause.
@@ -11,6 +15,6 @@ except UserError as ex:
     print(f"error: {ex}", file=sys.stderr)
     sys.exit(2)
 
-from recipes.cli import main
+from recipes.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -34,7 +34,7 @@ from embedding import ShardedStateError
 from gang import FakeGang
 from recipes.checkpointing import checkpoint_policy
 from recipes.errors import UserError
-from recipes.run import JobSpec, _checkpoint_step, resolve_job
+from recipes.run import JobSpec, checkpoint_step, resolve_job
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
     manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
     if not manager.list_checkpoints():
         raise UserError(f"{output_dir} holds no checkpoint to export tables from.")
-    step = _checkpoint_step(manager, _step_number(which), output_dir)
+    step = checkpoint_step(manager, _step_number(which), output_dir)
     temp = _make_temp_folder(fs, target, destination)
     try:
         tables = _gather_tables(manager.load(step, keys=[]))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numba
 import torch
 import yaml
 
@@ -58,6 +59,7 @@ from recipes.sparse_tables import (
     sharded_state_with_tables,
 )
 from recipes.stop_signals import StopOnSignals, TrainingInterrupted
+from recipes.threads import use_threads
 from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -188,7 +190,7 @@ def evaluate(
         check_writable(predictions_path)
     with _job_gangs(job.config, output_dir) as gangs:
         manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
-        step = _checkpoint_step(manager, checkpoint, output_dir)
+        step = checkpoint_step(manager, checkpoint, output_dir)
         trainer, recorder, parts = build_trainer(
             job, gangs, output_dir, checkpointer=NOOP_CHECKPOINTER, resume_step=None, eval_only=True
         )
@@ -234,7 +236,8 @@ def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
     return sorted(infos, key=lambda info: (info.step, info.damage is not None, info.path))
 
 
-def _checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) -> int:
+def checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) -> int:
+    """The step of ``--checkpoint WHICH`` (last, best or a step) among the run's committed checkpoints."""
     steps = [info.step for info in manager.list_checkpoints()]
     if which == "last":
         step = max(steps, default=None)
@@ -245,7 +248,7 @@ def _checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) ->
     else:
         raise UserError(f"`--checkpoint` must be last, best or one of the steps {steps}, but is '{which}' instead.")
     if step is None:
-        raise UserError(f"{output_dir} holds no {'scored ' if which == 'best' else ''}checkpoint to evaluate.")
+        raise UserError(f"{output_dir} holds no {'scored ' if which == 'best' else ''}checkpoint to load.")
     return step
 
 
@@ -379,6 +382,10 @@ def _job_gangs(config: RecipeConfig, output_dir: str, lock: RunLock | None = Non
             _setup_logging(output_dir, gangs.root.rank)
             if lock is not None:
                 lock.log_take_over()
+            threads = use_threads(config.gang.threads_per_rank)
+            log.info("%s; numba pool of %d thread(s)", threads, numba.config.NUMBA_NUM_THREADS)
+            if lock is not None and gangs.root.rank == 0:  # training says it at start-up
+                print(threads)
             yield gangs
             gangs.root.barrier()  # On success, no rank tears down gloo while a peer still talks to it.
         finally:

@@ -36,7 +36,7 @@ TABLES = [
         "item", 11, DIM, ("i1", "i2"), pooling="mean", placement="table_wise", optimizer=SparseOptimizerConfig("adam")
     ),
     EmbeddingTableConfig("cat", 5, DIM, ("c",), placement="replicated", optimizer=SparseOptimizerConfig("adagrad")),
-    EmbeddingTableConfig("hist", 9, DIM, ("h",), pooling="none", placement="row_wise"),
+    EmbeddingTableConfig("hist", 9, DIM + 2, ("h",), pooling="none", placement="row_wise"),  # rows of two widths
 ]
 OPTIMIZER = SparseOptimizerConfig("rowwise_adagrad", lr=0.5)
 UNPOOLED_FEATURES = {name for table in TABLES if table.pooling == "none" for name in table.features}
@@ -54,7 +54,7 @@ def global_batch(step: int) -> tuple[SparseFeatures, dict[str, torch.Tensor]]:
             weights = torch.rand(ids.numel(), generator=generator) if name == "u" else None
             features[name] = JaggedIds(ids, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]), weights)
             rows = ids.numel() if table.pooling == "none" else GLOBAL_BATCH
-            coefficients[name] = torch.randn(rows, DIM, generator=generator)
+            coefficients[name] = torch.randn(rows, table.dim, generator=generator)
     return SparseFeatures(features), coefficients
 
 
@@ -228,6 +228,6 @@ def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path
             outputs = [rank_saved[f"{placement}/looked_up_by_{full_rank}"] for rank_saved in saved]
             for name, output in expected.items():
                 torch.testing.assert_close(outputs[full_rank][name], output, msg=f"{placement} {name}")
-                assert outputs[1 - full_rank][name].shape == (0, DIM), f"{placement} {name}"
+                assert outputs[1 - full_rank][name].shape == (0, output.size(1)), f"{placement} {name}"
         # The update of a step whose samples are all on rank 0 is the update of one process.
         assert_same_tables(assemble([rank_saved[f"{placement}/sparse"] for rank_saved in saved]), reference)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,6 +87,40 @@ def test_checkpoint_of_two_processes_resumes_on_one_and_on_four(
 
     assert_models_close(final_model(on_one, 30), reference)
     assert_models_close(final_model(on_four, 30), reference)
+
+
+def train_on_two_nodes(output_dir: Path, *extra: str) -> None:
+    """Two torchrun launchers, one process each, meeting at a rendezvous endpoint on localhost, as two
+    machines of a cluster would (README, "Launching on several processes")."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    command += ["--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "two_nodes", "-m", "recipes", "train"]
+    # Both "machines" share this one's cores: one thread each, as on one machine of two ranks.
+    command += ["ctr_tiny", "-o", str(output_dir), *COMMON, "gang.threads_per_rank=1", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    nodes = [
+        subprocess.Popen(command, cwd=output_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    for node in nodes:
+        _, stderr = node.communicate(timeout=300)
+        assert node.returncode == 0, stderr.decode()[-3000:]
+
+
+def test_two_launchers_as_two_nodes_train_and_resume_as_one_process(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    output_dir = tmp_path / "two_nodes"
+    train_on_two_nodes(output_dir, "trainer.max_num_steps=20")
+    assert sorted(p.name for p in (output_dir / "checkpoints/step_20").glob("rank_*.pt")) == ["rank_0.pt", "rank_1.pt"]
+
+    train_on_two_nodes(output_dir, "trainer.max_num_steps=30")
+
+    assert "Resumed from the checkpoint of step 20" in (output_dir / "logs/rank_0.log").read_text()
+    assert_models_close(final_model(output_dir, 30), reference)
 
 
 def test_bad_tensor_parallel_split_is_a_user_error(tmp_path: Path) -> None:
