@@ -1,3 +1,5 @@
+import logging
+import os
 import sys
 
 from recipes.threads import size_numba_pool
@@ -17,4 +19,13 @@ except UserError as ex:
 
 from recipes.cli import main  # noqa: E402
 
-sys.exit(main())
+code = main()
+if code == 2 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    # A rank stopped by a user error has closed its files and said why; it leaves without the
+    # interpreter's teardown, whose destruction of gloo's threads sometimes aborted (SIGABRT)
+    # and turned the job's exit code 2 into a crash.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+sys.exit(code)

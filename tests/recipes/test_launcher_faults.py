@@ -174,8 +174,11 @@ def test_when_rank_0_cannot_lock_the_output_dir_no_rank_trains(tmp_path: Path) -
 
     assert result.returncode == 2, result.stderr
     assert f"is in use by another training run (pid {os.getpid()} on host {socket.gethostname()}" in result.stderr
-    # Rank 1 exits 2 itself, or torchrun stops it first once rank 0 has failed: either way it trains nothing.
-    assert re.search(r"rank 0 exited with code 2; rank 1 (exited with code 2|was killed by SIGTERM)", result.stderr)
+    # Every rank learns of the failure and exits 2, unless torchrun, seeing the first of them exit, stops the
+    # other first (rank 1 can be the first: it exits as soon as rank 0 has broadcast the failure). Either way
+    # no rank trains.
+    ends = r"(exited with code 2|was killed by SIGTERM)"
+    assert re.search(rf"rank 0 {ends}; rank 1 {ends}", result.stderr) and "exited with code 2" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (output_dir / "logs").exists() and not (output_dir / "checkpoints").exists()
     assert elapsed < 60  # gang.timeout_s: no rank waited for rank 0 in a collective.
