@@ -18,9 +18,16 @@ others; its warm-up steps insert the batch's ids (the batch is the same at every
 fewer than the slots), so the measured steps find them all. Its ratios are to the shared
 layout's baselines, and the line after the table gives its time over the fixed shared table's.
 
+Then the rowwise Adagrad step's share of the machine's copy bandwidth, in each fixed layout: the
+bytes the step must move, counted as ``update_bandwidth.py`` counts them (ids and gradient
+indices read, one gradient row per id read, every touched row of table and state read and
+written) plus the pooled outputs written, over the median step time, against a 1 GiB copy
+(bytes read plus written) measured in the same run.
+
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 
-``--threads`` (default: torch's default) sets both torch's and numba's thread counts.
+``--threads`` (default: torch's default) sets both torch's and numba's thread counts. The last
+line reads ``ms_26_tables=A ms_shared=B copy_fraction=C`` (C of the slower layout).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from embedding import (
     SparseOptimizerConfig,
 )
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
+from update_bandwidth import copy_bandwidth
 
 TOTAL_ROWS = 1_000_000
 DIM = 64
@@ -205,6 +213,38 @@ def main() -> None:
     print(f"{HASH_METHOD}: hash table / fixed shared table time {hash_ratio:.2f}")
     for method, _, _ in METHODS[2:]:
         print(f"{method}: shared / 26 tables time {medians['shared', method] / medians['26 tables', method]:.2f}")
+
+    ceiling = copy_bandwidth(torch.device("cpu"), repeats=5)
+    fractions = {}
+    for layout in LAYOUTS:
+        moved = step_bytes(table_configs("shared" if layout == "shared" else "split"))
+        seconds = medians[layout, HASH_METHOD] / 1e3
+        fractions[layout] = moved / seconds / ceiling
+        print(
+            f"{HASH_METHOD}, {layout}: {moved / 1e6:.1f} MB moved in {seconds * 1e3:.2f} ms = "
+            f"{moved / seconds / 1e9:.1f} GB/s, {fractions[layout]:.2f} of the copy's {ceiling / 1e9:.1f} GB/s"
+        )
+    slower = max(LAYOUTS, key=lambda layout: medians[layout, HASH_METHOD])
+    print(
+        f"ms_26_tables={medians['26 tables', HASH_METHOD]:.2f} ms_shared={medians['shared', HASH_METHOD]:.2f} "
+        f"copy_fraction={fractions[slower]:.2f}"
+    )
+
+
+def step_bytes(tables: list[EmbeddingTableConfig]) -> int:
+    """The fewest bytes a rowwise Adagrad step moves: ids and gradient indices (int64) and one gradient row
+    per id read once; each touched row of a table and its row-wise state read and written once; every
+    feature's pooled output written once."""
+    features = make_features(tables)
+    table_of = {feature: table.name for table in tables for feature in table.features}
+    touched: dict[str, set[int]] = {}
+    for name in FEATURES:
+        touched.setdefault(table_of[name], set()).update(features[name].ids.tolist())
+    num_ids = BATCH * NUM_FEATURES
+    rows_touched = sum(len(rows) for rows in touched.values())
+    read_once = num_ids * (8 + 8 + 4 * DIM)
+    read_and_written = 2 * rows_touched * 4 * (DIM + 1)
+    return read_once + read_and_written + num_ids * 4 * DIM
 
 
 if __name__ == "__main__":

@@ -17,17 +17,27 @@ import numpy as np
 import torch
 
 from embedding.config import EmbeddingTableConfig
-from embedding.hash_index import HashIndex
+from embedding.hash_index import HashIndex, HashPolicy
 from embedding.id_hashing import init_rows_by_key
+
+_CPU = torch.device("cpu")
 
 
 class DynamicRows:
     """The slots of one hash table's shard of ``capacity`` rows, on ``rank`` of ``num_ranks``."""
 
-    def __init__(self, config: EmbeddingTableConfig, capacity: int, seed: int, rank: int, num_ranks: int) -> None:
+    def __init__(
+        self,
+        config: EmbeddingTableConfig,
+        capacity: int,
+        seed: int,
+        rank: int,
+        num_ranks: int,
+        device: torch.device = _CPU,
+    ) -> None:
         self.config = config
         self.rank, self.num_ranks = rank, num_ranks
-        self.index = HashIndex(capacity, config.hash_policy, seed=seed)
+        self.index = _index_on(device, capacity, config.hash_policy, seed)
         self.default_row = capacity
         self._salt = zlib.crc32(f"{seed}/{config.name}".encode())
         self._init_scale = config.init_scale if config.init_scale is not None else (1.0 / config.num_rows) ** 0.5
@@ -42,15 +52,10 @@ class DynamicRows:
         training: bool,
     ) -> torch.Tensor:
         """The buffer rows of ``ids``; in training, admitting and inserting them first."""
-        keys = ids.detach().to("cpu", torch.int64).numpy()
-        if not training:
-            slots = self.index.find(keys)
-        else:
-            slots, inserted = self.index.touch_or_insert(keys, self.config.name)
-            if inserted.size:
-                self._reset(inserted, weight, optimizer_state)
-        slots[slots < 0] = self.default_row
-        return torch.from_numpy(slots).to(ids.device)
+        slots, inserted = self.index.look_up(ids, training, self.config.name)
+        if inserted.numel():
+            self._reset(inserted, weight, optimizer_state)
+        return torch.where(slots < 0, self.default_row, slots)
 
     def keep_updates(self, rows: torch.Tensor) -> torch.Tensor | None:
         """Which of ``rows`` may be updated (``None``: all): every one but the default row."""
@@ -60,18 +65,27 @@ class DynamicRows:
     def statistics(self) -> dict[str, float]:
         return self.index.statistics()
 
-    def _reset(self, slots: np.ndarray, weight: torch.Tensor, optimizer_state: Mapping[str, torch.Tensor]) -> None:
-        keys = self.index.keys[slots]
+    def _reset(self, slots: torch.Tensor, weight: torch.Tensor, optimizer_state: Mapping[str, torch.Tensor]) -> None:
+        keys = self.index.keys_of(slots)
+        rows = slots.to(weight.device)
         if weight.device.type == "cpu":
-            init_rows_by_key(weight.numpy(), slots, keys, self._salt, self._init_scale, self._normal)
+            init_rows_by_key(weight.numpy(), rows.numpy(), keys, self._salt, self._init_scale, self._normal)
         else:
-            values = torch.empty((slots.size, weight.size(1)), dtype=torch.float32)
-            init_rows_by_key(values.numpy(), np.arange(slots.size), keys, self._salt, self._init_scale, self._normal)
-            weight[torch.from_numpy(slots).to(weight.device)] = values.to(weight.device)
-        rows = torch.from_numpy(slots).to(weight.device)
+            values = torch.empty((keys.size, weight.size(1)), dtype=torch.float32)
+            init_rows_by_key(values.numpy(), np.arange(keys.size), keys, self._salt, self._init_scale, self._normal)
+            weight[rows] = values.to(weight.device)
         for name, tensor in optimizer_state.items():
             tensor[rows] = self.state_fill[name]
 
     @property
     def _normal(self) -> bool:
         return self.config.initializer == "normal"
+
+
+def _index_on(device: torch.device, capacity: int, policy: HashPolicy, seed: int) -> HashIndex:
+    """The index next to the rows: on a GPU, lookups stay on the device (numba.cuda, imported only there)."""
+    if device.type != "cuda":
+        return HashIndex(capacity, policy, seed=seed)
+    from embedding.cuda_hash_index import CudaHashIndex
+
+    return CudaHashIndex(capacity, policy, seed=seed, device=device)

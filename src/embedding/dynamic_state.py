@@ -25,13 +25,14 @@ from embedding.id_hashing import owner_ranks
 from embedding.sharding import TableShard
 from embedding.state import ShardedStateError
 
+_SAVED_INDEX_KEYS = ("step", "slots", "keys", "last_seen", "frequency", "sketch", "counters")
+
 
 def hash_shard_state(shard: TableShard) -> dict[str, Any]:
     """A copy of ``shard``'s used rows and index: lookups in training change both before the next step."""
     assert shard.dynamic is not None
-    index = shard.dynamic.index
-    slots, keys = index.occupied()
-    rows = torch.from_numpy(slots).to(shard.weight.device)
+    index = shard.dynamic.index.state_dict()
+    rows = torch.from_numpy(index["slots"]).to(shard.weight.device)
     return {
         "kind": "hash",
         "num_rows": shard.config.num_rows,
@@ -40,15 +41,7 @@ def hash_shard_state(shard: TableShard) -> dict[str, Any]:
         "num_ranks": shard.dynamic.num_ranks,
         "weight": shard.weight.detach()[rows],
         "optimizer_state": {name: tensor[rows] for name, tensor in shard.optimizer_state.items()},
-        "index": {
-            "step": index.step,
-            "slots": torch.from_numpy(slots),
-            "keys": torch.from_numpy(keys),
-            "last_seen": torch.from_numpy(index.last_seen[slots]),
-            "frequency": torch.from_numpy(index.frequency[slots]),
-            "sketch": torch.from_numpy(index.sketch.copy()),
-            "counters": torch.from_numpy(index.counters.copy()),
-        },
+        "index": {key: _tensor(index[key]) for key in _SAVED_INDEX_KEYS},
     }
 
 
@@ -125,9 +118,10 @@ def _reshard(shard: TableShard, saved: Sequence[Mapping[str, Any]]) -> None:
     # Each id was counted on its owner only, so the sum of the pieces' sketches counts every id.
     width = dynamic.index.sketch.shape[1]
     sketches = [resize_sketch(_numpy(p["index"]["sketch"]), width).astype(np.int64) for p in saved]
-    dynamic.index.sketch[...] = np.minimum(np.sum(sketches, axis=0), 2**31 - 1)
-    if dynamic.rank == 0:  # cumulative admitted, rejected and evicted: the sums move to rank 0
-        dynamic.index.counters[2:] = np.sum([_numpy(p["index"]["counters"])[2:] for p in saved], axis=0)
+    sketch = np.minimum(np.sum(sketches, axis=0), 2**31 - 1).astype(np.int32)
+    # Cumulative admitted, rejected and evicted: the sums move to rank 0.
+    totals = np.sum([_numpy(p["index"]["counters"])[2:] for p in saved], axis=0) if dynamic.rank == 0 else None
+    dynamic.index.load_counts(sketch, totals)
 
     weight = torch.cat([p["weight"] for p in saved])[torch.from_numpy(mine)]
     names = saved[0]["optimizer_state"].keys()
@@ -141,6 +135,10 @@ def _copy_rows(shard: TableShard, weight: torch.Tensor, state: Mapping[str, torc
     if state and shard.optimizer_state:
         for name, tensor in shard.optimizer_state.items():
             tensor[rows] = state[name].to(tensor.device)
+
+
+def _tensor(value: Any) -> Any:
+    return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
 
 
 def _numpy(value: Any) -> Any:

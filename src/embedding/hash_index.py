@@ -16,14 +16,17 @@ index's state, so that runs reproduce and resume bit-exact:
   a coin flip seeded by the id and the step. Until then it has no row (slot -1);
 - a free slot is the next one at or after a cursor that sweeps the slots;
 - a full shard evicts (``lru``: the least recently looked-up, ``lfu``: the least often) among
-  candidate slots sampled from a hash of the id and the step, as Redis samples its keys: an
+  8 candidate slots sampled from a hash of the id and the step, as Redis samples its keys: an
   approximation of the exact order that costs a few reads per insert instead of a heap. A slot
-  looked up in the current step is never evicted, since its gradient is still to be applied;
+  looked up in the current step is never evicted, since its gradient is still to be applied; an
+  id whose candidates all were gets no row in this step;
 - ``ttl`` frees, before a step's first lookup, the slots not looked up in the last ``ttl_steps``
   steps; a full shard then admits no more ids until some expire; ``none`` makes a full shard an
   error.
 
-Slot, key and counters live in numpy arrays that a checkpoint saves as they are.
+Slot, key and counters live in numpy arrays that a checkpoint saves as they are. Here the ids of a
+step are taken one after the other; :class:`embedding.cuda_hash_index.CudaHashIndex` takes them
+all at once on a GPU and comes to the same slots.
 """
 
 from __future__ import annotations
@@ -34,8 +37,19 @@ from typing import Any, Literal, get_args
 import numba
 import numpy as np
 import numpy.typing as npt
+import torch
 
-from embedding.id_hashing import mix64, reduce_hash
+from embedding.hash_probing import (
+    EMPTY,
+    MAX_COUNT,
+    NONE,
+    TTL,
+    best_candidate,
+    coin,
+    count_occurrences,
+    find,
+    home,
+)
 
 EvictionPolicy = Literal["lru", "lfu", "ttl", "none"]
 EVICTION_POLICIES: tuple[EvictionPolicy, ...] = get_args(EvictionPolicy)
@@ -45,18 +59,6 @@ ENTRIES_PER_SLOT = 1.25
 
 SKETCH_DEPTH = 2
 MIN_INDEX_SIZE = 1024
-EVICTION_CANDIDATES = 8
-"""Slots sampled per eviction; more approximate the exact order better and cost more reads."""
-
-_MAX_CANDIDATE_ROUNDS = 8
-_EMPTY = -1
-_LRU, _LFU, _TTL, _NONE = 0, 1, 2, 3
-
-# Salts that make the hashes of one id for different purposes independent of each other.
-_INDEX_SALT = np.uint64(0x9E3779B97F4A7C15)
-_SKETCH_SALT = np.uint64(0xC2B2AE3D27D4EB4F)
-_COIN_SALT = np.uint64(0x165667B19E3779F9)
-_CANDIDATE_SALT = np.uint64(0xD6E8FEB86659FD93)
 
 
 class TableFullError(RuntimeError):
@@ -64,24 +66,25 @@ class TableFullError(RuntimeError):
 
 
 @numba.njit(cache=True)
-def _home(key, index_size):  # type: ignore[no-untyped-def]
-    return reduce_hash(mix64(np.uint64(key) ^ _INDEX_SALT), index_size)
+def _lookup_kernel(index, keys, ids, slots):  # type: ignore[no-untyped-def]
+    for i in range(ids.size):
+        position = find(index, keys, ids[i])
+        slots[i] = index[position] if position >= 0 else -1
 
 
 @numba.njit(cache=True)
-def _find(index, keys, key):  # type: ignore[no-untyped-def]
-    """The index position holding ``key``, or, if absent, minus one minus the empty position ending its probe."""
-    size = index.size
-    position = _home(key, size)
-    while True:
+def _touch_kernel(index, keys, last_seen, frequency, ids, step, slots):  # type: ignore[no-untyped-def]
+    """Find every occurrence of ``ids``; a found slot is marked as used in ``step`` and counted once more."""
+    for i in range(ids.size):
+        position = find(index, keys, ids[i])
+        if position < 0:
+            slots[i] = -1
+            continue
         slot = index[position]
-        if slot == _EMPTY:
-            return -1 - position
-        if keys[slot] == key:
-            return position
-        position += 1
-        if position == size:
-            position = 0
+        last_seen[slot] = step
+        if frequency[slot] < MAX_COUNT:
+            frequency[slot] += 1
+        slots[i] = slot
 
 
 @numba.njit(cache=True)
@@ -95,105 +98,26 @@ def _delete(index, keys, position):  # type: ignore[no-untyped-def]
         if probe == size:
             probe = 0
         slot = index[probe]
-        if slot == _EMPTY:
+        if slot == EMPTY:
             break
-        home = _home(keys[slot], size)
+        entry_home = home(keys[slot], size)
         # The entry at ``probe`` may move into the hole unless its home lies cyclically in (hole, probe].
-        movable = (home <= hole or home > probe) if hole <= probe else (home <= hole and home > probe)
+        if hole <= probe:
+            movable = entry_home <= hole or entry_home > probe
+        else:
+            movable = entry_home <= hole and entry_home > probe
         if movable:
             index[hole] = slot
             hole = probe
-    index[hole] = _EMPTY
+    index[hole] = EMPTY
 
 
 @numba.njit(cache=True)
-def _lookup_kernel(index, keys, ids, slots):  # type: ignore[no-untyped-def]
-    for i in range(ids.size):
-        position = _find(index, keys, ids[i])
-        slots[i] = index[position] if position >= 0 else -1
-
-
-@numba.njit(cache=True)
-def _touch_kernel(index, keys, last_seen, frequency, ids, step, slots):  # type: ignore[no-untyped-def]
-    """Find every occurrence of ``ids``; a found slot is marked as used in ``step`` and counted once more."""
-    for i in range(ids.size):
-        position = _find(index, keys, ids[i])
-        if position < 0:
-            slots[i] = -1
-            continue
-        slot = index[position]
-        last_seen[slot] = step
-        if frequency[slot] < 2**31 - 1:
-            frequency[slot] += 1
-        slots[i] = slot
-
-
-@numba.njit(cache=True)
-def _sketch_add(sketch, key, count):  # type: ignore[no-untyped-def]
-    """Count ``count`` more occurrences of ``key`` (conservative update) and return its estimate."""
-    width = sketch.shape[1]
-    hash_value = mix64(np.uint64(key) ^ _SKETCH_SALT)
-    estimate = np.int64(2**62)
-    for row in range(sketch.shape[0]):
-        column = reduce_hash(mix64(hash_value + np.uint64(row)), width)
-        estimate = min(estimate, np.int64(sketch[row, column]))
-    estimate = min(estimate + count, np.int64(2**31 - 1))
-    for row in range(sketch.shape[0]):
-        column = reduce_hash(mix64(hash_value + np.uint64(row)), width)
-        if sketch[row, column] < estimate:
-            sketch[row, column] = estimate
-    return estimate
-
-
-@numba.njit(cache=True)
-def _halve(sketch):  # type: ignore[no-untyped-def]
-    """Age the counts, as TinyLFU does, once the sketch has counted as many occurrences as it has columns.
-
-    Without it a long stream of rare ids fills every column past ``min_count`` and admits every id;
-    halving at this rate admitted 7% of ids seen once against 100% of ids seen twice in a step
-    (2 x 1024 columns, 500 ids seen once and 20 twice per step).
-    """
-    for row in range(sketch.shape[0]):
-        for column in range(sketch.shape[1]):
-            sketch[row, column] >>= 1
-
-
-@numba.njit(cache=True)
-def _coin(key, step, seed, probability):  # type: ignore[no-untyped-def]
-    # The step and the seed are mixed apart, so that no (seed, step) replays the coins of another pair.
-    round_hash = mix64(mix64(np.uint64(seed) ^ _COIN_SALT) + np.uint64(step))
-    hash_value = mix64(mix64(np.uint64(key) ^ _COIN_SALT) ^ round_hash)
-    return (hash_value >> np.uint64(11)) * (1.0 / 9007199254740992.0) < probability
-
-
-@numba.njit(cache=True)
-def _victim(keys, last_seen, frequency, key, step, policy):  # type: ignore[no-untyped-def]
-    """The slot to evict for ``key``: the lowest (score, key) among sampled slots not used this step, or -1."""
-    capacity = keys.size
-    hash_value = mix64(mix64(np.uint64(key) ^ _CANDIDATE_SALT) ^ np.uint64(step))
-    best, best_score, best_key = -1, np.int64(0), np.int64(0)
-    for attempt in range(EVICTION_CANDIDATES * _MAX_CANDIDATE_ROUNDS):
-        if attempt % EVICTION_CANDIDATES == 0 and attempt > 0 and best >= 0:
-            break
-        slot = reduce_hash(mix64(hash_value + np.uint64(attempt)), capacity)
-        if last_seen[slot] == step:
-            continue
-        score = np.int64(frequency[slot]) if policy == _LFU else np.int64(last_seen[slot])
-        if best < 0 or score < best_score or (score == best_score and keys[slot] < best_key):
-            best, best_score, best_key = slot, score, keys[slot]
-    return best
-
-
-@numba.njit(cache=True)
-def _expire(index, keys, last_seen, step, ttl_steps):  # type: ignore[no-untyped-def]
-    """Free the slots not looked up for more than ``ttl_steps`` steps; return how many."""
-    expired = 0
-    for slot in range(keys.size):
-        if last_seen[slot] >= 0 and step - last_seen[slot] > ttl_steps:
-            _delete(index, keys, _find(index, keys, keys[slot]))
-            last_seen[slot] = -1
-            expired += 1
-    return expired
+def _free_slots_kernel(index, keys, last_seen, slots):  # type: ignore[no-untyped-def]
+    """Free ``slots``: their ids leave the index."""
+    for slot in slots:
+        _delete(index, keys, find(index, keys, keys[slot]))
+        last_seen[slot] = -1
 
 
 @numba.njit(cache=True)
@@ -203,7 +127,7 @@ def _find_or_insert_kernel(  # type: ignore[no-untyped-def]
 ):  # fmt: skip
     """Map sorted, unique ``ids`` (seen ``counts`` times this step) to slots, inserting admitted ones.
 
-    ``counters`` holds [num_used, cursor, admitted, rejected, evicted, counted]. Returns the number of
+    One id after the other, in order: each decision sees the ones before it. Returns the number of
     slots written to ``inserted`` (to be initialised), or -1 - i if id ``i`` found the shard full
     under eviction ``none``.
     """
@@ -211,21 +135,17 @@ def _find_or_insert_kernel(  # type: ignore[no-untyped-def]
     num_inserted = 0
     for i in range(ids.size):
         key = ids[i]
-        position = _find(index, keys, key)
+        position = find(index, keys, key)
         if position >= 0:
             slot = index[position]
             last_seen[slot] = step
-            frequency[slot] = min(np.int64(frequency[slot]) + counts[i], np.int64(2**31 - 1))
+            frequency[slot] = min(np.int64(frequency[slot]) + counts[i], np.int64(MAX_COUNT))
             slots[i] = slot
             continue
         admitted = True
         if min_count > 1:
-            admitted = _sketch_add(sketch, key, counts[i]) >= min_count
-            counters[5] += counts[i]
-            if counters[5] >= sketch.shape[1]:
-                _halve(sketch)
-                counters[5] //= 2
-        if admitted and probability < 1.0 and not _coin(key, step, seed, probability):
+            admitted = count_occurrences(sketch, counters, key, counts[i]) >= min_count
+        if admitted and probability < 1.0 and not coin(key, step, seed, probability):
             admitted = False
         slot = -1
         if admitted:
@@ -235,12 +155,12 @@ def _find_or_insert_kernel(  # type: ignore[no-untyped-def]
                     slot = slot + 1 if slot + 1 < capacity else 0
                 counters[1] = slot + 1 if slot + 1 < capacity else 0
                 counters[0] += 1
-            elif policy == _NONE:
+            elif policy == NONE:
                 return -1 - i
-            elif policy != _TTL:
-                slot = _victim(keys, last_seen, frequency, key, step, policy)
+            elif policy != TTL:
+                slot = best_candidate(keys, last_seen, frequency, key, step, policy)
                 if slot >= 0:
-                    _delete(index, keys, _find(index, keys, keys[slot]))
+                    _delete(index, keys, find(index, keys, keys[slot]))
                     counters[4] += 1
         if slot < 0:
             counters[3] += 1
@@ -248,8 +168,8 @@ def _find_or_insert_kernel(  # type: ignore[no-untyped-def]
             continue
         keys[slot] = key
         last_seen[slot] = step
-        frequency[slot] = min(counts[i], np.int64(2**31 - 1))
-        index[-1 - _find(index, keys, key)] = slot
+        frequency[slot] = min(counts[i], np.int64(MAX_COUNT))
+        index[-1 - find(index, keys, key)] = slot
         counters[2] += 1
         slots[i] = slot
         inserted[num_inserted] = slot
@@ -282,7 +202,7 @@ class HashIndex:
         self.keys = np.zeros(capacity, dtype=np.int64)
         self.last_seen = np.full(capacity, -1, dtype=np.int32)
         self.frequency = np.zeros(capacity, dtype=np.int32)
-        self.index = np.full(self._index_size(0), _EMPTY, dtype=np.int32)
+        self.index = np.full(self._index_size(0), EMPTY, dtype=np.int32)
         width = sketch_width if sketch_width is not None else max(capacity, 1024)
         self.sketch = np.zeros((SKETCH_DEPTH, width) if policy.min_count > 1 else (SKETCH_DEPTH, 0), dtype=np.int32)
         # num_used, cursor, admitted, rejected, evicted, and the occurrences counted in the sketch since it last aged.
@@ -359,12 +279,29 @@ class HashIndex:
             EVICTION_POLICIES.index(policy.eviction), slots, inserted,
         )  # fmt: skip
         if result < 0:
-            raise TableFullError(
-                f"Table '{table}' is full: all {self.capacity:,} rows of this rank's shard hold ids and its eviction "
-                f"is 'none', so id {int(ids[-1 - result])} finds no row; raise `capacity` or set `eviction` to "
-                "lru, lfu or ttl."
-            )
+            raise self.full_error(table, int(ids[-1 - result]))
         return slots, inserted[:result]
+
+    def look_up(self, ids: torch.Tensor, training: bool, table: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot of each of ``ids`` (-1: none) on their device and, in training, the slots given to
+        new ids (:meth:`touch_or_insert`); evaluation only finds (:meth:`find`)."""
+        keys = ids.detach().to("cpu", torch.int64).numpy()
+        if training:
+            slots, inserted = self.touch_or_insert(keys, table)
+        else:
+            slots, inserted = self.find(keys), np.empty(0, dtype=np.int64)
+        return torch.from_numpy(slots).to(ids.device), torch.from_numpy(inserted)
+
+    def keys_of(self, slots: torch.Tensor) -> npt.NDArray[np.int64]:
+        """The ids that hold ``slots``."""
+        keys: npt.NDArray[np.int64] = self.keys[slots.cpu().numpy()]
+        return keys
+
+    def full_error(self, table: str, key: int) -> TableFullError:
+        return TableFullError(
+            f"Table '{table}' is full: all {self.capacity:,} rows of this rank's shard hold ids and its eviction "
+            f"is 'none', so id {key} finds no row; raise `capacity` or set `eviction` to lru, lfu or ttl."
+        )
 
     def advance(self) -> None:
         self.step += 1
@@ -386,7 +323,7 @@ class HashIndex:
         """Grow the index, rehashing its ids, until ``num_entries`` ids fit it at most 80% full."""
         size = self._index_size(num_entries)
         if size > self.index.size:
-            self.index = np.full(size, _EMPTY, dtype=np.int32)
+            self.index = np.full(size, EMPTY, dtype=np.int32)
             _insert_all(self.index, self.keys, np.flatnonzero(self.last_seen >= 0))
 
     def _expire_due(self) -> None:
@@ -396,9 +333,10 @@ class HashIndex:
         if self.policy.eviction != "ttl" or self._expired_at == self.step:
             return
         assert ttl_steps is not None
-        freed = _expire(self.index, self.keys, self.last_seen, self.step, ttl_steps)
-        self.counters[0] -= freed
-        self.counters[4] += freed
+        expired = np.flatnonzero((self.last_seen >= 0) & (self.step - self.last_seen > ttl_steps))
+        _free_slots_kernel(self.index, self.keys, self.last_seen, expired)
+        self.counters[0] -= expired.size
+        self.counters[4] += expired.size
         self._expired_at = self.step
 
     def occupied(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -427,6 +365,7 @@ class HashIndex:
         self.counters[:] = state["counters"]
         self.step = int(state["step"])
         self._expired_at = -1
+        self._state_loaded()
 
     def load_keys(
         self,
@@ -443,7 +382,18 @@ class HashIndex:
         self.counters[1] = keys.size % max(self.capacity, 1)
         self.step = step
         self._expired_at = -1
+        self._state_loaded()
         return slots
+
+    def _state_loaded(self) -> None:
+        """Called once a loaded state is in the arrays (the GPU map copies them to the device)."""
+
+    def load_counts(self, sketch: npt.NDArray[np.int32], totals: npt.NDArray[np.int64] | None) -> None:
+        """Take the occurrences counted in ``sketch`` (this shard's width) and, if given, the cumulative
+        admitted, rejected, evicted and counted ``totals`` (resharding)."""
+        self.sketch[...] = sketch
+        if totals is not None:
+            self.counters[2:] = totals
 
     def _place(
         self,
@@ -455,7 +405,7 @@ class HashIndex:
         self.keys[:] = 0
         self.last_seen[:] = -1
         self.frequency[:] = 0
-        self.index = np.full(self._index_size(slots.size), _EMPTY, dtype=np.int32)
+        self.index = np.full(self._index_size(slots.size), EMPTY, dtype=np.int32)
         self.keys[slots] = keys
         self.last_seen[slots] = last_seen
         self.frequency[slots] = frequency
@@ -465,14 +415,14 @@ class HashIndex:
 @numba.njit(cache=True)
 def _insert_all(index, keys, slots):  # type: ignore[no-untyped-def]
     for slot in slots:
-        index[-1 - _find(index, keys, keys[slot])] = slot
+        index[-1 - find(index, keys, keys[slot])] = slot
 
 
 @numba.njit(cache=True)
 def _resize_kernel(sketch, resized):  # type: ignore[no-untyped-def]
     width, new_width = np.int64(sketch.shape[1]), np.int64(resized.shape[1])
     for column in range(new_width):
-        # The 32-bit hash prefixes that ``_reduce`` maps onto ``column``, and the old columns they came from.
+        # The 32-bit hash prefixes that ``reduce_hash`` maps onto ``column``, and the old columns they came from.
         low = (column * 2**32 + new_width - 1) // new_width
         high = ((column + 1) * 2**32 + new_width - 1) // new_width - 1
         for row in range(sketch.shape[0]):

@@ -186,7 +186,7 @@ def _hash_group(
     start, end = sharding.local_rows(rank)
     weight = empty_on_huge_pages((end - start + 1, table.dim), device)
     weight.zero_()
-    dynamic = DynamicRows(table, end - start, seed, rank, gang_size)
+    dynamic = DynamicRows(table, end - start, seed, rank, gang_size, device)
     shard = TableShard(table, sharding, start, end, weight[: end - start], dynamic=dynamic)
     return ShardGroup([shard], [0], weight, dynamic=dynamic)
 

@@ -29,9 +29,14 @@ class MetricBag:
         return self._gang
 
     def register(self, name: str, metric: Metric) -> Metric:
-        """Add ``metric`` under ``name``, reduced over this bag's gang; returns it."""
+        """Add ``metric`` under ``name``, reduced over this bag's gang; returns it.
+
+        The metric moves to the gang's device, where the model computes: a metric left on the
+        CPU fails at its first update from a GPU model's outputs.
+        """
         if name in self._metrics:
             raise ValueError(f"`name` must be unique in the metric bag, but '{name}' is already registered.")
+        metric.to(self._gang.device)
         metric.dist_sync_fn = gang_gather_fn(self._gang)
         metric.persistent(True)
         self._metrics[name] = metric
@@ -74,9 +79,16 @@ class MetricBag:
         for name, state in state_dict.items():
             metric = self[name]
             for key, value in state["states"].items():
-                setattr(metric, key, value)
+                setattr(metric, key, _on(value, self._gang.device))
             metric._update_count = state["update_count"]
             metric._computed = None  # torchmetrics caches the last compute(); it no longer holds.
+
+
+def _on(value: Any, device: torch.device) -> Any:
+    """A loaded metric state (a tensor or a list of them, as saved) on ``device``."""
+    if isinstance(value, list):
+        return [tensor.to(device) for tensor in value]
+    return value.to(device)
 
 
 def _metric_state(metric: Metric) -> dict[str, Any]:

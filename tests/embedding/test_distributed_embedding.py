@@ -164,6 +164,7 @@ def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
     finally:
         dist.barrier()  # No rank tears down gloo while a peer still talks to it.
         dist.destroy_process_group()
+    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 def spawn(world_size: int, job: str, out: Path) -> None:

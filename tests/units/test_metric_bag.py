@@ -9,6 +9,7 @@ import torch
 
 from gang import FakeGang
 from units import BinaryAUC, Mean, MetricBag, Sum
+from units.metrics import LogLoss
 
 
 def make_bag() -> MetricBag:
@@ -125,3 +126,15 @@ def test_load_state_dict_after_compute_gives_the_loaded_values() -> None:
     target.load_state_dict(source.state_dict())
 
     assert target.compute() == source.compute()
+
+
+def test_registered_metrics_and_loaded_states_live_on_the_gangs_device() -> None:
+    """A GPU model's outputs meet metrics on the GPU; here the meta device stands in for one."""
+    meta = torch.device("meta")
+    bag = MetricBag(FakeGang(meta))
+    log_loss = bag.register("log_loss", LogLoss())
+    assert log_loss.loss_sum.device == meta
+    saved = MetricBag(FakeGang())
+    saved.register("log_loss", LogLoss()).update(torch.tensor([0.5]), torch.tensor([1.0]))
+    bag.load_state_dict(saved.state_dict())
+    assert log_loss.loss_sum.device == meta and log_loss.count.device == meta

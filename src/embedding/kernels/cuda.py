@@ -3,8 +3,12 @@
 The ids are sorted on the device (stably) so that each row's occurrences form one segment; one
 thread block owns one row, its threads striding over the row's elements. Each thread sums its
 elements' gradient over the row's occurrences in sorted order: no atomics, and the same result
-on every run. Row-wise Adagrad needs the whole row's squared gradient, so the row's gradient is
-kept in shared memory and one thread sums it in a fixed order.
+on every run. A row looked up more than ``_CHUNK`` times (the head of a Zipf batch: one id can
+take a tenth of it) would hold its block for all of them while the rest of the GPU idles, so its
+occurrences are first summed in chunks, one block each, and its block then sums the chunks'
+sums in order: still the same result on every run. Row-wise Adagrad needs the whole row's
+squared gradient, so the row's gradient is kept in shared memory and one thread sums it in a
+fixed order.
 
 Without a GPU, numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) runs the same kernel on CPU
 tensors; it is how the tests run it.
@@ -42,6 +46,9 @@ _MAX_THREADS_PER_ROW = 256
 # device array is ever a null pointer.
 _UNUSED = torch.zeros(1)
 
+_CHUNK = 256
+"""The most occurrences of a row one block sums; a row with more is summed in chunks first."""
+
 
 def fused_step(
     config: SparseOptimizerConfig,
@@ -68,6 +75,7 @@ def fused_step(
     _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     segment_starts = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, dim=0, out=segment_starts[1:])
+    chunk_bounds, first_chunk = _chunks(counts, segment_starts)
 
     unused = _UNUSED.to(weight.device)
     row, element_1, element_2 = state_tensors(config, state)
@@ -78,27 +86,55 @@ def fused_step(
     dim = weight.size(1)
     threads_per_row = min(_MAX_THREADS_PER_ROW, dim)
     shared_bytes = dim * np.dtype(np.float32).itemsize
+    gradient = as_device_array(concatenated(grad_rows))
+    scale = as_device_array(unused if grad_scale is None else grad_scale)
 
-    launch = _fused_step_kernel[counts.numel(), threads_per_row, _stream_of(weight), shared_bytes]
+    num_chunks = chunk_bounds.size(0)
+    chunk_sums = torch.empty((max(num_chunks, 1), dim), dtype=torch.float32, device=weight.device)
+    if num_chunks > 0:
+        _chunk_sum_kernel[num_chunks, threads_per_row, stream_of(weight)](
+            as_device_array(order), as_device_array(chunk_bounds), gradient,
+            as_device_array(grad_index), scale, grad_scale is not None, as_device_array(chunk_sums),
+        )  # fmt: skip
+
+    launch = _fused_step_kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes]
     # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
     launch(
         OPTIMIZER_CODES[config.name],
-        _as_device_array(weight),
-        _as_device_array(row_state),
-        _as_device_array(element_state_1),
-        _as_device_array(element_state_2),
-        _as_device_array(sorted_ids),
-        _as_device_array(order),
-        _as_device_array(segment_starts),
-        _as_device_array(concatenated(grad_rows)),
-        _as_device_array(grad_index),
-        _as_device_array(unused if grad_scale is None else grad_scale),
+        as_device_array(weight),
+        as_device_array(row_state),
+        as_device_array(element_state_1),
+        as_device_array(element_state_2),
+        as_device_array(sorted_ids),
+        as_device_array(order),
+        as_device_array(segment_starts),
+        as_device_array(first_chunk),
+        as_device_array(chunk_sums),
+        gradient,
+        as_device_array(grad_index),
+        scale,
         grad_scale is not None,
         *update_factors(config, step, lr),
     )
 
 
-def _as_device_array(tensor: torch.Tensor) -> object:
+def _chunks(counts: torch.Tensor, segment_starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunks of the rows with more than ``_CHUNK`` occurrences: each chunk's [begin, end) in
+    sorted order, and each row's chunks, ``first_chunk[row]`` to ``first_chunk[row + 1]`` (none for
+    a row summed at once)."""
+    device = counts.device
+    per_row = torch.where(counts > _CHUNK, (counts + _CHUNK - 1) // _CHUNK, 0)
+    first_chunk = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(per_row, dim=0, out=first_chunk[1:])
+    num_chunks = int(first_chunk[-1])
+    row_of_chunk = torch.repeat_interleave(torch.arange(counts.numel(), device=device), per_row)
+    position = torch.arange(num_chunks, device=device) - first_chunk[row_of_chunk]
+    begin = segment_starts[row_of_chunk] + position * _CHUNK
+    end = torch.minimum(begin + _CHUNK, segment_starts[row_of_chunk + 1])
+    return torch.stack([begin, end], dim=1), first_chunk
+
+
+def as_device_array(tensor: torch.Tensor) -> object:
     """A zero-copy numba view of a CUDA tensor; under the simulator, the numpy view of a CPU
     tensor, which the simulator copies in and writes back around the launch."""
     if tensor.is_cuda:
@@ -106,11 +142,32 @@ def _as_device_array(tensor: torch.Tensor) -> object:
     return tensor.detach().numpy()
 
 
-def _stream_of(tensor: torch.Tensor) -> object:
+def stream_of(tensor: torch.Tensor) -> object:
     """torch's current stream, so the kernel runs after the torch work that fed it."""
     if tensor.is_cuda:
         return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
     return 0
+
+
+@cuda.jit(device=True)
+def _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d):  # type: ignore[no-untyped-def]
+    """Element ``d`` of the gradient summed over the sorted occurrences ``begin`` to ``end``."""
+    grad = numba.float32(0)
+    for position in range(begin, end):
+        k = order[position]
+        if has_grad_scale:
+            grad += grad_scale[k] * grad_rows[grad_index[k], d]
+        else:
+            grad += grad_rows[grad_index[k], d]
+    return grad
+
+
+@cuda.jit
+def _chunk_sum_kernel(order, chunk_bounds, grad_rows, grad_index, grad_scale, has_grad_scale, chunk_sums):  # type: ignore[no-untyped-def]
+    chunk = cuda.blockIdx.x
+    begin, end = chunk_bounds[chunk, 0], chunk_bounds[chunk, 1]
+    for d in range(cuda.threadIdx.x, chunk_sums.shape[1], cuda.blockDim.x):
+        chunk_sums[chunk, d] = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
 
 
 @cuda.jit
@@ -123,6 +180,8 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
     sorted_ids,
     order,
     segment_starts,
+    first_chunk,
+    chunk_sums,
     grad_rows,
     grad_index,
     grad_scale,
@@ -140,17 +199,17 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
 
     segment = cuda.blockIdx.x
     begin, end = segment_starts[segment], segment_starts[segment + 1]
+    chunks_begin, chunks_end = first_chunk[segment], first_chunk[segment + 1]
     row = sorted_ids[begin]
     dim = weight.shape[1]
 
     for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-        grad = numba.float32(0)
-        for position in range(begin, end):
-            k = order[position]
-            if has_grad_scale:
-                grad += grad_scale[k] * grad_rows[grad_index[k], d]
-            else:
-                grad += grad_rows[grad_index[k], d]
+        if chunks_end > chunks_begin:
+            grad = numba.float32(0)
+            for chunk in range(chunks_begin, chunks_end):
+                grad += chunk_sums[chunk, d]
+        else:
+            grad = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
 
         if optimizer == ADAMW:
             weight[row, d] = decoupled_decay_factor * weight[row, d]

@@ -3,6 +3,7 @@ the simulator runs every GPU thread as a Python thread), or on a GPU with
 ``NUMBA_ENABLE_CUDASIM=0 pytest tests/embedding/kernels/test_kernels_cuda.py``."""
 
 import pytest
+import torch
 
 from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
 
@@ -28,3 +29,23 @@ def test_matches_reference_on_empty_and_single_id_batches(name, make_step_inputs
     steps = [make_step_inputs(0, NUM_ROWS, 4, 0, False, True), make_step_inputs(1, NUM_ROWS, 4, 1, False, True)]
 
     reference_check(config, NUM_ROWS, 4, steps, "cuda")
+
+
+@pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adam"])
+def test_a_row_looked_up_more_than_a_chunk_sums_its_chunks_like_the_reference(name, make_step_inputs, reference_check):
+    """Rows looked up 600 and 257 times are summed in chunks of 256 first; a row at 256 is not."""
+    steps = [make_step_inputs(seed, NUM_ROWS, 4, 30, False, True) for seed in range(2)]
+    for inputs, (row, times) in zip(steps, [(3, 600), (7, 257)]):
+        hot = torch.full((times,), row)
+        inputs.ids = torch.cat([inputs.ids, hot, torch.full((256,), 11)])
+        extra = inputs.ids.numel() - inputs.grad_index.numel()
+        inputs.grad_index = torch.cat([inputs.grad_index, torch.randint(0, inputs.grad_rows.size(0), (extra,))])
+        inputs.grad_scale = torch.cat([inputs.grad_scale, torch.rand(extra)])
+
+    reference_check(SparseOptimizerConfig(name, lr=0.05), NUM_ROWS, 4, steps, "cuda")
+
+
+def test_rowwise_adagrad_sums_a_row_wider_than_a_block_like_the_reference(make_step_inputs, reference_check):
+    """300 elements over 256 threads: some threads square two elements before the tree sums them."""
+    steps = [make_step_inputs(0, NUM_ROWS, 300, 6, True, True)]
+    reference_check(SparseOptimizerConfig("rowwise_adagrad", lr=0.05), NUM_ROWS, 300, steps, "cuda")
