@@ -13,7 +13,6 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -204,8 +203,14 @@ class AllToAllLookup(TableLookup):
         pooled = torch.zeros((self._num_bags, self._shard.config.dim), dtype=received.dtype, device=received.device)
         return pooled.index_add_(0, self._partial_bag_target, received)
 
+    @property
+    def gang(self) -> Gang:
+        return self._gang
+
     def _owners(self, ids: torch.Tensor) -> torch.Tensor:
         """The rank holding each id: by row range, or by a hash of the id for a hash table."""
+        if self._gang.size == 1:  # no hashing, and no round trip through the host for a GPU's ids
+            return torch.zeros_like(ids)
         if self._group.dynamic is not None:
             owners = owner_ranks(ids.detach().to("cpu", torch.int64).numpy(), self._gang.size)
             return torch.from_numpy(owners).to(ids.device)
@@ -215,30 +220,28 @@ class AllToAllLookup(TableLookup):
 
 def forward_all(lookups: Sequence[TableLookup], bags: Sequence[Bags]) -> list[torch.Tensor]:
     """Every lookup's pooled rows, in order; the all-to-all ones exchange together."""
-    pooled: list[torch.Tensor | None] = [None] * len(lookups)
-    exchanged = [i for i, lookup in enumerate(lookups) if isinstance(lookup, AllToAllLookup)]
+    exchanged = _all_to_all_lookups(lookups)
+    pooled: dict[int, torch.Tensor] = {}
     if exchanged:
-        gang = cast(AllToAllLookup, lookups[exchanged[0]])._gang
-        together = look_up_all(
-            gang, [cast(AllToAllLookup, lookups[i]) for i in exchanged], [bags[i] for i in exchanged]
-        )
-        for i, rows in zip(exchanged, together):
-            pooled[i] = rows
-    for i, lookup in enumerate(lookups):
-        if pooled[i] is None:
-            pooled[i] = lookup.forward(bags[i])
-    return cast(list[torch.Tensor], pooled)
+        gang = next(iter(exchanged.values())).gang
+        pooled = dict(zip(exchanged, look_up_all(gang, list(exchanged.values()), [bags[i] for i in exchanged])))
+    return [pooled[i] if i in pooled else lookup.forward(bags[i]) for i, lookup in enumerate(lookups)]
 
 
 def backward_all(lookups: Sequence[TableLookup], grad_pieces: Sequence[Sequence[torch.Tensor]]) -> None:
     """Every lookup's backward, in order; the all-to-all ones exchange together, first."""
-    exchanged = [i for i, lookup in enumerate(lookups) if isinstance(lookup, AllToAllLookup)]
+    exchanged = _all_to_all_lookups(lookups)
     if exchanged:
-        gang = cast(AllToAllLookup, lookups[exchanged[0]])._gang
-        record_all(gang, [cast(AllToAllLookup, lookups[i]) for i in exchanged], [grad_pieces[i] for i in exchanged])
+        gang = next(iter(exchanged.values())).gang
+        record_all(gang, list(exchanged.values()), [grad_pieces[i] for i in exchanged])
     for i, lookup in enumerate(lookups):
         if i not in exchanged:
             lookup.backward(grad_pieces[i])
+
+
+def _all_to_all_lookups(lookups: Sequence[TableLookup]) -> dict[int, AllToAllLookup]:
+    """The lookups that exchange ids over the gang, by position."""
+    return {i: lookup for i, lookup in enumerate(lookups) if isinstance(lookup, AllToAllLookup)}
 
 
 def look_up_all(gang: Gang, lookups: Sequence[AllToAllLookup], bags: Sequence[Bags]) -> list[torch.Tensor]:
