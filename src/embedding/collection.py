@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.dynamic_state import hash_shard_state, load_hash_shard
 from embedding.features import JaggedIds, SparseFeatures
-from embedding.lookup import Bags, TableLookup, backward_all, forward_all, make_lookup
+from embedding.lookup import Bags, SentIds, TableLookup, backward_all, forward_all, make_lookup, send_all_ids
 from embedding.memory import check_memory, rank_bytes
 from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
@@ -77,15 +78,19 @@ class ShardedEmbeddingCollection(nn.Module):
         # Autograd calls a function's backward only if one of its inputs requires grad; the
         # tables are not inputs, so this empty tensor stands in for them.
         self._grad_anchor = torch.empty(0, requires_grad=True)
+        # Training inputs prepared ahead by `prefetch`, by the id of their features object.
+        self._prefetched: dict[int, _Prefetched] = {}
 
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
-        features = features.to(self.gang.device)
-        _check_features(self.tables, features)
-        lookups = [make_lookup(group, self.gang, self.training) for group in self.groups]
-        bags = [_group_bags(group, features) for group in self.groups]
+        prefetched = self._prefetched.pop(id(features), None) if self.training else None
+        if prefetched is not None:
+            lookups, bags, sent = prefetched.lookups, prefetched.bags, prefetched.sent
+        else:
+            features = features.to(self.gang.device)
+            (lookups, bags), sent = self._prepare(features, self.training), None
         pairs_by_group = [_table_features(group) for group in self.groups]
         sizes = [[_num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
-        pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags, sizes)
+        pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags, sizes, sent)
 
         outputs: dict[str, torch.Tensor] = {}
         for (table, feature), rows in zip(itertools.chain.from_iterable(pairs_by_group), pooled):
@@ -94,6 +99,37 @@ class ShardedEmbeddingCollection(nn.Module):
                 rows = rows / lengths.unsqueeze(1)
             outputs[feature] = rows
         return outputs
+
+    def _prepare(self, features: SparseFeatures, training: bool) -> tuple[list[TableLookup], list[Bags]]:
+        """The lookups of one forward and their bags: the features checked, grouped and moved to rows."""
+        _check_features(self.tables, features)
+        lookups = [make_lookup(group, self.gang, training) for group in self.groups]
+        return lookups, [_group_bags(group, features) for group in self.groups]
+
+    def prefetch(self, features: SparseFeatures, gang: Gang, step: int) -> None:
+        """Check and group the ``features`` of a later training forward and send their ids to their owners now.
+
+        A train pipeline calls it on a background thread while the current step computes, in the
+        same order on every rank, with ``gang``: another process group of this collection's ranks,
+        so that its collectives never interleave with the step's. The forward that gets this very
+        ``features`` object in training mode uses what was prepared; the results are bit-identical.
+        ``step`` tags the entry for :meth:`discard_prefetched`. The features must be on the
+        collection's device already.
+        """
+        lookups, bags = self._prepare(features, training=True)
+        sent = send_all_ids(gang, lookups, bags)
+        self._prefetched[id(features)] = _Prefetched(features, lookups, bags, sent, step)
+
+    def discard_prefetched(self, before_step: int) -> int:
+        """Drop the prefetched inputs of steps before ``before_step`` that no forward used; returns how many.
+
+        An input goes unused when the model looks up other features than the batch's own object
+        (it built new ones from them, say): a pipeline then stops prefetching for this collection.
+        """
+        stale = [key for key, entry in list(self._prefetched.items()) if entry.step < before_step]
+        for key in stale:
+            self._prefetched.pop(key, None)
+        return len(stale)
 
     def hash_table_statistics(self) -> dict[str, dict[str, float]]:
         """Per hash table, over all ranks: rows used, load factor, and the ids admitted, rejected
@@ -135,6 +171,17 @@ class ShardedEmbeddingCollection(nn.Module):
                 load_hash_shard(shard, pieces)
 
 
+@dataclass(frozen=True)
+class _Prefetched:
+    """A training forward's input, prepared ahead: its lookups, bags and, for all-to-all lookups, the ids sent."""
+
+    features: SparseFeatures  # held so that its id stays unique while the entry waits
+    lookups: list[TableLookup]
+    bags: list[Bags]
+    sent: SentIds | None
+    step: int
+
+
 class _PooledLookup(torch.autograd.Function):
     """Looks every table up in one autograd node, so that the backward of every rank runs the
     tables' collectives in the same order.
@@ -151,10 +198,11 @@ class _PooledLookup(torch.autograd.Function):
         lookups: list[TableLookup],
         bags: list[Bags],
         sizes: list[list[int]],
+        sent: SentIds | None,
     ) -> tuple[torch.Tensor, ...]:
         ctx.lookups, ctx.sizes = lookups, sizes
         outputs: list[torch.Tensor] = []
-        for pooled, group_sizes in zip(forward_all(lookups, bags), sizes):
+        for pooled, group_sizes in zip(forward_all(lookups, bags, sent), sizes):
             outputs.extend(torch.split(pooled, group_sizes))
         return tuple(outputs)
 
@@ -162,7 +210,7 @@ class _PooledLookup(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[None, ...]:
         ends = list(itertools.accumulate(len(group_sizes) for group_sizes in ctx.sizes))
         backward_all(ctx.lookups, [grads[end - len(sizes) : end] for end, sizes in zip(ends, ctx.sizes)])
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 def _check_features(tables: Sequence[EmbeddingTableConfig], features: SparseFeatures) -> None:

@@ -218,14 +218,32 @@ class AllToAllLookup(TableLookup):
         return torch.bucketize(ids, inner_bounds, right=True)
 
 
-def forward_all(lookups: Sequence[TableLookup], bags: Sequence[Bags]) -> list[torch.Tensor]:
-    """Every lookup's pooled rows, in order; the all-to-all ones exchange together."""
+def forward_all(
+    lookups: Sequence[TableLookup], bags: Sequence[Bags], sent: SentIds | None = None
+) -> list[torch.Tensor]:
+    """Every lookup's pooled rows, in order; the all-to-all ones exchange together.
+
+    ``sent`` holds their ids already at their owners (see :func:`send_all_ids`); ``None``: send them now.
+    """
     exchanged = _all_to_all_lookups(lookups)
     pooled: dict[int, torch.Tensor] = {}
     if exchanged:
         gang = next(iter(exchanged.values())).gang
-        pooled = dict(zip(exchanged, look_up_all(gang, list(exchanged.values()), [bags[i] for i in exchanged])))
+        looked_up = look_up_all(gang, list(exchanged.values()), [bags[i] for i in exchanged], sent)
+        pooled = dict(zip(exchanged, looked_up))
     return [pooled[i] if i in pooled else lookup.forward(bags[i]) for i, lookup in enumerate(lookups)]
+
+
+def send_all_ids(gang: Gang, lookups: Sequence[TableLookup], bags: Sequence[Bags]) -> SentIds | None:
+    """The ids of the all-to-all ones among ``lookups`` sent to their owners over ``gang`` (``None``: there are none).
+
+    ``gang`` may be another process group of the same ranks than the lookups' own: a train
+    pipeline sends the next step's ids on one while this step computes and exchanges on the other.
+    """
+    exchanged = _all_to_all_lookups(lookups)
+    if not exchanged:
+        return None
+    return send_ids(gang, list(exchanged.values()), [bags[i] for i in exchanged])
 
 
 def backward_all(lookups: Sequence[TableLookup], grad_pieces: Sequence[Sequence[torch.Tensor]]) -> None:
@@ -244,18 +262,35 @@ def _all_to_all_lookups(lookups: Sequence[TableLookup]) -> dict[int, AllToAllLoo
     return {i: lookup for i, lookup in enumerate(lookups) if isinstance(lookup, AllToAllLookup)}
 
 
-def look_up_all(gang: Gang, lookups: Sequence[AllToAllLookup], bags: Sequence[Bags]) -> list[torch.Tensor]:
-    """The pooled rows of every lookup, its ``bags`` looked up at their owners: the counts, the ids and the
-    partial sums of all the lookups each travel in one collective (a gloo collective cost 1.4 ms on the
-    development machine; 26 tables exchanged one by one took 150 of them a step)."""
+@dataclass(frozen=True)
+class SentIds:
+    """The ids of a step's all-to-all lookups, at their owners: ``recv_counts[k, i]`` ids of lookup ``i``
+    came from rank ``k``, and ``payloads[i]`` holds them (with their bags and scales), grouped by rank."""
+
+    recv_counts: torch.Tensor
+    payloads: list[torch.Tensor]
+
+
+def send_ids(gang: Gang, lookups: Sequence[AllToAllLookup], bags: Sequence[Bags]) -> SentIds:
+    """Every lookup's ids sent to their owners: the counts, then the ids of all the lookups, in one collective each."""
     outgoing = [lookup._outgoing(table_bags) for lookup, table_bags in zip(lookups, bags)]
     send_counts = torch.stack([counts for _, counts in outgoing], dim=1)  # [ranks, lookups]
     recv_counts = torch.empty_like(send_counts)
     gang.all_to_all(recv_counts, send_counts)
     send_rows, recv_rows = send_counts.t().tolist(), recv_counts.t().tolist()
-    payloads = _exchange_many(gang, [payload for payload, _ in outgoing], send_rows, recv_rows)
+    return SentIds(recv_counts, _exchange_many(gang, [payload for payload, _ in outgoing], send_rows, recv_rows))
 
-    partials = [lookup._pool_received(recv_counts[:, i], payloads[i]) for i, lookup in enumerate(lookups)]
+
+def look_up_all(
+    gang: Gang, lookups: Sequence[AllToAllLookup], bags: Sequence[Bags], sent: SentIds | None = None
+) -> list[torch.Tensor]:
+    """The pooled rows of every lookup, its ``bags`` looked up at their owners: the counts, the ids and the
+    partial sums of all the lookups each travel in one collective (a gloo collective cost 1.4 ms on the
+    development machine; 26 tables exchanged one by one took 150 of them a step). ``sent``: the ids
+    were sent already, by :func:`send_ids` on these lookups."""
+    if sent is None:
+        sent = send_ids(gang, lookups, bags)
+    partials = [lookup._pool_received(sent.recv_counts[:, i], sent.payloads[i]) for i, lookup in enumerate(lookups)]
     received = _exchange_many(
         gang,
         partials,

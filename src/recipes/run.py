@@ -35,6 +35,7 @@ from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEar
 from recipes.errors import UserError
 from recipes.parallel import data_parallel
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
+from recipes.pipeline import PipelinedReader
 from recipes.predictions import PredictionCollector, check_writable, write_predictions
 from recipes.profiler import Profiler
 from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
@@ -160,12 +161,17 @@ def train(spec: JobSpec) -> str:
         if job.config.checkpoint.start_over:
             resume_step = 0  # Hide the earlier run's curves too.
         checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
-        trainer, recorder, _ = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
+        trainer, recorder, parts = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
         try:
             if loaded is not None:
                 resume(trainer, loaded, gangs)
             with signals.stopping(trainer):
                 trainer.run()
+        except BaseException:
+            parts.train_reader.close(wait=False)
+            raise
+        else:
+            parts.train_reader.close()
         finally:
             checkpointer.close()
             recorder.close()
@@ -285,6 +291,8 @@ def build_trainer(
     sharded_state = sharded_state_with_tables(tables, parts.sharded_state)
     if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
         initialize_from(parts.train_unit.model, sharded_state, config.checkpoint)
+    if config.trainer.pipeline and not eval_only:
+        parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model
     optimizer = build_optimizer_with_tables(

@@ -59,6 +59,9 @@ class TrainerSection:
     early_stopping: EarlyStoppingSection = field(default_factory=EarlyStoppingSection)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: this rank's CUDA device if there is one, else the CPU."""
+    pipeline: bool = True
+    """Read the next step, and send its sparse ids to their tables' owners, while a step computes
+    (``recipes.pipeline``); the results are the same either way."""
 
     def __post_init__(self) -> None:
         _require(

@@ -3,11 +3,13 @@
 Two spawned jobs share the checks: 2 ranks (table-wise, row-wise, replicated lookups, two update
 steps, saving) and 4 ranks (loading the 2-rank pieces into other placements, one more step). A
 third, on 2 ranks, gives one rank the whole batch and the other none, as the short last step of
-a reader that keeps every row does.
+a reader that keeps every row does. A fourth sends each step's ids ahead on a second process
+group, from another thread, as the train pipeline does, and must change no bit.
 """
 
 import os
 import socket
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from embedding import (
     EmbeddingTableConfig,
+    HashPolicy,
     JaggedIds,
     Placement,
     ShardedEmbeddingCollection,
@@ -150,7 +153,31 @@ def run_empty_batch(gang: Gang, out: Path) -> None:
     torch.save(saved, out / f"empty_batch_{gang.rank}.pt")
 
 
-JOBS = {"2_ranks": run_2_ranks, "4_ranks": run_4_ranks, "empty_batch": run_empty_batch}
+def run_prefetched(gang: Gang, out: Path) -> None:
+    """Three steps of every placement, plain and with each step's ids sent ahead on another thread and group
+    while the plain collection computes (the step before, in a pipeline)."""
+    id_gang = gang.make_gang(list(range(gang.size)))
+    assert id_gang is not None
+    hashed = EmbeddingTableConfig("hashed", 6, DIM, ("x",), kind="hash", hash_policy=HashPolicy(min_count=2))
+    tables = [*TABLES, hashed]
+    plain, plain_optimizer = build(gang, tables)
+    piped, piped_optimizer = build(gang, tables)
+    saved: dict[str, Any] = {}
+    for step in (1, 2, 3):
+        features, coefficients = rank_batch(step, gang.rank, gang.size)
+        features = SparseFeatures({**features, "x": features["u"]})
+        coefficients["x"] = coefficients["u"]
+        sender = threading.Thread(target=piped.prefetch, args=(features, id_gang, step))
+        sender.start()
+        saved[f"plain/{step}"] = apply_step(plain, plain_optimizer, features, coefficients)
+        sender.join()
+        saved[f"piped/{step}"] = apply_step(piped, piped_optimizer, features, coefficients)
+        saved[f"unused/{step}"] = piped.discard_prefetched(before_step=step + 1)
+    saved["plain/sparse"], saved["piped/sparse"] = plain.sharded_state_dict(), piped.sharded_state_dict()
+    torch.save(saved, out / f"prefetched_{gang.rank}.pt")
+
+
+JOBS = {"2_ranks": run_2_ranks, "4_ranks": run_4_ranks, "empty_batch": run_empty_batch, "prefetched": run_prefetched}
 
 
 def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
@@ -232,3 +259,26 @@ def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path
                 assert outputs[1 - full_rank][name].shape == (0, output.size(1)), f"{placement} {name}"
         # The update of a step whose samples are all on rank 0 is the update of one process.
         assert_same_tables(assemble([rank_saved[f"{placement}/sparse"] for rank_saved in saved]), reference)
+
+
+@pytest.mark.slow
+def test_ids_sent_ahead_on_another_group_change_no_bit(tmp_path: Path) -> None:
+    spawn(2, "prefetched", tmp_path)
+    for rank in range(2):
+        saved = torch.load(tmp_path / f"prefetched_{rank}.pt", weights_only=True)
+        for step in (1, 2, 3):
+            assert saved[f"unused/{step}"] == 0, "the forward used what was sent ahead"
+            for name, output in saved[f"plain/{step}"].items():
+                assert torch.equal(saved[f"piped/{step}"][name], output), f"step {step} {name}"
+        assert_bitwise_equal(saved["piped/sparse"], saved["plain/sparse"], "tables")
+
+
+def assert_bitwise_equal(actual: Any, expected: Any, where: str) -> None:
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), where
+        for key in expected:
+            assert_bitwise_equal(actual[key], expected[key], f"{where}/{key}")
+    elif torch.is_tensor(expected):
+        assert torch.equal(actual, expected), where
+    else:
+        assert (actual == expected).all() if hasattr(expected, "all") else actual == expected, where

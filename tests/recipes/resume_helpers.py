@@ -45,6 +45,19 @@ TINY_RUN = (
 
 FINAL_STEP = 40
 
+# A dlrm_criteo_tiny-sized run of 60 steps on 6,000 synthetic rows, checkpointed every 20 steps, all kept: short
+# enough for a 2-rank job, long enough for a resume from a middle checkpoint to cross a validation.
+DLRM_60_STEPS = (
+    "trainer.max_num_steps=60",
+    "trainer.validate_every_n_steps=20",
+    "trainer.publish_metrics_every_n_steps=10",
+    "checkpoint.every_n_steps=20",
+    "checkpoint.keep_last_n=null",
+    "checkpoint.keep_best_n=null",
+    "dataset.synthetic_rows=6000",
+    "dataset.batch_size=64",
+)
+
 # Metrics that measure the clock, not the arithmetic; they differ between any two runs.
 WALL_CLOCK_METRICS = frozenset({"throughput"})
 

@@ -40,6 +40,9 @@ class DataReader(ABC, Generic[BatchT_co]):
     @abstractmethod
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
 
+    def close(self, wait: bool = True) -> None:
+        """Release what the reader holds (threads, files) at the end of a run; ``wait=False`` when the run failed."""
+
 
 class DataError(UserError):
     """The data is malformed: a bad row, a missing file, an id out of range. A user error."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from resume_helpers import (
+    DLRM_60_STEPS,
     assert_same_training,
     check_ok,
     committed_steps,
@@ -27,14 +28,7 @@ FINAL_STEP = 60
 # 300 rows per table for about 1000 values a feature: the tables fill, so ids are admitted, refused and evicted
 # all through the run, and a resume that lost any of that state would diverge.
 SMALL = (
-    f"trainer.max_num_steps={FINAL_STEP}",
-    "trainer.validate_every_n_steps=20",
-    "trainer.publish_metrics_every_n_steps=10",
-    "checkpoint.every_n_steps=20",
-    "checkpoint.keep_last_n=null",
-    "checkpoint.keep_best_n=null",
-    "dataset.synthetic_rows=6000",
-    "dataset.batch_size=64",
+    *DLRM_60_STEPS,
     "dataset.num_embeddings_per_feature=[300]",
     "metrics.console=false",
 )

@@ -1,0 +1,286 @@
+"""The train pipeline: the next step's batches read, and their sparse ids sent to the tables' owners,
+while the current step computes.
+
+As TorchRec's ``TrainPipelineSparseDist`` does, one background thread works a step ahead: it
+reads the next step's micro-batches and, for every embedding collection of the model, checks and
+groups their sparse features and sends their ids to the ranks that own the rows
+(``ShardedEmbeddingCollection.prefetch``), over a second process group of the same ranks so that
+its collectives never interleave with the step's. The step's forward then only pools and sends
+the partial sums back. On a GPU the thread reads ahead and pins the batch; the main thread copies
+it without blocking, and the ids travel in the forward as without a pipeline.
+
+It changes nothing in what is computed, only when: the batches, ids and their order are those of
+the plain loop, so a run is bit-exact with ``trainer.pipeline: false``, and a checkpoint holds the
+reader's position before the batch read ahead, so a resume reads that batch again.
+
+The thread is the reader's only user while it works, and every rank asks it for a step at the same
+point of the loop, so the ranks' background collectives pair up. A reader that draws from the global
+random generators would interleave its draws with the model's differently at every run: the first
+read checks for that, and such a reader is read on the main thread instead, as without a pipeline.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, fields, is_dataclass, replace
+from queue import SimpleQueue
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from embedding import ShardedEmbeddingCollection, SparseFeatures
+from gang import Gang
+from recipes.data.reader import DataReader
+
+log = logging.getLogger(__name__)
+
+BatchT = TypeVar("BatchT")
+T = TypeVar("T")
+
+
+@dataclass
+class _Read:
+    """One step read ahead: the reader's state before it, its micro-batches (``None``: the epoch ended), or the
+    error that reading or preparing it raised, re-raised when the step is taken."""
+
+    state: dict[str, Any]
+    batches: list[Any] | None = None
+    error: BaseException | None = None
+
+
+class _Worker:
+    """One daemon thread running submitted calls in order (a hung collective never blocks the interpreter's exit)."""
+
+    def __init__(self) -> None:
+        self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = SimpleQueue()
+        threading.Thread(target=self._loop, name="train-pipeline", daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _loop(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            try:
+                future.set_result(call())
+            except BaseException as ex:  # handed to the main thread with the result
+                future.set_exception(ex)
+
+
+class PipelinedReader(DataReader[BatchT]):
+    """``reader``'s steps, each read and prepared on a background thread during the step before it.
+
+    ``collections`` are the model's embedding collections whose ids travel ahead (on a CPU gang;
+    none on a GPU); ``device`` is where the batches go.
+    """
+
+    def __init__(
+        self, reader: DataReader[BatchT], collections: Sequence[ShardedEmbeddingCollection], device: torch.device
+    ) -> None:
+        self._reader = reader
+        self._device = device
+        self._id_gangs = _id_gangs(collections) if device.type == "cpu" else {}
+        self._prefetching = [collection for collection in collections if id(collection) in self._id_gangs]
+        self._worker = _Worker()
+        self._pending: Future[_Read] | None = None
+        self._on_main_thread = False
+        self._num_reads = 0
+        self._reported = False
+
+    def __next__(self) -> list[BatchT]:
+        if self._on_main_thread:
+            read = self._read_and_prepare(prefetch=False)
+        else:
+            if self._pending is None:
+                self._submit()
+            assert self._pending is not None
+            read = self._pending.result()
+            self._pending = None
+            self._check_first_read()
+        if read.error is not None:
+            raise read.error
+        if read.batches is None:
+            raise StopIteration
+        self._stop_unused_prefetching()
+        if not self._on_main_thread:
+            self._submit()
+        return [_to_device(batch, self._device) for batch in read.batches]
+
+    def reset(self) -> None:
+        assert self._pending is None, "An epoch ends with no step read ahead."
+        self._reader.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position before the step read ahead: a resume reads that step again."""
+        if self._pending is not None:
+            return self._pending.result().state
+        return self._reader.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        assert self._pending is None, "A reader's state is loaded before training starts."
+        self._reader.load_state_dict(state_dict)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread once the step read ahead is done; ``wait`` for it (its collectives pair with the other
+        ranks', which must end before the process groups do). A run that failed does not wait: a rank that
+        failed may never pair."""
+        if wait and self._pending is not None:
+            self._pending.result()
+        self._pending = None
+        self._worker.close()
+        for collection in self._prefetching:
+            collection.discard_prefetched(before_step=self._num_reads + 1)
+
+    # Reading ahead ----------------------------------------------------------------------------
+
+    def _submit(self) -> None:
+        self._num_reads += 1
+        self._pending = self._worker.submit(lambda: self._read_and_prepare(prefetch=True))
+
+    def _read_and_prepare(self, prefetch: bool) -> _Read:
+        """Read one step, remembering the position before it; on the CPU, send its ids ahead."""
+        read = _Read(copy.deepcopy(self._reader.state_dict()))
+        random_state = _global_random_state() if self._num_reads == 1 else None
+        try:
+            read.batches = next(self._reader)
+        except StopIteration:
+            return read
+        except BaseException as ex:
+            read.error = ex
+            return read
+        if random_state is not None and random_state != _global_random_state():
+            self._on_main_thread = True  # checked by the main thread once this read is done
+        if self._device.type == "cuda":
+            read.batches = [_map_tensors(batch, _pinned) for batch in read.batches]
+        elif prefetch and not self._on_main_thread:
+            try:
+                self._prefetch(read.batches)
+            except BaseException as ex:
+                read.error = ex
+        return read
+
+    def _prefetch(self, batches: list[Any]) -> None:
+        for batch in batches:
+            found = list(_sparse_features_in(batch))
+            for collection in self._prefetching:
+                features = _features_of(collection, found)
+                if features is not None:
+                    collection.prefetch(features, self._id_gangs[id(collection)], self._num_reads)
+
+    def _check_first_read(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        if self._on_main_thread:
+            log.warning(
+                "The training reader draws from the global random generators: it is read on the main thread, "
+                "without the pipeline, so that runs stay reproducible. Give it its own generator to pipeline it."
+            )
+        elif self._prefetching:
+            log.info("Train pipeline: the next step is read and its ids sent ahead while a step computes.")
+
+    def _stop_unused_prefetching(self) -> None:
+        """Stop prefetching for a collection whose forward did not use the inputs prepared for the last step."""
+        unused = [c for c in self._prefetching if c.discard_prefetched(before_step=self._num_reads) > 0]
+        for collection in unused:
+            log.warning(
+                "Train pipeline: the model looked up other sparse features than the batch's own object, so the "
+                "ids sent ahead went unused; they travel in the forward from now on."
+            )
+            self._prefetching.remove(collection)
+            collection.discard_prefetched(before_step=self._num_reads + 1)
+
+
+def _id_gangs(collections: Sequence[ShardedEmbeddingCollection]) -> dict[int, Gang]:
+    """Per collection, a process group of its gang's ranks for the ids sent ahead (one per distinct gang).
+
+    Every rank builds them in the same order, as creating a group is collective.
+    """
+    clones: dict[int, Gang] = {}
+    gangs: dict[int, Gang] = {}
+    for collection in collections:
+        gang = collection.gang
+        if id(gang) not in clones:
+            clone = gang.make_gang(list(range(gang.size)))
+            assert clone is not None, "Every rank of a gang is in a group of all its ranks."
+            clones[id(gang)] = clone
+        gangs[id(collection)] = clones[id(gang)]
+    return gangs
+
+
+def _features_of(collection: ShardedEmbeddingCollection, found: Sequence[SparseFeatures]) -> SparseFeatures | None:
+    """The one sparse-features object of a batch that holds every feature ``collection`` looks up, if one does."""
+    needed = [feature for table in collection.tables for feature in table.features]
+    holding = [features for features in found if all(name in features for name in needed)]
+    return holding[0] if len(holding) == 1 else None
+
+
+def _sparse_features_in(batch: Any, depth: int = 3) -> Iterator[SparseFeatures]:
+    """The sparse-features objects of a batch: itself, or in its dataclass fields, mapping values or items."""
+    if isinstance(batch, SparseFeatures):
+        yield batch
+    elif depth > 0:
+        for child in _children(batch):
+            yield from _sparse_features_in(child, depth - 1)
+
+
+def _children(value: Any) -> list[Any]:
+    if is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, field.name) for field in fields(value)]
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return []
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to each of its tensors, through dataclasses, mappings, lists and tuples
+    (and the ids of sparse features, which are mappings of dataclasses)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, SparseFeatures):
+        return SparseFeatures({name: _map_tensors(jagged, fn) for name, jagged in value.items()})
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in fields(value) if f.init})
+    if isinstance(value, Mapping):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_map_tensors(item, fn) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """A pinned batch copied to the GPU without blocking the host; on the CPU, the batch as it is."""
+    if device.type != "cuda":
+        return batch
+    return _map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def _global_random_state() -> tuple[Any, ...]:
+    """The global generators a reader could draw from: Python's, numpy's and torch's CPU one."""
+    _, keys, position, has_gauss, cached_gauss = np.random.get_state(legacy=True)
+    return (
+        random.getstate(),
+        np.asarray(keys).tobytes(),
+        position,
+        has_gauss,
+        cached_gauss,
+        torch.random.get_rng_state().numpy().tobytes(),
+    )
