@@ -17,7 +17,7 @@ grow with the file: by tracemalloc for CSV (numpy and pandas report their buffer
 Parquet by tracemalloc plus Arrow's memory pool (pyarrow allocates out of tracemalloc's sight),
 each in a fresh process.
 
-    .venv/bin/python benchmarks/reader_throughput.py --num-rows 500000 --repeats 5
+    .venv/bin/python benchmarks/reader_throughput.py --num-rows 500000 --repeats 5 [--parse-threads 2]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numba
@@ -52,8 +53,8 @@ BATCH_SIZE = 4096
 PARQUET_ROW_GROUP_ROWS = 65_536
 
 
-def read_with_tabular(path: str) -> int:
-    reader = TabularReader(path, CRITEO_SCHEMA, batch_size=BATCH_SIZE, shuffle=False)
+def read_with_tabular(path: str, parse_threads: int = 1) -> int:
+    reader = TabularReader(path, CRITEO_SCHEMA, batch_size=BATCH_SIZE, shuffle=False, parse_threads=parse_threads)
     return sum(batch.batch_size for step in reader for batch in step)
 
 
@@ -103,8 +104,8 @@ def write_criteo_parquet(tsv_path: str, parquet_path: str) -> None:
     pq.write_table(table, parquet_path, row_group_size=PARQUET_ROW_GROUP_ROWS)
 
 
-def read_with_parquet(path: str) -> int:
-    reader = ParquetReader(path, PARQUET_SCHEMA, batch_size=BATCH_SIZE, shuffle=False)
+def read_with_parquet(path: str, parse_threads: int = 1) -> int:
+    reader = ParquetReader(path, PARQUET_SCHEMA, batch_size=BATCH_SIZE, shuffle=False, parse_threads=parse_threads)
     return sum(batch.batch_size for step in reader for batch in step)
 
 
@@ -122,16 +123,15 @@ def peak_bytes_with_arrow(read: Callable[[str], int], path: str) -> int:
         return int(pool.apply(_peak_with_arrow, (read, path)))
 
 
-def parquet_report(big_tsv: str, small_tsv: str, num_rows: int, repeats: int) -> list[str]:
+def parquet_report(big_tsv: str, small_tsv: str, num_rows: int, repeats: int, parse_threads: int) -> list[str]:
     """Writes the two TSV files as Parquet beside them, times and measures both sides: the lines to print."""
     big, small = big_tsv.replace(".tsv", ".parquet"), small_tsv.replace(".tsv", ".parquet")
     write_criteo_parquet(big_tsv, big)
     write_criteo_parquet(small_tsv, small)
     size_mb = Path(big).stat().st_size / 1e6
-    reader_s, bare_s, ratio, reader_rows, bare_rows = compare(
-        read_with_parquet, read_with_bare_read_table, big, repeats
-    )
-    sides = (("reader", read_with_parquet), ("bare", read_with_bare_read_table))
+    read_parquet = partial(read_with_parquet, parse_threads=parse_threads)
+    reader_s, bare_s, ratio, reader_rows, bare_rows = compare(read_parquet, read_with_bare_read_table, big, repeats)
+    sides = (("reader", read_parquet), ("bare", read_with_bare_read_table))
     memory = {(name, path): peak_bytes_with_arrow(read, path) / 1e6 for name, read in sides for path in (small, big)}
 
     lines = [
@@ -155,7 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-rows", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--parse-threads", type=int, default=1, help="the readers' `parse_threads`")
     args = parser.parse_args()
+    read_tabular = partial(read_with_tabular, parse_threads=args.parse_threads)
 
     with tempfile.TemporaryDirectory() as directory:
         big, small = f"{directory}/big.tsv", f"{directory}/small.tsv"
@@ -164,15 +166,15 @@ def main() -> None:
         size_mb = Path(big).stat().st_size / 1e6
 
         tabular_s, bare_s, ratio, tabular_rows, bare_rows = compare(
-            read_with_tabular, read_with_bare_pandas, big, args.repeats
+            read_tabular, read_with_bare_pandas, big, args.repeats
         )
-        sides = (("tabular", read_with_tabular), ("bare", read_with_bare_pandas))
+        sides = (("tabular", read_tabular), ("bare", read_with_bare_pandas))
         memory = {(name, path): peak_bytes(read, path) / 1e6 for name, read in sides for path in (small, big)}
-        parquet = parquet_report(big, small, args.num_rows, args.repeats)
+        parquet = parquet_report(big, small, args.num_rows, args.repeats, args.parse_threads)
 
     print(
         f"`{' '.join([Path(sys.executable).name, *sys.argv])}`: {args.num_rows} rows, {size_mb:.0f} MB, "
-        f"median of {args.repeats}, numba threads: {numba.get_num_threads()}\n"
+        f"median of {args.repeats}, numba threads: {numba.get_num_threads()}, parse threads: {args.parse_threads}\n"
     )
     print(f"| side | rows/s | median s | peak MB ({args.num_rows // 5} rows) | peak MB ({args.num_rows} rows) |")
     print("| --- | --- | --- | --- | --- |")

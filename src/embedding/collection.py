@@ -106,12 +106,19 @@ class ShardedEmbeddingCollection(nn.Module):
         lookups = [make_lookup(group, self.gang, training) for group in self.groups]
         return lookups, [_group_bags(group, features) for group in self.groups]
 
+    @property
+    def sends_ids(self) -> bool:
+        """Whether a forward sends ids to other ranks (a table sharded over several): what :meth:`prefetch` needs a
+        process group of its own for."""
+        return self.gang.size > 1 and any(group.placement != "replicated" for group in self.groups)
+
     def prefetch(self, features: SparseFeatures, gang: Gang, step: int) -> None:
         """Check and group the ``features`` of a later training forward and send their ids to their owners now.
 
         A train pipeline calls it on a background thread while the current step computes, in the
         same order on every rank, with ``gang``: another process group of this collection's ranks,
-        so that its collectives never interleave with the step's. The forward that gets this very
+        so that its collectives never interleave with the step's (any gang where ``sends_ids`` is
+        false: no collective runs). The forward that gets this very
         ``features`` object in training mode uses what was prepared; the results are bit-identical.
         ``step`` tags the entry for :meth:`discard_prefetched`. The features must be on the
         collection's device already.

@@ -57,8 +57,9 @@ class Gang(ABC):
     def make_gang(self, ranks: Sequence[int]) -> Gang | None:
         """Make a sub-gang of ``ranks``.
 
-        Every rank of this gang must call it (torch requires it), and those not in
-        ``ranks`` get ``None``.
+        Every process of the job must call it, at the same point, even the processes outside this
+        gang (torch creates a process group by a call of every process, in the same order); the
+        ranks of this gang not in ``ranks`` get ``None``.
         """
 
     @abstractmethod

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang.fake import FakeGang
 from gang.gang import Gang
-from gang.process_group import ProcessGroupGang
+from gang.process_group import ProcessGroupGang, backend_for
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,23 @@ class Gangs:
 
     def close(self) -> None:
         self.root.close()
+
+    def clone(self) -> Gangs:
+        """New process groups of the same ranks as these gangs, for collectives that run beside theirs (a train
+        pipeline's, on another thread) and must never pair with them; ``mesh`` stays this one's.
+
+        Every process of the job calls it at the same point: torch creates any process group, even one a
+        process is not in, by a call of every process, in the same order.
+        """
+        if self.mesh is None:
+            return self
+        layout, device = self.mesh.mesh, self.root.device
+        return Gangs(
+            root=_new_gang([layout.flatten().tolist()], device),
+            dp=_new_gang(layout.t().tolist(), device),  # a DP group is a column of the (dp, tp) layout
+            tp=_new_gang(layout.tolist(), device),
+            mesh=self.mesh,
+        )
 
 
 def default_device() -> torch.device:
@@ -85,3 +103,17 @@ def _mesh_gang(mesh: DeviceMesh, dim: str, device: torch.device) -> Gang:
     if mesh.size(mesh.mesh_dim_names.index(dim) if mesh.mesh_dim_names else 0) == 1:
         return FakeGang(device)
     return ProcessGroupGang(mesh.get_group(dim), device)
+
+
+def _new_gang(partition: list[list[int]], device: torch.device) -> Gang:
+    """This process's gang in ``partition`` (lists of global ranks that cover the job), each list made a new
+    process group by every process, in order."""
+    if len(partition[0]) == 1:
+        return FakeGang(device)
+    mine = None
+    for ranks in partition:
+        group = dist.new_group(ranks, backend=backend_for(device))
+        if dist.get_rank() in ranks:
+            mine = group
+    assert mine is not None, "The partition covers every rank of the job."
+    return ProcessGroupGang(mine, device)

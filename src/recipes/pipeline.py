@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from embedding import ShardedEmbeddingCollection, SparseFeatures
-from gang import Gang
+from gang import Gang, Gangs
 from recipes.data.reader import DataReader
 
 log = logging.getLogger(__name__)
@@ -82,15 +82,20 @@ class PipelinedReader(DataReader[BatchT]):
     """``reader``'s steps, each read and prepared on a background thread during the step before it.
 
     ``collections`` are the model's embedding collections whose ids travel ahead (on a CPU gang;
-    none on a GPU); ``device`` is where the batches go.
+    none on a GPU), on clones of ``gangs`` (the job's); ``device`` is where the batches go. Every
+    process of the job builds it at the same point (the clones are process groups).
     """
 
     def __init__(
-        self, reader: DataReader[BatchT], collections: Sequence[ShardedEmbeddingCollection], device: torch.device
+        self,
+        reader: DataReader[BatchT],
+        collections: Sequence[ShardedEmbeddingCollection],
+        device: torch.device,
+        gangs: Gangs,
     ) -> None:
         self._reader = reader
         self._device = device
-        self._id_gangs = _id_gangs(collections) if device.type == "cpu" else {}
+        self._id_gangs = _id_gangs(collections, gangs) if device.type == "cpu" else {}
         self._prefetching = [collection for collection in collections if id(collection) in self._id_gangs]
         self._worker = _Worker()
         self._pending: Future[_Read] | None = None
@@ -202,21 +207,23 @@ class PipelinedReader(DataReader[BatchT]):
             collection.discard_prefetched(before_step=self._num_reads + 1)
 
 
-def _id_gangs(collections: Sequence[ShardedEmbeddingCollection]) -> dict[int, Gang]:
-    """Per collection, a process group of its gang's ranks for the ids sent ahead (one per distinct gang).
-
-    Every rank builds them in the same order, as creating a group is collective.
-    """
-    clones: dict[int, Gang] = {}
-    gangs: dict[int, Gang] = {}
+def _id_gangs(collections: Sequence[ShardedEmbeddingCollection], gangs: Gangs) -> dict[int, Gang]:
+    """Per collection, the gang its ids are sent ahead on: the clone of its own (one of ``gangs``), whose
+    collectives never pair with the step's; its own where no id leaves the rank. A collection on a gang of
+    its own making gets none: its ids travel in the forward."""
+    if not any(collection.sends_ids for collection in collections):
+        return {id(collection): collection.gang for collection in collections}
+    clone = gangs.clone()  # the same decision on every rank: the models are the same
+    clones = {id(gangs.root): clone.root, id(gangs.dp): clone.dp, id(gangs.tp): clone.tp}
+    id_gangs = {}
     for collection in collections:
-        gang = collection.gang
-        if id(gang) not in clones:
-            clone = gang.make_gang(list(range(gang.size)))
-            assert clone is not None, "Every rank of a gang is in a group of all its ranks."
-            clones[id(gang)] = clone
-        gangs[id(collection)] = clones[id(gang)]
-    return gangs
+        if not collection.sends_ids:
+            id_gangs[id(collection)] = collection.gang
+        elif id(collection.gang) in clones:
+            id_gangs[id(collection)] = clones[id(collection.gang)]
+        else:
+            log.info("Train pipeline: a sparse table's gang is none of the job's; its ids travel in the forward.")
+    return id_gangs
 
 
 def _features_of(collection: ShardedEmbeddingCollection, found: Sequence[SparseFeatures]) -> SparseFeatures | None:

@@ -292,7 +292,7 @@ def build_trainer(
     if config.checkpoint.init_from is not None and resume_step is None and not eval_only:
         initialize_from(parts.train_unit.model, sharded_state, config.checkpoint)
     if config.trainer.pipeline and not eval_only:
-        parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device)
+        parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device, gangs)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model
     optimizer = build_optimizer_with_tables(

@@ -27,11 +27,13 @@ from resume_helpers import (
 )
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
+from gang import FakeGang, Gangs
 from recipes.data.memory import InMemoryReader
 from recipes.data.reader import DataError, DataReader
 from recipes.pipeline import PipelinedReader, _map_tensors
 
 CPU = torch.device("cpu")
+GANGS = Gangs(root=FakeGang(CPU), dp=FakeGang(CPU), tp=FakeGang(CPU))
 TABLES = [EmbeddingTableConfig("t", 50, 4, ("a", "b"))]
 
 
@@ -78,7 +80,7 @@ def take(data: DataReader[Batch], num_steps: int) -> list[list[list[float]]]:
 
 def test_steps_positions_and_epochs_are_the_plain_readers() -> None:
     plain, made = reader(Recorded()), Recorded()
-    piped = PipelinedReader(reader(made), [], CPU)
+    piped = PipelinedReader(reader(made), [], CPU, GANGS)
     for _ in range(15):  # 6 steps an epoch: over two epoch ends
         assert take(piped, 1) == take(plain, 1)
         assert piped.state_dict() == plain.state_dict()
@@ -87,20 +89,20 @@ def test_steps_positions_and_epochs_are_the_plain_readers() -> None:
 
 
 def test_a_resume_reads_the_step_read_ahead_again() -> None:
-    piped = PipelinedReader(reader(Recorded(), num_accumulate=2), [], CPU)
+    piped = PipelinedReader(reader(Recorded(), num_accumulate=2), [], CPU, GANGS)
     take(piped, 2)
     state = piped.state_dict()  # the step read ahead is not in it
     expected = take(piped, 3)
     piped.close()
 
-    resumed = PipelinedReader(reader(Recorded(), num_accumulate=2), [], CPU)
+    resumed = PipelinedReader(reader(Recorded(), num_accumulate=2), [], CPU, GANGS)
     resumed.load_state_dict(state)
     assert take(resumed, 3) == expected
     resumed.close()
 
 
 def test_a_read_error_is_raised_at_the_step_that_reads_it() -> None:
-    piped = PipelinedReader(reader(Recorded(fail_at_read=3)), [], CPU)
+    piped = PipelinedReader(reader(Recorded(fail_at_read=3)), [], CPU, GANGS)
     take(piped, 2)  # the third read fails while the second step computes
     with pytest.raises(DataError, match=r"data\.csv:3"):
         next(piped)
@@ -112,7 +114,7 @@ def test_a_reader_that_draws_from_the_global_generator_is_read_on_the_main_threa
 ) -> None:
     made = Recorded(draw_from_global_generator=True)
     plain = reader(Recorded())
-    piped = PipelinedReader(reader(made), [], CPU)
+    piped = PipelinedReader(reader(made), [], CPU, GANGS)
     with caplog.at_level(logging.WARNING):
         assert take(piped, 4) == take(plain, 4)
     piped.close()
@@ -142,7 +144,7 @@ def test_ids_prepared_ahead_serve_the_forward_or_stop_when_unused(
 ) -> None:
     plain = ShardedEmbeddingCollection(TABLES, seed=3)
     piped_collection = ShardedEmbeddingCollection(TABLES, seed=3)
-    piped = PipelinedReader(reader(Recorded(), num_accumulate=2), [piped_collection], CPU)
+    piped = PipelinedReader(reader(Recorded(), num_accumulate=2), [piped_collection], CPU, GANGS)
     with caplog.at_level(logging.WARNING):
         expected = step_outputs(plain, reader(Recorded(), num_accumulate=2), rebuild=False)
         actual = step_outputs(piped_collection, piped, rebuild)
@@ -209,5 +211,23 @@ def test_a_pipelined_run_killed_and_resumed_on_2_ranks_is_the_plain_run(tmp_path
 def test_micro_batches_of_a_pipelined_step_are_the_plain_loops(tmp_path: Path) -> None:
     plain, piped = tmp_path / "plain", tmp_path / "piped"
     check_ok(train(tmp_path, plain, "trainer.grad_accumulation=2", "trainer.pipeline=false", nproc=1))
-    check_ok(train(tmp_path, piped, "trainer.grad_accumulation=2", nproc=1))
+    # Parsed on two threads too, in the background thread's reads: still the same rows, in the same order.
+    check_ok(train(tmp_path, piped, "trainer.grad_accumulation=2", "dataset.parse_threads=2", nproc=1))
     assert_same_training(plain, piped, FINAL_STEP)
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_on_2_x_2_ranks_sends_ids_on_clones_of_the_dp_groups_and_is_the_plain_run(
+    tmp_path: Path,
+) -> None:
+    # The tables live on the DP gangs ({0, 2} and {1, 3}); their clones are made by all four processes.
+    plain, piped = tmp_path / "plain", tmp_path / "piped"
+    check_ok(train(tmp_path, plain, "gang.tp_size=2", "trainer.pipeline=false", nproc=4))
+    check_ok(train(tmp_path, piped, "gang.tp_size=2", nproc=4))
+
+    assert "ids sent ahead" in (piped / "logs" / "rank_3.log").read_text()
+    assert_same_training(plain, piped, FINAL_STEP)
+    for rank in range(4):
+        name = f"rank_{rank}.pt"
+        pieces = [load_verified(run / "checkpoints" / f"step_{FINAL_STEP}", name) for run in (plain, piped)]
+        assert_bitwise_equal(pieces[0]["sharded"], pieces[1]["sharded"], f"rank_{rank}.pt's tables")

@@ -26,7 +26,7 @@ from recipes.click.models import DLRM, CTRModel, mlp_with_dropout
 from recipes.config import PositiveInt, Range
 from recipes.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 
-ZooModelName = Literal["logistic_regression", "fm", "deepfm", "dcn_v2", "dlrm", "mlp"]
+ZooModelName = Literal["logistic_regression", "fm", "deepfm", "dcn_v2", "dlrm", "mlp", "wide_deep"]
 ZOO_MODEL_NAMES: tuple[str, ...] = get_args(ZooModelName)
 
 FIRST_ORDER_PREFIX = "first_order_"
@@ -44,13 +44,14 @@ class ZooModelSection:
     name: ZooModelName = "dcn_v2"
     """Which model; DCN-v2 by default, among the strongest on public CTR benchmarks (BARS, SIGIR 2022)."""
     embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
-    """The features' tables, and, for ``logistic_regression``, ``fm`` and ``deepfm``, their dim-1 first-order
-    weights (named ``first_order_<table>``, zero at first, on the same backend and optimizer). Table L2
+    """The features' tables, and, for ``logistic_regression``, ``fm``, ``deepfm`` and ``wide_deep``, their dim-1
+    first-order weights (named ``first_order_<table>``, zero at first, on the same backend and optimizer). Table L2
     (``sparse_optimizer.weight_decay``) is off: it acts only on the rows a step touches, so within one epoch
     it barely reaches the rare ids that overfit (on MovieLens, 1e-4 moved valid AUC < 0.001, 1e-3 cost 0.008).
     With ``backend: dense`` the tables are dense parameters, which the ``optimizer`` section decays."""
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [256, 128])
-    """The deep MLP's hidden layers: all of ``mlp``, the deep part of ``deepfm`` and ``dcn_v2``, DLRM's top MLP."""
+    """The deep MLP's hidden layers: all of ``mlp``, the deep part of ``deepfm``, ``dcn_v2`` and ``wide_deep``, DLRM's
+    top MLP."""
     dropout: Annotated[float, Range(ge=0, lt=1)] = 0.2
     """Dropout after every hidden layer of the deep MLP, in [0, 1): the usual guard of deep CTR models against
     memorising rare ids (neutral on MovieLens, which one epoch does not overfit)."""
@@ -110,6 +111,9 @@ def build_zoo_model(
                 model = DLRM(
                     vectors(), features, num_dense, dim, section.bottom_dims, section.hidden_dims, section.dropout
                 )
+        elif section.name == "wide_deep":
+            deep = CTRModel(vectors(), features, dim, num_dense, section.hidden_dims, section.dropout)
+            model = WideDeep(LogisticRegression(first_order(), features, num_dense), deep)
         else:
             model = CTRModel(vectors(), features, dim, num_dense, section.hidden_dims, section.dropout)
     return model.to(gang.device)
@@ -288,4 +292,20 @@ class DCNv2(nn.Module):
         for layer in self.cross:
             x = layer(x0, x)
         logits: torch.Tensor = self.mlp(x).squeeze(1)
+        return logits
+
+
+class WideDeep(nn.Module):
+    """Wide & Deep (Cheng et al., DLRS 2016): logistic regression's weights (the wide part, which memorises ids
+    and dense features' linear effects) and ``mlp``'s tower over the fields' vectors (the deep part, which
+    generalises), trained jointly, their logits summed."""
+
+    def __init__(self, wide: LogisticRegression, deep: CTRModel) -> None:
+        super().__init__()
+        self.wide = wide
+        self.deep = deep
+
+    def forward(self, batch: CTRBatch) -> torch.Tensor:
+        """The click logit of every sample, ``[B]``."""
+        logits: torch.Tensor = self.wide(batch) + self.deep(batch)
         return logits

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -42,6 +44,8 @@ from recipes.data.sharding import StepLayout, window_permutation
 logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT")
+ChunkT = TypeVar("ChunkT")
+ParsedT = TypeVar("ParsedT")
 
 MAX_LINE_BYTES = 1 << 20
 
@@ -81,7 +85,8 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
 
     ``paths`` is one path, URL or glob, or a list of them, read in order. ``shuffle_buffer_size``
     rows (rounded up to whole global steps) are read, shuffled if ``shuffle``, and served before
-    the next ones are read.
+    the next ones are read. With ``parse_threads`` above 1, a subclass parses the chunks after the
+    one being batched meanwhile, on that many threads (``parsed_ahead``).
     """
 
     record_name: ClassVar[str] = "line"
@@ -103,10 +108,13 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
         seed: int = 0,
         max_malformed_rows: int = 100,
         drop_last: bool = True,
+        parse_threads: int = 1,
     ) -> None:
         self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size, drop_last)
         require_at_least("shuffle_buffer_size", shuffle_buffer_size, 1)
         require_at_least("max_malformed_rows", max_malformed_rows, 0)
+        require_at_least("parse_threads", parse_threads, 1)
+        self.parse_threads = parse_threads
         self._files = open_files(paths)
         step_rows = self._layout.rows_per_global_step
         self._rows_per_window = -(-shuffle_buffer_size // step_rows) * step_rows
@@ -328,17 +336,22 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
         super().__init__(paths, **kwargs)
 
     @abstractmethod
-    def parse(self, buffer: bytes, file_index: int, first_line: int) -> ParsedLines:
-        """The lines of ``buffer`` (whole, newline-terminated lines of file ``file_index``, the first
-        of which is line ``first_line`` of the file, counting from 0)."""
+    def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
+        """The lines of ``buffer`` (whole, newline-terminated lines of file ``file_index``, the first of
+        which is the file's first line if ``at_file_start``); called on several threads at once with
+        ``parse_threads`` above 1."""
 
     def read_chunks(self, start: Position) -> Generator[tuple[Position, ParsedLines], None, None]:
         """The chunks of ``line_chunks``, parsed (their lines counted by the parse, not a pass of their own)."""
+
+        def parse(chunk: tuple[int, int, bytes]) -> tuple[int, int, ParsedLines]:
+            file_index, offset, buffer = chunk
+            return file_index, offset, self.parse(buffer, file_index, offset == 0)
+
         record_number = start.record_number
         with closing(self._byte_chunks(start)) as chunks:
-            for file_index, offset, buffer in chunks:
+            for file_index, offset, parsed in parsed_ahead(parse, chunks, self.parse_threads):
                 record_number = record_number if offset or file_index == start.file_index else 0
-                parsed = self.parse(buffer, file_index, record_number)
                 yield Position(file_index, offset, record_number), parsed
                 record_number += len(parsed.line_ends)
 
@@ -377,6 +390,36 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                     if chunk:
                         yield file_index, offset, chunk
                         offset += len(chunk)
+
+
+def parsed_ahead(
+    parse: Callable[[ChunkT], ParsedT], chunks: Iterator[ChunkT], threads: int
+) -> Generator[ParsedT, None, None]:
+    """``parse`` of each of ``chunks``, in order. With more than one thread, up to ``threads`` chunks after the
+    one the caller works on are parsed meanwhile, in parallel (which pays where ``parse`` releases the GIL for
+    most of its time, as the numba tokenisers and Arrow do); an error met reading a chunk ahead is raised after
+    the chunks before it, where one thread would have met it, so the rows, steps and errors are the same."""
+    if threads == 1:
+        yield from map(parse, chunks)
+        return
+    ahead: deque[Future[ParsedT]] = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="parse") as pool:
+        try:
+            reading_error: Exception | None = None
+            try:
+                for chunk in chunks:
+                    ahead.append(pool.submit(parse, chunk))
+                    if len(ahead) > threads:
+                        yield ahead.popleft().result()
+            except Exception as error:
+                reading_error = error
+            while ahead:
+                yield ahead.popleft().result()
+            if reading_error is not None:
+                raise reading_error
+        finally:  # Closed early (a seek, the end of an epoch): the parses not yet started are not wanted.
+            for parsing in ahead:
+                parsing.cancel()
 
 
 def require_at_least(name: str, value: int, minimum: int) -> None:

@@ -142,7 +142,7 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
         self.feature_names = [f"field{k}" for k in range(self._num_fields)] if self._num_fields else ["features"]
         super().__init__(paths, **kwargs)
 
-    def parse(self, buffer: bytes, file_index: int, first_line: int) -> ParsedLines:
+    def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
         data = np.frombuffer(buffer, dtype=np.uint8)
         labels, codes, line_ends, token_line, token_field, starts, ends, values = _tokenize(
             data, self._with_fields, self._num_fields

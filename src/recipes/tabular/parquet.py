@@ -15,6 +15,7 @@ most ``read_batch_rows`` rows.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import pyarrow.parquet as pq
 from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.config import ConfigError
 from recipes.data.reader import DataError
-from recipes.data.stream import START, ParsedLines, Position, StreamingReader, require_at_least
+from recipes.data.stream import START, ParsedLines, Position, StreamingReader, parsed_ahead, require_at_least
 from recipes.tabular.added_columns import AddedColumns
 from recipes.tabular.schema import TabularDataSection
 from recipes.tabular.typed_columns import TypedRows
@@ -89,12 +90,20 @@ class ParquetReader(StreamingReader[CTRBatch]):
     def _parsed_batches(
         self, start: Position = START
     ) -> Generator[tuple[Position, ParsedLines, pa.RecordBatch], None, None]:
+        def parse(item: tuple[Position, pa.RecordBatch]) -> tuple[Position, ParsedLines, pa.RecordBatch]:
+            position, batch = item
+            return position, self._parse(batch), batch
+
+        with closing(self._record_batches(start)) as batches:
+            yield from parsed_ahead(parse, batches, self.parse_threads)
+
+    def _record_batches(self, start: Position) -> Generator[tuple[Position, pa.RecordBatch], None, None]:
         for file_index in range(start.file_index, len(self._files)):
             row = start.offset if file_index == start.file_index else 0
             with self._files[file_index] as file:
                 parquet = self._open(file, file_index, self._dictionary_columns[file_index])
                 for batch in self._batches(parquet, file_index, row, self._read_batch_rows):
-                    yield Position(file_index, row, row), self._parse(batch), batch
+                    yield Position(file_index, row, row), batch
                     row += batch.num_rows
 
     def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:

@@ -86,7 +86,7 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         counters = {name: KeyCounter() for name in self._vocabulary_columns}
         counters.update(self._added.counters())
         for start, buffer in self.line_chunks(START):
-            chunk = self._keys_of(buffer, start.file_index, start.record_number)
+            chunk = self._keys_of(buffer, start.file_index, start.offset == 0)
             for k, name in enumerate(self._single):
                 if name in counters:
                     counters[name].add(chunk.keys[chunk.valid, k])
@@ -99,8 +99,8 @@ class TabularReader(StreamingLineReader[CTRBatch]):
 
     # The format -------------------------------------------------------------------------------
 
-    def parse(self, buffer: bytes, file_index: int, first_line: int) -> ParsedLines:
-        chunk = self._keys_of(buffer, file_index, first_line)
+    def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
+        chunk = self._keys_of(buffer, file_index, at_file_start)
         if len(self._encodings.vocabularies) != len(self._vocabulary_columns):
             raise ValueError(f"`encodings` must map every vocabulary column {self._vocabulary_columns}, but do not.")
         ids = chunk.lines.ids[:, : len(self._single)]
@@ -111,13 +111,13 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         columns: tuple[npt.NDArray[Any], ...] = (chunk.lines.labels, chunk.lines.dense, ids, *bags)
         return ParsedLines(chunk.line_ends, chunk.valid, columns, chunk.problems)
 
-    def _keys_of(self, buffer: bytes, file_index: int, first_line: int) -> _Chunk:
+    def _keys_of(self, buffer: bytes, file_index: int, at_file_start: bool) -> _Chunk:
         """The lines of a chunk as the kernel leaves them (keys where ids come later), with the added columns
         filled in, the rows outside the split marked invalid, and the multi-hot columns' keys."""
         data = np.frombuffer(buffer, dtype=np.uint8)
         line_starts = delimited.line_starts(data)
         line_ends = line_starts[1:]
-        skip = 1 if self._schema.header and first_line == 0 else 0
+        skip = 1 if self._schema.header and at_file_start else 0
         if skip:
             self._check_header(buffer[: line_ends[0]], file_index)
         lines = delimited.tokenize(

@@ -247,6 +247,9 @@ class TabularDataSection:
     """Rows shuffled together (a bounded window: memory does not grow with the files)."""
     max_malformed_rows: NonNegativeInt = 100
     """Malformed rows skipped (each logged with file and line) before the run stops with an error."""
+    parse_threads: PositiveInt = 1
+    """Threads that parse the chunks after the one being batched, meanwhile: for a run whose reading is the
+    bottleneck, on a machine with cores to spare (the rows and their order are the same)."""
 
     def __post_init__(self) -> None:
         if self.column_names is not None:

@@ -202,23 +202,24 @@ class TypedRows:
 
 class _DictionaryHasher:
     """The ids of one categorical column's values; the ids of a dictionary-encoded column's dictionary are
-    kept while the next batches bring the same dictionary (a Parquet row group's batches all do)."""
+    kept while the next batches bring the same dictionary (a Parquet row group's batches all do). The dictionary
+    and its ids are kept as one pair, replaced whole, so that batches converted on several threads at once
+    never take one dictionary's ids for another's."""
 
     def __init__(self, name: str, num_buckets: int) -> None:
         self._name, self._num_buckets = name, num_buckets
-        self._dictionary: pa.Array | None = None
-        self._dictionary_ids = np.zeros(0, np.int64)
+        self._dictionary_and_ids: tuple[pa.Array, npt.NDArray[np.int64]] | None = None
 
     def ids(self, values: pa.Array) -> npt.NDArray[np.int64]:
         if not isinstance(values, pa.DictionaryArray):
             return hash_ids(values, self._name, self._num_buckets)
-        dictionary = values.dictionary
-        if self._dictionary is None or not dictionary.equals(self._dictionary):
-            self._dictionary = dictionary
-            self._dictionary_ids = hash_ids(dictionary, self._name, self._num_buckets)
+        kept = self._dictionary_and_ids
+        if kept is None or not values.dictionary.equals(kept[0]):
+            kept = values.dictionary, hash_ids(values.dictionary, self._name, self._num_buckets)
+            self._dictionary_and_ids = kept
         positions, validity = _values_and_validity(values.indices)
         ids = pooled_array((len(values),), np.int64)
-        _gather(self._dictionary_ids, positions, validity, values.indices.offset, ids)
+        _gather(kept[1], positions, validity, values.indices.offset, ids)
         return ids
 
 

@@ -184,7 +184,7 @@ def test_every_model_takes_a_table_that_several_features_share(name: str) -> Non
 
     assert model(XorData.make(5, seed=0).batch(torch.arange(5))).shape == (5,)
     names = {table for collection in find_sparse_tables(model).values() for table in collection.shards}
-    assert "first_order_ids" in names or name not in ("logistic_regression", "fm", "deepfm")
+    assert "first_order_ids" in names or name not in ("logistic_regression", "fm", "deepfm", "wide_deep")
 
 
 @pytest.mark.parametrize("backend", ["sparse", "dense"])
@@ -210,7 +210,7 @@ def test_every_model_scores_each_sample_and_trains_every_parameter_and_table(nam
         first_order = {"first_order_a", "first_order_b", "first_order_tags"}
         vectors = {"a", "b", "tags"}
         assert tables == {"logistic_regression": first_order, "fm": first_order | vectors}.get(
-            name, first_order | vectors if name == "deepfm" else vectors
+            name, first_order | vectors if name in ("deepfm", "wide_deep") else vectors
         )
     for key in before:
         assert not torch.equal(before[key], after[key]), f"{name}: table {key} was not stepped"
@@ -358,7 +358,11 @@ def test_every_model_trains_validates_and_checkpoints_through_the_framework(
     assert code == 0
     assert (zoo_recipe / "out/checkpoints/step_6/metadata.json").is_file()
     if backend == "sparse":
-        assert "sparse table 'a' (model.embeddings)" in out or name == "logistic_regression"
+        if name == "wide_deep":  # its two parts each hold their tables
+            assert "sparse table 'a' (model.deep.embeddings)" in out
+            assert "sparse table 'first_order_a' (model.wide.first_order): 20 rows x 1" in out
+        else:
+            assert "sparse table 'a' (model.embeddings)" in out or name == "logistic_regression"
         if name in ("logistic_regression", "fm", "deepfm"):
             assert "sparse table 'first_order_a' (model.first_order): 20 rows x 1" in out
 

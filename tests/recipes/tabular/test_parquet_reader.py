@@ -350,3 +350,20 @@ def test_the_criteo_preset_trains_validates_and_predicts_parquet_files(tmp_path:
     )
     assert result.returncode == 2
     assert f"Row 2 of file://{bad} does not fit the schema: the label `label` must be one of" in one_line_error(result)
+
+
+def test_row_groups_converted_on_threads_give_the_same_ids(tmp_path: Path) -> None:
+    # Each row group brings its own dictionary: batches converted at once on several threads must each use theirs.
+    cities = [f"city{(r // 10) * 10 + r % 3}" for r in range(400)]
+    encoded = write(
+        tmp_path / "encoded.parquet",
+        {"click": [r % 2 for r in range(400)], "row": list(range(400)), "city": pa.array(cities).dictionary_encode()},
+        row_group_size=10,
+    )
+
+    def flat_read(threads: int) -> dict[str, list[Any]]:
+        return flat(read(encoded, NUMBERED, batch_size=16, read_batch_rows=10, parse_threads=threads))
+
+    expected = flat_read(1)
+    assert expected["city"] == [[hash_value(city, "city", 100)] for city in cities]
+    assert flat_read(4) == expected

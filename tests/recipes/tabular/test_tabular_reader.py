@@ -281,3 +281,39 @@ def test_a_byte_order_mark_before_the_header_is_ignored(tmp_path: Path) -> None:
     path.write_bytes("\ufeffclick,age,city\n1,2,a\n".encode())
 
     assert [b.dense.tolist() for b in read(path, schema())] == [[[2.0]]]  # type: ignore[attr-defined]
+
+
+def test_files_parsed_on_threads_give_the_same_batches(tmp_path: Path) -> None:
+    paths = []
+    for seed in (3, 4):  # two files, each with its header, the second gzip
+        rows = random_rows(seed, 400)
+        path = tmp_path / f"rows_{seed}.csv"
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["click", "amount", "city", "tags"])
+            writer.writerows(rows)
+        paths.append(str(path))
+    with open(paths[1], "rb") as plain, gzip.open(paths[1] + ".gz", "wb") as packed:
+        packed.write(plain.read())
+    paths[1] += ".gz"
+    data = schema(
+        dense=[DenseColumns(columns=["amount"])],
+        categorical=[
+            CategoricalColumns(columns=["city"], num_buckets=1000),
+            CategoricalColumns(columns=["tags"], num_buckets=1000, separator="|"),
+        ],
+    )
+
+    def steps(threads: int) -> list[tuple[list[float], list[int], list[int]]]:
+        reader = TabularReader(
+            paths, data, batch_size=8, shuffle_buffer_size=64, seed=1, read_chunk_bytes=500, parse_threads=threads
+        )
+        return [
+            (b.dense[:, 0].tolist(), b.sparse["city"].ids.tolist(), b.sparse["tags"].ids.tolist())
+            for step in reader
+            for b in step
+        ]
+
+    expected = steps(1)
+    assert len(expected) == 100
+    assert steps(2) == expected and steps(4) == expected

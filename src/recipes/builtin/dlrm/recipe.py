@@ -41,6 +41,8 @@ class CriteoDataSection:
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
     max_malformed_rows: NonNegativeInt = 100
+    parse_threads: PositiveInt = 1
+    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same)."""
 
     def __post_init__(self) -> None:
         table_sizes(self.num_embeddings_per_feature)  # One value or 26, each at least 2.
@@ -84,6 +86,7 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
             schema,
             shuffle_buffer_size=data.shuffle_buffer_size,
             max_malformed_rows=data.max_malformed_rows,
+            parse_threads=data.parse_threads,
             **reader_options(context, data.batch_size, train),
         )
         criteo.check_first_rows()  # A file of another format stops the run now, before the tables are built.

@@ -46,6 +46,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     options: dict[str, Any] = {
         "shuffle_buffer_size": data.shuffle_buffer_size,
         "max_malformed_rows": data.max_malformed_rows,
+        "parse_threads": data.parse_threads,
     }
     train_path, valid_path = resolve_path(data.train_path), resolve_path(data.valid_path)
     if data.format in LIBSVM_FORMATS:
