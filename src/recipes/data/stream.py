@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -38,14 +36,13 @@ import fsspec
 import numpy as np
 import numpy.typing as npt
 
+from recipes.data.parse_ahead import parsed_ahead
 from recipes.data.reader import DataError, DataReader
 from recipes.data.sharding import StepLayout, window_permutation
 
 logger = logging.getLogger(__name__)
 
 BatchT = TypeVar("BatchT")
-ChunkT = TypeVar("ChunkT")
-ParsedT = TypeVar("ParsedT")
 
 MAX_LINE_BYTES = 1 << 20
 
@@ -349,8 +346,11 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
             return file_index, offset, self.parse(buffer, file_index, offset == 0)
 
         record_number = start.record_number
-        with closing(self._byte_chunks(start)) as chunks:
-            for file_index, offset, parsed in parsed_ahead(parse, chunks, self.parse_threads):
+        with (
+            closing(self._byte_chunks(start)) as chunks,
+            closing(parsed_ahead(parse, chunks, self.parse_threads)) as parsed_chunks,
+        ):
+            for file_index, offset, parsed in parsed_chunks:
                 record_number = record_number if offset or file_index == start.file_index else 0
                 yield Position(file_index, offset, record_number), parsed
                 record_number += len(parsed.line_ends)
@@ -390,36 +390,6 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                     if chunk:
                         yield file_index, offset, chunk
                         offset += len(chunk)
-
-
-def parsed_ahead(
-    parse: Callable[[ChunkT], ParsedT], chunks: Iterator[ChunkT], threads: int
-) -> Generator[ParsedT, None, None]:
-    """``parse`` of each of ``chunks``, in order. With more than one thread, up to ``threads`` chunks after the
-    one the caller works on are parsed meanwhile, in parallel (which pays where ``parse`` releases the GIL for
-    most of its time, as the numba tokenisers and Arrow do); an error met reading a chunk ahead is raised after
-    the chunks before it, where one thread would have met it, so the rows, steps and errors are the same."""
-    if threads == 1:
-        yield from map(parse, chunks)
-        return
-    ahead: deque[Future[ParsedT]] = deque()
-    with ThreadPoolExecutor(threads, thread_name_prefix="parse") as pool:
-        try:
-            reading_error: Exception | None = None
-            try:
-                for chunk in chunks:
-                    ahead.append(pool.submit(parse, chunk))
-                    if len(ahead) > threads:
-                        yield ahead.popleft().result()
-            except Exception as error:
-                reading_error = error
-            while ahead:
-                yield ahead.popleft().result()
-            if reading_error is not None:
-                raise reading_error
-        finally:  # Closed early (a seek, the end of an epoch): the parses not yet started are not wanted.
-            for parsing in ahead:
-                parsing.cancel()
 
 
 def require_at_least(name: str, value: int, minimum: int) -> None:

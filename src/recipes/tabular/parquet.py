@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 
 from recipes.click.batch import CTRBatch, make_ctr_batch
 from recipes.config import ConfigError
+from recipes.data.parse_ahead import parsed_ahead
 from recipes.data.reader import DataError
-from recipes.data.stream import START, ParsedLines, Position, StreamingReader, parsed_ahead, require_at_least
+from recipes.data.stream import START, ParsedLines, Position, StreamingReader, require_at_least
 from recipes.tabular.added_columns import AddedColumns
 from recipes.tabular.schema import TabularDataSection
 from recipes.tabular.typed_columns import TypedRows
@@ -94,8 +95,11 @@ class ParquetReader(StreamingReader[CTRBatch]):
             position, batch = item
             return position, self._parse(batch), batch
 
-        with closing(self._record_batches(start)) as batches:
-            yield from parsed_ahead(parse, batches, self.parse_threads)
+        with (
+            closing(self._record_batches(start)) as batches,
+            closing(parsed_ahead(parse, batches, self.parse_threads)) as parsed,
+        ):
+            yield from parsed
 
     def _record_batches(self, start: Position) -> Generator[tuple[Position, pa.RecordBatch], None, None]:
         for file_index in range(start.file_index, len(self._files)):

@@ -131,3 +131,21 @@ def test_an_error_met_ahead_is_raised_where_one_thread_meets_it(
     one = steps_before_the_error(1)
     assert steps_before_the_error(3) == one
     assert len(one[0]) >= 28  # the steps of the lines before the bad one (chunk boundaries decide the rest)
+
+
+def test_a_seek_stops_the_thread_that_read_ahead(tmp_path: Path) -> None:
+    path = write_numbers(tmp_path / "numbers", range(400))
+
+    def reading_threads() -> int:
+        return sum(thread.name == "parse-read" for thread in threading.enumerate())
+
+    before = reading_threads()
+    reader = NumberLines(path, batch_size=2, shuffle_buffer_size=8, read_chunk_bytes=8, parse_threads=2)
+    for _ in range(5):
+        next(reader)
+        reader.load_state_dict(reader.state_dict())  # each seek closes the chunks read so far
+
+    assert reading_threads() - before <= 1  # the current read's thread only
+    reader.load_state_dict(reader.state_dict())
+    list(reader)
+    assert reading_threads() == before  # at the end of the files the thread has ended
