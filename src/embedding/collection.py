@@ -19,7 +19,16 @@ from torch import nn
 from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.dynamic_state import hash_shard_state, load_hash_shard
 from embedding.features import JaggedIds, SparseFeatures
-from embedding.lookup import Bags, SentIds, TableLookup, backward_all, forward_all, make_lookup, send_all_ids
+from embedding.lookup import (
+    Bags,
+    SentIds,
+    TableLookup,
+    backward_all,
+    forward_all,
+    make_lookup,
+    send_all_ids,
+    sends_ids,
+)
 from embedding.memory import check_memory, rank_bytes
 from embedding.optim_config import SparseOptimizerConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
@@ -110,7 +119,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def sends_ids(self) -> bool:
         """Whether a forward sends ids to other ranks (a table sharded over several): what :meth:`prefetch` needs a
         process group of its own for."""
-        return self.gang.size > 1 and any(group.placement != "replicated" for group in self.groups)
+        return any(sends_ids(group, self.gang) for group in self.groups)
 
     def prefetch(self, features: SparseFeatures, gang: Gang, step: int) -> None:
         """Check and group the ``features`` of a later training forward and send their ids to their owners now.

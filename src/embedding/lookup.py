@@ -69,9 +69,14 @@ def make_lookup(group: ShardGroup, gang: Gang, training: bool) -> TableLookup:
     """
     if gang.size == 1:
         return LocalLookup(group, training)
-    if group.placement == "replicated":
+    if not sends_ids(group, gang):
         return ReplicatedLookup(group, gang, training)
     return AllToAllLookup(group, gang, training)
+
+
+def sends_ids(group: ShardGroup, gang: Gang) -> bool:
+    """Whether a lookup of ``group`` sends ids to other ranks of ``gang``: its tables are split over several."""
+    return gang.size > 1 and group.placement != "replicated"
 
 
 def _local_rows(group: ShardGroup, ids: torch.Tensor, row_start: int, training: bool) -> torch.Tensor:
