@@ -93,6 +93,12 @@ class ShardedEmbeddingCollection(nn.Module):
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
         prefetched = self._prefetched.pop(id(features), None) if self.training else None
         if prefetched is not None:
+            if _versions(features) != prefetched.versions:
+                raise SparseFeatureError(
+                    "The sparse features of a training batch must not change in place once a train pipeline has "
+                    "prepared them (their ids were grouped, and sent to the tables' owners, ahead), but did: "
+                    "change a copy, or turn the train pipeline off."
+                )
             lookups, bags, sent = prefetched.lookups, prefetched.bags, prefetched.sent
         else:
             features = features.to(self.gang.device)
@@ -128,13 +134,14 @@ class ShardedEmbeddingCollection(nn.Module):
         same order on every rank, with ``gang``: another process group of this collection's ranks,
         so that its collectives never interleave with the step's (any gang where ``sends_ids`` is
         false: no collective runs). The forward that gets this very
-        ``features`` object in training mode uses what was prepared; the results are bit-identical.
+        ``features`` object in training mode uses what was prepared; the results are bit-identical
+        (a forward that finds the features' tensors changed in place since raises ``SparseFeatureError``).
         ``step`` tags the entry for :meth:`discard_prefetched`. The features must be on the
         collection's device already.
         """
         lookups, bags = self._prepare(features, training=True)
         sent = send_all_ids(gang, lookups, bags)
-        self._prefetched[id(features)] = _Prefetched(features, lookups, bags, sent, step)
+        self._prefetched[id(features)] = _Prefetched(features, lookups, bags, sent, step, _versions(features))
 
     def discard_prefetched(self, before_step: int) -> int:
         """Drop the prefetched inputs of steps before ``before_step`` that no forward used; returns how many.
@@ -196,6 +203,13 @@ class _Prefetched:
     bags: list[Bags]
     sent: SentIds | None
     step: int
+    versions: tuple[int, ...]  # of the features' tensors: a change in place would make the prepared input stale
+
+
+def _versions(features: SparseFeatures) -> tuple[int, ...]:
+    """The in-place version counters of the features' tensors, which any in-place operation on them raises."""
+    tensors = [tensor for jagged in features.values() for tensor in (jagged.ids, jagged.offsets, jagged.weights)]
+    return tuple(tensor._version for tensor in tensors if tensor is not None)
 
 
 class _PooledLookup(torch.autograd.Function):

@@ -26,7 +26,7 @@ from resume_helpers import (
     wait_for_checkpoint,
 )
 
-from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
+from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
 from gang import FakeGang, Gangs
 from recipes.data.memory import InMemoryReader
 from recipes.data.reader import DataError, DataReader
@@ -231,3 +231,16 @@ def test_a_pipelined_run_on_2_x_2_ranks_sends_ids_on_clones_of_the_dp_groups_and
         name = f"rank_{rank}.pt"
         pieces = [load_verified(run / "checkpoints" / f"step_{FINAL_STEP}", name) for run in (plain, piped)]
         assert_bitwise_equal(pieces[0]["sharded"], pieces[1]["sharded"], f"rank_{rank}.pt's tables")
+
+
+def test_features_changed_in_place_after_they_were_prepared_stop_the_forward() -> None:
+    collection = ShardedEmbeddingCollection(TABLES, seed=3)
+    piped = PipelinedReader(reader(Recorded()), [collection], CPU, GANGS)
+    (batch,) = next(piped)
+    collection(batch.sparse)  # prepared ahead, unchanged: used as it is
+    (batch,) = next(piped)
+    batch.sparse["a"].ids.remainder_(7)  # a model "fixing" ids in place: what was sent ahead is stale
+
+    with pytest.raises(SparseFeatureError, match="must not change in place once a train pipeline has prepared"):
+        collection(batch.sparse)
+    piped.close()
