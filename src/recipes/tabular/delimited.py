@@ -213,13 +213,17 @@ def _at(data, position, pattern):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def line_starts(data):  # type: ignore[no-untyped-def]
-    """Where the lines of ``data`` (a chunk of whole lines) start, and its end, in one pass."""
-    starts = np.empty(len(data) + 1, dtype=np.int64)  # Room for the most lines there can be; touched as used.
+    """Where the lines of ``data`` (a chunk of whole lines) start, and its end: the newlines are counted
+    first, so that the array holds 8 bytes a line, not 8 bytes a byte of the chunk."""
+    count = 1
+    for position in range(len(data)):
+        count += data[position] == 10
+    starts = np.empty(count, dtype=np.int64)
     starts[0], count = 0, 1
     for position in range(len(data)):
         if data[position] == 10:
             starts[count], count = position + 1, count + 1
-    return starts[:count]
+    return starts
 
 
 def tokenize(

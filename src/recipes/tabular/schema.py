@@ -191,10 +191,11 @@ class DerivedColumn:
     source as seconds since 1970; ``count`` is the number of training rows holding the source's value (the
     popularity of an item, say); ``count_before`` the number of those that come before the row in the order of
     ``split.column`` (for a validation or test row: all of them), so that a training row's feature holds nothing
-    from its future, as a validation row's cannot: a new user's first rows count 0, 1, 2... in training as in
-    validation. Counts are taken in one pass at the first start and saved in the output directory
-    (``count_before`` keeps one split value per training row). A derived column is a number: a dense group takes
-    it as is, a categorical group takes its decimal text.
+    from its future, as a validation row's cannot: a user's first training rows count 0, 1, 2..., and a user
+    first seen in validation counts 0 there, as every user's first training row does. Counts are taken in one
+    pass at the first start and saved in the output directory (``count_before`` keeps one split value per
+    training row). A derived column is a number: a dense group takes it as is, a categorical group takes its
+    decimal text.
     """
 
     name: str = ""
