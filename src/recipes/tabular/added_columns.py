@@ -10,7 +10,7 @@ columns are computed from file or joined columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +18,9 @@ import numpy.typing as npt
 
 from recipes.config import ConfigError
 from recipes.tabular.hashing import integer_keys
+from recipes.tabular.history import History, HistoryBuilder
 from recipes.tabular.joins import Bags, ColumnUse, SideTable, gather_bags
-from recipes.tabular.schema import COUNTS, TIME_PARTS, TabularDataSection
+from recipes.tabular.schema import COUNTS, HISTORY, TIME_PARTS, DerivedColumn, TabularDataSection
 from recipes.tabular.vocabulary import KeyCounter, ValueCounts
 
 _SECONDS_PER_DAY = 86_400
@@ -44,7 +45,8 @@ class AddedColumns:
     (``train``, ``valid`` or ``test``) over files with the columns ``file_columns``.
 
     ``counts`` holds, per ``count`` or ``count_before`` column, the value counts of its source over the training
-    rows; without them (the pass that counts them) such a column is missing in every row.
+    rows; without them (the pass that counts them) such a column is missing in every row. ``histories`` holds
+    the rows of each ``history`` column (``gather_histories``), without which it is missing in every row.
     """
 
     def __init__(
@@ -54,16 +56,24 @@ class AddedColumns:
         split: str,
         counts: Mapping[str, ValueCounts] | None = None,
         *,
+        histories: Mapping[str, History] | None = None,
         file_name: str = "the files",
     ) -> None:
         self._schema = schema
         self._bounds = schema.split.bounds(split)
         self._counts = dict(counts or {})
+        self._histories = dict(histories or {})
+        self._history_columns = [d for d in schema.derived if d.transform == HISTORY]
         self._check_names(file_columns, file_name)
         groups = {name: group for group in schema.categorical for name in group.columns}
         dense = set(schema.dense_columns)
+        joined_bags = {
+            name for join in schema.joins for name in join.columns if name in groups and groups[name].multi_hot
+        }
         keyed = {join.on for join in schema.joins} | {d.source for d in schema.derived if d.transform in COUNTS}
-        numbered = {d.source for d in schema.derived if d.transform not in COUNTS}
+        keyed |= {d.key for d in self._history_columns if d.key is not None}
+        keyed |= {d.source for d in self._history_columns if d.source not in joined_bags}
+        numbered = {d.source for d in schema.derived if d.transform in TIME_PARTS}
         if schema.split.column is not None:
             numbered.add(schema.split.column)
 
@@ -91,6 +101,12 @@ class AddedColumns:
             )
         self._categorical = {name for name in schema.categorical_columns if name not in file_columns}
         self._dense = {name for name in schema.dense_columns if name not in file_columns}
+        for history in self._history_columns:
+            if history.source in file_columns and history.source in groups and groups[history.source].multi_hot:
+                raise ConfigError(
+                    f"The source of the history '{history.name}' must be a single-valued or a joined column, but "
+                    f"'{history.source}' is a multi-hot column of {file_name}."
+                )
 
     @property
     def empty(self) -> bool:
@@ -101,8 +117,8 @@ class AddedColumns:
         self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
     ) -> AddedValues:
         """The split's rows and the added columns' values, from the ``file_keys`` and ``file_numbers`` of a chunk."""
-        keys, numbers = dict(keys), dict(numbers)
-        values = AddedValues()
+        keys, numbers, bags = self._join(keys, numbers)
+        values = AddedValues(bags=bags)
         if self._bounds is not None:
             assert self._schema.split.column is not None
             column = self._schema.split.column
@@ -110,15 +126,11 @@ class AddedColumns:
             values.keep = (split_values >= self._bounds[0]) & (split_values < self._bounds[1])
             for row in np.flatnonzero(np.isnan(split_values)):
                 values.problems[int(row)] = f"the split column `{column}` must hold a number, but is empty"
-        for table in self.tables:
-            positions = table.join_keys(keys)
-            found = positions >= 0
-            for name, side_numbers in table.numbers.items():
-                numbers[name] = np.where(found, side_numbers[np.maximum(positions, 0)], np.nan)
-            for name, bags in table.bags.items():
-                values.bags[name] = gather_bags(bags, positions)
         for derived in self._schema.derived:
-            if derived.transform in COUNTS:
+            if derived.transform == HISTORY:
+                if derived.name in self._categorical:
+                    values.bags[derived.name] = self._history(derived, keys, numbers)
+            elif derived.transform in COUNTS:
                 counts = self._counts.get(derived.name)
                 source = keys[derived.source]
                 orders = numbers[self._schema.split.column] if derived.transform == "count_before" else None  # type: ignore[index]
@@ -130,6 +142,53 @@ class AddedColumns:
         for name in self._categorical - set(values.bags):
             values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], name)
         return values
+
+    def _join(
+        self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
+    ) -> tuple[dict[str, npt.NDArray[np.uint64]], dict[str, npt.NDArray[np.float64]], dict[str, Bags]]:
+        """The keys and numbers of a chunk with the joined columns' added, and the joined bags."""
+        keys, numbers, bags = dict(keys), dict(numbers), {}
+        for table in self.tables:
+            positions = table.join_keys(keys)
+            found = positions >= 0
+            for name, side_numbers in table.numbers.items():
+                numbers[name] = np.where(found, side_numbers[np.maximum(positions, 0)], np.nan)
+            for name, side_bags in table.bags.items():
+                bags[name] = gather_bags(side_bags, positions)
+        return keys, numbers, bags
+
+    def _history(
+        self,
+        derived: DerivedColumn,
+        keys: Mapping[str, npt.NDArray[np.uint64]],
+        numbers: Mapping[str, npt.NDArray[np.float64]],
+    ) -> Bags:
+        assert derived.key is not None and self._schema.split.column is not None
+        owners = keys[derived.key]
+        history = self._histories.get(derived.name)
+        if history is None:  # The pass that gathers the histories: every row's is missing.
+            return np.zeros(len(owners), np.uint64), np.arange(len(owners) + 1, dtype=np.int64)
+        return history.lookup(owners, numbers[self._schema.split.column], derived.length)
+
+    def gather_histories(
+        self,
+        chunks: Iterable[
+            tuple[Mapping[str, npt.NDArray[np.uint64]], Mapping[str, npt.NDArray[np.float64]], npt.NDArray[np.bool_]]
+        ],
+    ) -> dict[str, History]:
+        """The rows of each ``history`` column, from the ``file_keys``, ``file_numbers`` and well-formed rows of
+        every chunk of the files (a reader of the split ``all``)."""
+        builders = {d.name: HistoryBuilder() for d in self._history_columns}
+        split_column = self._schema.split.column
+        for file_keys, file_numbers, valid in chunks:
+            keys, numbers, bags = self._join(file_keys, file_numbers)
+            for derived in self._history_columns:
+                assert derived.key is not None and split_column is not None
+                source = bags.get(derived.source)
+                if source is None:
+                    source = keys[derived.source], np.arange(len(valid) + 1, dtype=np.int64)
+                builders[derived.name].add(keys[derived.key], numbers[split_column], source, valid)
+        return {name: builder.build() for name, builder in builders.items()}
 
     def counters(self) -> dict[str, KeyCounter]:
         """An empty counter per ``count`` and ``count_before`` column, for the pass that counts them."""
@@ -177,6 +236,8 @@ class AddedColumns:
             known.update(join.columns)
         for derived in schema.derived:
             require(derived.source, f"The source of the derived column '{derived.name}'")
+            if derived.key is not None:
+                require(derived.key, f"The key of the history '{derived.name}'")
         known.update(derived.name for derived in schema.derived)
         for name in [*schema.dense_columns, *schema.categorical_columns]:
             require(name, "A column of the schema")

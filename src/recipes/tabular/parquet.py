@@ -29,6 +29,7 @@ from recipes.data.parse_ahead import parsed_ahead
 from recipes.data.reader import DataError
 from recipes.data.stream import START, ParsedLines, Position, StreamingReader, require_at_least
 from recipes.tabular.added_columns import AddedColumns
+from recipes.tabular.history import History
 from recipes.tabular.schema import TabularDataSection
 from recipes.tabular.typed_columns import TypedRows
 from recipes.tabular.vocabulary import Encodings, ValueCounts
@@ -68,9 +69,11 @@ class ParquetReader(StreamingReader[CTRBatch]):
         super().__init__(paths, **kwargs)
         with self._files[0] as file:
             names = self._open(file, 0, []).schema_arrow.names
-        counts = (encodings or Encodings({}, {})).counts
+        encodings = encodings or Encodings({}, {})
         try:
-            self._added = AddedColumns(schema, names, split, counts, file_name=self.file_name(0))
+            self._added = AddedColumns(
+                schema, names, split, encodings.counts, histories=encodings.histories, file_name=self.file_name(0)
+            )
         except ConfigError as error:
             raise DataError(str(error)) from None
         self._rows = TypedRows(schema, self._added)
@@ -183,6 +186,14 @@ class ParquetReader(StreamingReader[CTRBatch]):
             for name, (source, orders) in self._added.count_sources(keys, numbers).items():
                 counters[name].add(source[parsed.valid], None if orders is None else orders[parsed.valid])
         return {name: counter.totals() for name, counter in counters.items()}
+
+    def histories(self) -> dict[str, History]:
+        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
+        ``all``): one pass over the data, for ``recipes.tabular.history``."""
+        chunks = (
+            (*self._rows.file_keys_and_numbers(batch), parsed.valid) for _, parsed, batch in self._parsed_batches()
+        )
+        return self._added.gather_histories(chunks)
 
     def _parse(self, batch: pa.RecordBatch) -> ParsedLines:
         columns, problems, keep = self._rows.convert(batch)

@@ -26,6 +26,7 @@ from recipes.tabular import delimited
 from recipes.tabular.added_columns import AddedColumns, dense_column
 from recipes.tabular.delimited import ColumnPlan, TokenizedLines
 from recipes.tabular.hashing import bucket_ids, column_basis
+from recipes.tabular.history import History
 from recipes.tabular.joins import Bags
 from recipes.tabular.schema import TabularDataSection
 from recipes.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
@@ -59,7 +60,14 @@ class TabularReader(StreamingLineReader[CTRBatch]):
                 f"file's columns are {self._names} instead."
             )
         try:
-            self._added = AddedColumns(schema, self._names, split, self._encodings.counts, file_name=self.file_name(0))
+            self._added = AddedColumns(
+                schema,
+                self._names,
+                split,
+                self._encodings.counts,
+                histories=self._encodings.histories,
+                file_name=self.file_name(0),
+            )
         except ConfigError as error:
             raise DataError(str(error)) from None
         groups = {name: group for group in schema.categorical for name in group.columns}
@@ -96,6 +104,17 @@ class TabularReader(StreamingLineReader[CTRBatch]):
             for name, (keys, orders) in self._added.count_sources(chunk.file_keys, chunk.file_numbers).items():
                 counters[name].add(keys[chunk.valid], None if orders is None else orders[chunk.valid])
         return {name: counter.totals() for name, counter in counters.items()}
+
+    def histories(self) -> dict[str, History]:
+        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
+        ``all``): one pass over the data, for ``recipes.tabular.history``."""
+        chunks = (
+            (chunk.file_keys, chunk.file_numbers, chunk.valid)
+            for chunk in (
+                self._keys_of(buffer, start.file_index, start.offset == 0) for start, buffer in self.line_chunks(START)
+            )
+        )
+        return self._added.gather_histories(chunks)
 
     # The format -------------------------------------------------------------------------------
 

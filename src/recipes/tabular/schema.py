@@ -23,6 +23,7 @@ from recipes.config import NonNegativeInt, PositiveInt, Range
 FORMATS = ("csv", "tsv", "libsvm", "libffm", "parquet")
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
+HISTORY = "history"
 PACKAGE_SCHEME = "package://"
 LIBSVM_FORMATS = ("libsvm", "libffm")
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
@@ -142,8 +143,9 @@ class SplitByValue:
             )
 
     def bounds(self, split: str) -> tuple[float, float] | None:
-        """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row."""
-        if self.column is None:
+        """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row (so for
+        ``all``: the rows of every split, which a ``history`` gathers)."""
+        if self.column is None or split == "all":
             return None
         assert self.valid_from is not None
         test_from = float("inf") if self.test_from is None else self.test_from
@@ -196,16 +198,33 @@ class DerivedColumn:
     pass at the first start and saved in the output directory (``count_before`` keeps one split value per
     training row). A derived column is a number: a dense group takes it as is, a categorical group takes its
     decimal text.
+
+    ``history`` is a bag instead (a multi-hot categorical group takes it): the values of the source in the latest
+    ``length`` rows of the row's ``key`` (the user) that come before it in the order of ``split.column``, in every
+    configured file (training, validation and test rows alike: a deployed model knows what a user did before a
+    request, never how they rated it; no label is read). The source is a file column or a joined one (the genres
+    of the movies a user rated before), and its values keep the source's keys, so that a ``shared_table`` with the
+    source gives a value one row in both. Built at each start in one pass over the files (memory follows their
+    rows).
     """
 
     name: str = ""
     source: str = ""
-    transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before"] = "hour"
+    transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before", "history"] = "hour"
+    key: str | None = None
+    """``history``: the column whose earlier rows are gathered (the user)."""
+    length: PositiveInt = 20
+    """``history``: how many of those rows, the latest."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.source:
             raise ValueError(
                 f"A derived column must have a `name` and a `source`, but has {self.name!r} and {self.source!r}."
+            )
+        if (self.key is None) == (self.transform == HISTORY):
+            raise ValueError(
+                f"`key` must be set exactly for `transform: history`, but the derived column '{self.name}' has "
+                f"transform {self.transform!r} and key {self.key!r}."
             )
 
 
@@ -272,16 +291,35 @@ class TabularDataSection:
         repeated = sorted({name for name in used if used.count(name) > 1})
         if repeated:
             raise ValueError(f"A column must have one role, but {repeated} have several.")
-        ordered = [column.name for column in self.derived if column.transform == "count_before"]
+        ordered = [column.name for column in self.derived if column.transform in ("count_before", HISTORY)]
         if ordered and self.split.column is None:
             raise ValueError(
-                f"`count_before` counts the training rows before a row in the order of `split.column`, which must be "
-                f"set for {ordered}, but is not."
+                f"`count_before` and `history` take the rows before a row in the order of `split.column`, which must "
+                f"be set for {ordered}, but is not."
             )
+        self._check_histories()
         added = [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
         twice = sorted({name for name in added if added.count(name) > 1})
         if twice:
             raise ValueError(f"A joined or derived column must have a name of its own, but {twice} are added twice.")
+
+    def _check_histories(self) -> None:
+        """A history is a bag of keys: a multi-hot group hashes it; a dense group or a vocabulary cannot take it."""
+        groups = {name: group for group in self.categorical for name in group.columns}
+        for column in self.derived:
+            if column.transform != HISTORY:
+                continue
+            group = groups.get(column.name)
+            if column.name in self.dense_columns or (group is not None and not group.multi_hot):
+                raise ValueError(
+                    f"The history '{column.name}' is a bag of values: a categorical group with `multi_hot: true` must "
+                    "take it, but a dense or single-valued group does."
+                )
+            if group is not None and group.vocabulary:
+                raise ValueError(
+                    f"The history '{column.name}' keeps its source's keys, which a `vocabulary` cannot count: its "
+                    "group must hash them, but has `vocabulary: true`."
+                )
 
     @property
     def added_columns(self) -> list[str]:

@@ -20,7 +20,7 @@ import io
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 import numba
@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recipes.data.reader import DataError
+from recipes.tabular.history import History
 from recipes.tabular.schema import COUNTS, TabularDataSection
 
 logger = logging.getLogger(__name__)
@@ -109,10 +110,12 @@ def _counts_before(sorted_orders, starts, ends, at, found, orders):  # type: ign
 
 @dataclass(frozen=True)
 class Encodings:
-    """What the first start counts over the training files: vocabularies and value counts, by column."""
+    """What the first start counts over the training files: vocabularies and value counts, by column; and the
+    histories, gathered at each start over every configured file (``recipes.tabular.history``)."""
 
     vocabularies: dict[str, Vocabulary]
     counts: dict[str, ValueCounts]
+    histories: dict[str, History] = field(default_factory=dict)
 
 
 class KeyCounter:

@@ -177,11 +177,79 @@ def test_count_before_counts_the_training_rows_before_each_row(tmp_path: Path, f
 
 
 def test_count_before_needs_a_split_column() -> None:
-    with pytest.raises(ValueError, match=r"`count_before` counts the training rows before a row in the order of"):
+    with pytest.raises(ValueError, match=r"`count_before` and `history` take the rows before a row in the order of"):
         TabularDataSection(
             label=LabelColumn(column="rating", threshold=4.0),
             derived=[DerivedColumn(name="user_before", source="user", transform="count_before")],
         )
+
+
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+def test_a_history_holds_what_the_key_did_before_in_every_split(tmp_path: Path, file_format: str) -> None:
+    path = write_ratings(tmp_path, file_format, {**RATINGS, "user": ["u1", "u2", "u1", "u3", "u2", "u2"]})
+    data = movie_schema(
+        tmp_path,
+        file_format,
+        joins=movie_schema(tmp_path, "csv").joins[:1],
+        derived=[
+            DerivedColumn(name="genre_history", source="genres", transform="history", key="user", length=5),
+            DerivedColumn(name="last_movie", source="movie", transform="history", key="user", length=1),
+        ],
+        dense=[],
+        categorical=[
+            CategoricalColumns(columns=["genres"], separator="|", num_buckets=1000),
+            CategoricalColumns(columns=["genre_history", "last_movie"], multi_hot=True, num_buckets=1000),
+        ],
+    )
+    reader_class = ParquetReader if file_format == "parquet" else TabularReader
+    histories = reader_class(path, data, split="all", batch_size=1).histories()
+    encodings = Encodings({}, {}, histories)
+
+    train, valid = rows(path, data, "train", encodings), rows(path, data, "valid", encodings)
+
+    # u1@100 m10, u2@200 m20, u1@300 m30, u3@400 m10 train; u2@500 m99, u2@600 m20 validate. A history keeps its
+    # source's values (the genres' keys, hashed into its own table); missing values (m30's, m99's genres) are left out.
+    genre = {g: hash_value(g, "genres", 1000) for g in ("Drama", "War", "Comedy")}
+    assert [bag(b, "genre_history") for b in train] == [[0], [0], [genre["Drama"], genre["War"]], [0]]
+    assert [bag(b, "genre_history") for b in valid] == [[genre["Comedy"]], [genre["Comedy"]]]
+    movie = {m: hash_value(m, "movie", 1000) for m in ("10", "20", "99")}
+    assert [bag(b, "last_movie") for b in train] == [[0], [0], [movie["10"]], [0]]
+    # A validation row's history holds the earlier validation rows too: the user's latest movie is 99.
+    assert [bag(b, "last_movie") for b in valid] == [[movie["20"]], [movie["99"]]]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"dense": [DenseColumns(columns=["h"])], "categorical": []},
+            r"history 'h' is a bag of values: a categorical group with `multi_hot: true` must take it",
+        ),
+        ({"categorical": [CategoricalColumns(columns=["h"])]}, r"history 'h' is a bag of values"),
+        (
+            {"categorical": [CategoricalColumns(columns=["h"], multi_hot=True, vocabulary=True)]},
+            r"history 'h' keeps its source's keys, which a `vocabulary` cannot count",
+        ),
+        ({"split": SplitByValue()}, r"`count_before` and `history` take the rows before a row in the order of"),
+    ],
+)
+def test_a_history_the_schema_cannot_take_is_refused(change: dict[str, Any], message: str) -> None:
+    history = DerivedColumn(name="h", source="movie", transform="history", key="user")
+    values: dict[str, Any] = {
+        "label": LabelColumn(column="rating", threshold=4.0),
+        "derived": [history],
+        "categorical": [CategoricalColumns(columns=["h"], multi_hot=True)],
+        "split": SplitByValue(column="time", valid_from=450.0),
+    }
+    with pytest.raises(ValueError, match=message):
+        TabularDataSection(**{**values, **change})
+
+
+@pytest.mark.parametrize("transform", ["history", "count"])
+def test_key_is_for_a_history_alone(transform: str) -> None:
+    key = None if transform == "history" else "user"
+    with pytest.raises(ValueError, match=rf"`key` must be set exactly for `transform: history`, .* key {key!r}"):
+        DerivedColumn(name="h", source="movie", transform=transform, key=key)  # type: ignore[arg-type]
 
 
 def test_a_row_without_a_split_value_is_malformed(tmp_path: Path) -> None:
@@ -241,6 +309,17 @@ def test_a_join_may_key_on_a_column_an_earlier_join_added(tmp_path: Path) -> Non
         (
             {"split": SplitByValue(column="when", valid_from=1)},
             r"split column must be a column of .*ratings.csv .* 'when'",
+        ),
+        (
+            {"derived": [DerivedColumn(name="h", source="movie", transform="history", key="who")]},
+            r"key of the history 'h' must be a column of .*ratings.csv or one the schema adds before it",
+        ),
+        (
+            {
+                "derived": [DerivedColumn(name="h", source="user", transform="history", key="movie")],
+                "categorical": [CategoricalColumns(columns=["user"], separator="|")],
+            },
+            r"source of the history 'h' must be a single-valued or a joined column, but 'user' is a multi-hot column",
         ),
     ],
 )

@@ -163,3 +163,49 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
     assert (tmp_path / "out" / "vocabularies.npz").exists()
     assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7
+
+
+HISTORY_PRESET = """
+recipe: tabular
+config:
+  dataset:
+    label: {column: click}
+    split: {column: time, valid_from: 0}
+    joins: [{path: items.csv, key: item, columns: [category]}]
+    derived: [{name: seen, source: category, transform: history, key: user, length: 10}]
+    categorical:
+      - {columns: [user, category], num_buckets: 1000}
+      - {columns: [seen], multi_hot: true, num_buckets: 100}
+  model: {name: fm, embeddings: {dim: 8}}
+  trainer: {max_num_steps: 150, validate_every_n_steps: 50, score_metric: auc}
+"""
+
+
+def write_users(path: Path, users: range, rng: random.Random, category_of: list[int]) -> str:
+    """Each user mostly picks items of a taste of their own, and clicks exactly those (10% noise): the category of
+    an item alone says nothing (every category is clicked as often), the user's earlier categories say all."""
+    lines = ["user,item,time,click"]
+    for user in users:
+        taste = rng.randrange(5)
+        for moment in range(20):
+            liked = [item for item, category in enumerate(category_of) if category == taste]
+            item = rng.choice(liked) if rng.random() < 0.7 else rng.randrange(len(category_of))
+            click = int((category_of[item] == taste) != (rng.random() < 0.1))
+            lines.append(f"u{user},{item},{moment - 100 if path.stem == 'train' else moment},{click}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_history_over_separate_files_carries_what_new_users_did_before(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    category_of = [rng.randrange(5) for _ in range(100)]
+    (tmp_path / "items.csv").write_text("item,category\n" + "".join(f"{i},c{c}\n" for i, c in enumerate(category_of)))
+    (tmp_path / "own.yaml").write_text(HISTORY_PRESET.replace("items.csv", str(tmp_path / "items.csv")))
+    # Validation users are new: only their own earlier validation rows, in another file, tell their taste.
+    train = write_users(tmp_path / "train.csv", range(200), rng, category_of)
+    valid = write_users(tmp_path / "valid.csv", range(200, 260), rng, category_of)
+
+    check_ok(run_recipes(tmp_path, "train", "own.yaml", "-o", "out", f"dataset.train_path={train}",
+                         f"dataset.valid_path={valid}", *SMALL))  # fmt: skip
+
+    assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.75

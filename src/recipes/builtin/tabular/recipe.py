@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from recipes.sections import RecipeConfig
 from recipes.tabular.libsvm import LibSVMReader
 from recipes.tabular.parquet import ParquetReader
 from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import LIBSVM_FORMATS, TabularDataSection, resolve_path, with_full_keys
+from recipes.tabular.schema import HISTORY, LIBSVM_FORMATS, TabularDataSection, resolve_path, with_full_keys
 from recipes.tabular.vocabulary import load_or_build_encodings
 
 ENCODINGS_FILE = "vocabularies.npz"
@@ -58,6 +58,12 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
             read_as,
             lambda: reader_class(train_path, read_as, split="train", batch_size=1, **options).count_values(),
         )
+        if any(derived.transform == HISTORY for derived in data.derived):
+            # Every configured file, each once, every row: a validation row's history holds its earlier
+            # validation rows too, as a deployed model's would.
+            paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
+            every_row = reader_class(list(dict.fromkeys(paths)), read_as, split="all", batch_size=1, **options)
+            encodings = replace(encodings, histories=every_row.histories())
         make_reader = partial(reader_class, schema=read_as, encodings=encodings, **options)
 
     def reader(path: str, split: str) -> StreamingReader[CTRBatch]:
