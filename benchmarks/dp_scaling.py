@@ -7,6 +7,7 @@ first window (start-up, numba compilation), and divided by the global batch. Run
 processes alternate; medians over rounds are reported.
 
     python benchmarks/dp_scaling.py [--preset dlrm_criteo_tiny] [--steps 100] [--batch-sizes 8192 512] [--rounds 3]
+        [--override KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import tempfile
 from pathlib import Path
 
 
-def steps_per_second(preset: str, nproc: int, steps: int, batch_size: int, output_dir: Path) -> float:
+def steps_per_second(
+    preset: str, nproc: int, steps: int, batch_size: int, output_dir: Path, overrides: list[str]
+) -> float:
     command = [sys.executable, "-m", "recipes", "train", preset, "-o", str(output_dir), "--nproc", str(nproc)]
     command += [
         f"trainer.max_num_steps={steps}",
@@ -31,6 +34,7 @@ def steps_per_second(preset: str, nproc: int, steps: int, batch_size: int, outpu
         "checkpoint.every_n_steps=null",
         "metrics.console=false",
         "metrics.tensorboard=false",
+        *overrides,
     ]
     subprocess.run(command, check=True, capture_output=True)
     lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
@@ -44,6 +48,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8192, 512], help="global batches")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--override", nargs="*", default=[], help="config overrides of both runs, KEY=VALUE")
     args = parser.parse_args()
 
     print(f"{args.preset}, {args.steps} steps, {os.cpu_count()} CPU cores; each rank takes its share of them")
@@ -54,7 +59,9 @@ def main() -> None:
             for round_nr in range(args.rounds):
                 for nproc in (1, 2):
                     output_dir = Path(folder) / f"run_{batch_size}_{nproc}_{round_nr}"
-                    rates[nproc].append(steps_per_second(args.preset, nproc, args.steps, batch_size, output_dir))
+                    rates[nproc].append(
+                        steps_per_second(args.preset, nproc, args.steps, batch_size, output_dir, args.override)
+                    )
             one, two = statistics.median(rates[1]), statistics.median(rates[2])
             ratios[batch_size] = two / one
             print(f"\nglobal batch {batch_size}")

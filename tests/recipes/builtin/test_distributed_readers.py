@@ -23,7 +23,14 @@ from recipes.click.batch import CTRBatch
 from recipes.run import JobSpec, resolve_job
 from recipes.tabular.hashing import hash_value
 from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import CategoricalColumns, SplitByValue, TabularDataSection, resolve_path
+from recipes.tabular.schema import (
+    HISTORY,
+    TIME_PARTS,
+    CategoricalColumns,
+    SplitByValue,
+    TabularDataSection,
+    resolve_path,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -168,9 +175,12 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, ra
         lookup_every_batch(gang, criteo_steps, [shared])
 
         # The first ratings with the genres and tags that join them: bags on every placement.
-        # No split, so no counts before a row: the time parts stay.
-        time_parts = [derived for derived in movielens_schema().derived if derived.transform != "count_before"]
-        schema = movielens_schema(split=SplitByValue(), derived=time_parts, dense=[])
+        # No split, so neither counts before a row nor histories: the time parts stay.
+        shipped = movielens_schema()
+        time_parts = [derived for derived in shipped.derived if derived.transform in TIME_PARTS]
+        histories = {derived.name for derived in shipped.derived if derived.transform == HISTORY}
+        categorical = [group for group in shipped.categorical if not histories & set(group.columns)]
+        schema = movielens_schema(split=SplitByValue(), derived=time_parts, dense=[], categorical=categorical)
         for group in schema.categorical:
             group.num_buckets = MOVIELENS_BUCKETS
         movielens = TabularReader(
