@@ -36,7 +36,9 @@ def steps_per_second(
         "metrics.tensorboard=false",
         *overrides,
     ]
-    subprocess.run(command, check=True, capture_output=True)
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
     lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
     rates = [float(json.loads(line)["throughput"]) for line in lines[1:]]
     return float(statistics.median(rates)) / batch_size

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 
 from embedding.config import EmbeddingTableConfig, Placement
 
-DEFAULT_REPLICATE_MAX_BYTES = 1 << 16
-"""Tables up to 64 KiB (e.g. 1,000 x 16) are replicated: their rows are touched by almost every
-batch, so all-gathering their gradients costs less than two all-to-alls per lookup."""
+DEFAULT_REPLICATE_MAX_BYTES = 8 << 20
+"""Tables up to 8 MiB (e.g. 131,072 x 16) are replicated when there are several ranks. All of them then share
+one buffer and one local lookup, and a step all-gathers their gradients once, where tables placed whole each
+cost an all-to-all path of their own (about 20 small ops per table and phase). On 2 ranks of DLRM with 26
+tables (BENCHMARKS.md, issue 17), replicating 640 KB and 6.5 MB tables ran 2.0-2.1x the steps/s of placing them
+whole at batch 512, 1.1-1.2x at 8192. The price: every rank holds the rows and applies every rank's gradients,
+so the update of these tables does not shrink as ranks are added."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,8 @@ def plan_sharding(
 ) -> Mapping[str, TableSharding]:
     """Place every table, balancing bytes and lookups over ``world_size`` ranks.
 
-    Unless a table's config names its placement: tables up to ``replicate_max_bytes`` are
-    replicated; a table bigger than a rank's fair share of all bytes is split row-wise (on one
+    Unless a table's config names its placement: on several ranks, tables up to ``replicate_max_bytes``
+    are replicated; a table bigger than a rank's fair share of all bytes is split row-wise (on one
     rank it would unbalance the others whatever the rest does); the others go whole, largest
     first, to the least loaded rank. A table's load is its share of all bytes plus its share
     of all features, the number of lookups it serves per sample.
@@ -80,7 +84,7 @@ def plan_sharding(
             placements[table.name] = "row_wise"  # slots split evenly; ids go to ranks by a hash
         elif table.placement is not None:
             placements[table.name] = table.placement
-        elif table.num_bytes <= replicate_max_bytes:
+        elif world_size > 1 and table.num_bytes <= replicate_max_bytes:
             placements[table.name] = "replicated"
         elif world_size > 1 and table.num_bytes > total_bytes / world_size:
             placements[table.name] = "row_wise"

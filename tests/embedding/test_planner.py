@@ -45,3 +45,13 @@ def test_row_and_table_wise_ranges_cover_the_table_once() -> None:
         assert ranges[0][0] == 0 and ranges[-1][1] == 10
     assert table_wise(10, 2, 4).local_rows(2) == (0, 10)
     assert row_wise(10, 4).local_rows(3) == (9, 10)
+
+
+def test_tables_up_to_8_mib_are_replicated_on_several_ranks_only() -> None:
+    at_limit, above = table("at_limit", 131_072), table("above", 131_073)  # 16 floats a row: 8 MiB and one row more
+    many = plan_sharding([at_limit, above, table("big", 1_000_000)], world_size=2)
+    one = plan_sharding([at_limit], world_size=1)
+
+    assert many["at_limit"].placement == "replicated"
+    assert many["above"].placement == "table_wise"
+    assert one["at_limit"] == table_wise(131_072, 0, 1)
