@@ -127,11 +127,12 @@ class ReplicatedLookup(LocalLookup):
         scales = (
             record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
         )
-        # Three collectives per step: the sizes, the per-id columns (the scales travel as their
-        # bit patterns beside the ids and indices), and the gradient rows.
+        # Two collectives per step: the sizes, then the per-id columns (the scales travel as their bit
+        # patterns beside the ids and indices) and the gradient rows together, as bytes.
         row_counts, id_counts = _all_gather_sizes(self._gang, [grad_pooled.size(0), record.ids.numel()])
         per_id = torch.stack([record.ids, record.grad_index, scales.view(torch.int32).to(torch.int64)], dim=1)
-        ids, grad_index, scale_bits = _all_gather_rows(self._gang, per_id, id_counts).unbind(1)
+        per_id_parts, grad_parts = _all_gather_pair(self._gang, per_id, id_counts, grad_pooled, row_counts)
+        ids, grad_index, scale_bits = torch.cat(per_id_parts).unbind(1)
         index_offsets = [sum(row_counts[:rank]) for rank in range(self._gang.size)]
         rank_of_id = torch.repeat_interleave(
             torch.arange(self._gang.size, device=grad_index.device),
@@ -141,7 +142,7 @@ class ReplicatedLookup(LocalLookup):
         self._group.record(
             GradRecord(
                 ids=ids.contiguous(),
-                grad_rows=(_all_gather_rows(self._gang, grad_pooled, row_counts),),
+                grad_rows=(torch.cat(grad_parts),),
                 grad_index=grad_index + torch.tensor(index_offsets, device=grad_index.device)[rank_of_id],
                 grad_scale=scale_bits.to(torch.int32).view(torch.float32).contiguous(),
             )
@@ -380,10 +381,24 @@ def _all_gather_sizes(gang: Gang, sizes: Sequence[int]) -> list[list[int]]:
     return gathered.t().tolist()
 
 
-def _all_gather_rows(gang: Gang, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-    """Every rank's ``tensor`` (``sizes[r]`` rows on rank ``r``), concatenated in rank order."""
-    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
-    padded[: tensor.size(0)] = tensor
-    gathered = tensor.new_empty((gang.size, *padded.shape))
+def _all_gather_pair(
+    gang: Gang, first: torch.Tensor, first_sizes: Sequence[int], second: torch.Tensor, second_sizes: Sequence[int]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's ``first`` and ``second`` (``first_sizes[r]`` and ``second_sizes[r]`` rows on rank ``r``), one
+    piece per rank each, in one all-gather: both travel as the bytes of one buffer."""
+    first_row, second_row = (t.element_size() * math.prod(t.shape[1:]) for t in (first, second))
+    sizes = [a * first_row + b * second_row for a, b in zip(first_sizes, second_sizes)]
+    local = torch.cat([first.contiguous().view(torch.uint8).flatten(), second.contiguous().view(torch.uint8).flatten()])
+    width = -(-max(sizes) // 8) * 8  # every rank's bytes start 8-aligned, so that int64 and float views hold
+    padded = local.new_zeros(width)
+    padded[: local.numel()] = local
+    gathered = local.new_empty((gang.size, width))
     gang.all_gather(gathered, padded)
-    return torch.cat([gathered[rank, :size] for rank, size in enumerate(sizes)])
+    first_parts, second_parts = [], []
+    for rank, (a, b) in enumerate(zip(first_sizes, second_sizes)):
+        data = gathered[rank]
+        first_parts.append(data[: a * first_row].view(first.dtype).view(a, *first.shape[1:]))
+        second_parts.append(
+            data[a * first_row : a * first_row + b * second_row].view(second.dtype).view(b, *second.shape[1:])
+        )
+    return first_parts, second_parts

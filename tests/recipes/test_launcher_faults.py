@@ -78,7 +78,7 @@ def alive(pid: int) -> bool:
     """Whether ``pid`` runs; a zombie (dead, not yet reaped by an init that may never reap it) does not."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return False
     return stat.rsplit(") ", 1)[1][0] not in "ZX"
 
