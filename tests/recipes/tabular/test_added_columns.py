@@ -218,6 +218,25 @@ def test_a_history_holds_what_the_key_did_before_in_every_split(tmp_path: Path, 
     assert [bag(b, "last_movie") for b in valid] == [[movie["20"]], [movie["99"]]]
 
 
+def test_a_history_sharing_its_sources_table_gives_a_value_the_same_row(tmp_path: Path) -> None:
+    path = write_ratings(tmp_path, "csv")
+    shared = CategoricalColumns(columns=["genres", "seen"], separator="|", shared_table="genre_rows", num_buckets=50)
+    data = movie_schema(
+        tmp_path,
+        "csv",
+        joins=movie_schema(tmp_path, "csv").joins[:1],
+        derived=[DerivedColumn(name="seen", source="genres", transform="history", key="user")],
+        dense=[],
+        categorical=[shared],
+    )
+    histories = TabularReader(path, data, split="all", batch_size=1).histories()
+
+    train = rows(path, data, "train", Encodings({}, {}, histories))
+
+    # u1 rated movie 10 (Drama|War) at 100: at 300, u1's history holds the rows movie 10's genres have.
+    assert bag(train[2], "seen") == bag(train[0], "genres") == [hash_value(g, "genres", 50) for g in ("Drama", "War")]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
