@@ -26,7 +26,8 @@ written) plus the pooled outputs written, over the median step time, against a 1
 
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 
-``--threads`` (default: torch's default) sets both torch's and numba's thread counts. The last
+``--threads`` (default: torch's default) sets both torch's and numba's thread counts. The process keeps
+freed memory for reuse as training does (``recipes.host_memory``), for every method alike. The last
 line reads ``ms_26_tables=A ms_shared=B copy_fraction=C`` (C of the slower layout).
 """
 
@@ -57,6 +58,7 @@ from embedding import (
     SparseOptimizerConfig,
 )
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
+from recipes.host_memory import keep_freed_memory
 from update_bandwidth import copy_bandwidth
 
 TOTAL_ROWS = 1_000_000
@@ -184,8 +186,10 @@ def main() -> None:
     # the OpenMP thread count that torch shares, undoing an earlier torch.set_num_threads.
     numba.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
+    memory_line = keep_freed_memory()  # as training runs the step
 
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(memory_line)
     print(f"batch {BATCH} x {NUM_FEATURES} features x 1 id, dim {DIM}, {args.steps} steps after {args.warmup} warm-up")
     print("layouts: '26 tables' = 26 tables holding 1,000,000 rows together, one per feature;")
     print("         'shared' = one 1,000,000-row table looked up by all 26 features;")

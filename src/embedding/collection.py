@@ -307,12 +307,12 @@ def _uniform_bags(
     num_bags = _num_bags(pairs[0][0], jagged[0])
     if num_bags == num_ids:
         # Most often every bag holds one id: then the offsets are a range, built in one pass,
-        # and each feature's are compared with its start rather than copied and moved.
+        # and the features' are compared with its start, all at once, rather than copied and moved.
         offsets = torch.arange(num_features * num_ids + 1, device=device)
-        if all(
-            table.pooling == "none" or torch.equal(feature.offsets.to(torch.int64), offsets[: num_bags + 1])
-            for (table, _), feature in zip(pairs, jagged)
-        ):
+        pooled = [
+            feature.offsets.to(torch.int64) for (table, _), feature in zip(pairs, jagged) if table.pooling != "none"
+        ]
+        if not pooled or torch.equal(torch.stack(pooled), offsets[: num_bags + 1].expand(len(pooled), -1)):
             return Bags(ids.flatten(), offsets, scales, one_id_per_bag=True)
 
     offsets = torch.empty(num_features * num_bags + 1, dtype=torch.int64, device=device)

@@ -33,6 +33,7 @@ from recipes.checkpointing import (
 from recipes.config import ConfigError, dump_yaml, load_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
 from recipes.errors import UserError
+from recipes.host_memory import keep_freed_memory
 from recipes.parallel import data_parallel
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
 from recipes.pipeline import PipelinedReader
@@ -392,6 +393,8 @@ def _job_gangs(config: RecipeConfig, output_dir: str, lock: RunLock | None = Non
                 lock.log_take_over()
             threads = use_threads(config.gang.threads_per_rank)
             log.info("%s; numba pool of %d thread(s)", threads, numba.config.NUMBA_NUM_THREADS)
+            if config.trainer.keep_freed_memory:
+                log.info("%s", keep_freed_memory())
             if lock is not None and gangs.root.rank == 0:  # training says it at start-up
                 print(threads)
             yield gangs

@@ -62,6 +62,9 @@ class TrainerSection:
     pipeline: bool = True
     """Read the next step, and send its sparse ids to their tables' owners, while a step computes
     (``recipes.pipeline``); the results are the same either way."""
+    keep_freed_memory: bool = True
+    """Have glibc's malloc keep freed host memory (up to 1 GiB) for the next step rather than give it back
+    to the system, for the step to fault it in again (``recipes.host_memory``)."""
 
     def __post_init__(self) -> None:
         _require(

@@ -12,7 +12,9 @@ prefetches the rows it will update a few segments ahead and the gradient rows it
 occurrences ahead, which halves its time on a 1,000,000-row table.
 
 The gradient rows come in pieces, one per feature as autograd hands them back; the kernel reads
-them where they are, through a table of row addresses, rather than from a concatenated copy.
+them where they are, through their addresses, rather than from a concatenated copy. It first lists,
+in parallel, the address of each occurrence's gradient row in sorted order, so that the loop over
+rows reads its next addresses one after the other instead of through three dependent lookups.
 
 It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 """
@@ -159,6 +161,17 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
     grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
     dim = weight.shape[1]
 
+    # Each occurrence's gradient row address and scale, in sorted order.
+    num_occurrences = order.size
+    sorted_addresses = np.empty(num_occurrences, dtype=np.int64)
+    sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
+    for chunk in prange(num_chunks):
+        for position in range(chunk * num_occurrences // num_chunks, (chunk + 1) * num_occurrences // num_chunks):
+            occurrence = order[position]
+            sorted_addresses[position] = grad_row_addresses[grad_index[occurrence]]
+            if has_grad_scale:
+                sorted_scales[position] = grad_scale[occurrence]
+
     for chunk in prange(num_chunks):
         grad = np.empty(dim, dtype=np.float32)
         first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
@@ -174,9 +187,7 @@ def _fused_step_kernel(  # type: ignore[no-untyped-def]
 
             begin, end = segment_starts[segment], segment_starts[segment + 1]
             row = np.intp(sorted_ids[begin])
-            _sum_row_grad(
-                grad, order, begin, end, end_position, grad_row_addresses, grad_index, grad_scale, has_grad_scale
-            )
+            _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
 
             if optimizer == ADAMW:
                 for d in range(dim):
@@ -251,23 +262,18 @@ def _row_addresses(piece_addresses, piece_row_strides, piece_rows):  # type: ign
 
 
 @njit(cache=True, inline="always")
-def _sum_row_grad(grad, order, begin, end, end_position, row_addresses, grad_index, grad_scale, has_grad_scale):  # type: ignore[no-untyped-def]
-    """Sum the gradients of the occurrences ``order[begin:end]`` of one row into ``grad``, in that
-    order, prefetching the gradient rows of the occurrences that follow, up to ``end_position``."""
+def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale):  # type: ignore[no-untyped-def]
+    """Sum the gradient rows of the sorted occurrences ``begin:end`` of one row into ``grad``, in that
+    order, prefetching the rows of the occurrences that follow, up to ``end_position``."""
     grad[:] = 0
     for position in range(begin, end):
-        # Two stages: the address of a row twice the distance ahead, then the row itself, whose
-        # address was fetched by the first stage by the time the second reads it.
-        if position + 2 * _OCCURRENCE_PREFETCH_DISTANCE < end_position:
-            _prefetch_for_read(row_addresses, (grad_index[order[position + 2 * _OCCURRENCE_PREFETCH_DISTANCE]],))
         if position + _OCCURRENCE_PREFETCH_DISTANCE < end_position:
-            coming = row_addresses[grad_index[order[position + _OCCURRENCE_PREFETCH_DISTANCE]]]
+            coming = sorted_addresses[position + _OCCURRENCE_PREFETCH_DISTANCE]
             for offset in range(0, grad.size * 4, 64):  # Every 64-byte cache line of a float32 row.
                 _prefetch_address(coming + offset)
-        k = order[position]
-        source = carray(_float32_pointer(row_addresses[grad_index[k]]), grad.size)
+        source = carray(_float32_pointer(sorted_addresses[position]), grad.size)
         if has_grad_scale:
-            scale = grad_scale[k]
+            scale = sorted_scales[position]
             for d in range(grad.size):
                 grad[d] += scale * source[d]
         else:
@@ -292,27 +298,20 @@ def _call_prefetch(builder: Any, byte_pointer: Any, for_write: bool) -> None:
     builder.call(prefetch_function, [byte_pointer, int32(int(for_write)), int32(3), int32(1)])
 
 
-def _prefetch_intrinsic(for_write: bool) -> Any:
-    """A numba intrinsic ``prefetch(array, index)``: LLVM's prefetch hint for the cache line of
-    ``array[index]``, which numba does not expose. A hint never faults and changes no value."""
+@intrinsic  # type: ignore[untyped-decorator]
+def _prefetch_for_write(typingctx: Any, array: Any, index: Any) -> Any:
+    """LLVM's prefetch hint, for writing, of the cache line of ``array[index]``, which numba does not
+    expose. A hint never faults and changes no value."""
 
-    @intrinsic  # type: ignore[untyped-decorator]
-    def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            array_type, index_type = signature.args
-            array_value = context.make_array(array_type)(context, builder, args[0])
-            indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
-            pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
-            _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write)
-            return context.get_dummy_value()
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array_type, index_type = signature.args
+        array_value = context.make_array(array_type)(context, builder, args[0])
+        indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
+        pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
+        _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write=True)
+        return context.get_dummy_value()
 
-        return types.void(array, index), codegen
-
-    return prefetch
-
-
-_prefetch_for_read = _prefetch_intrinsic(for_write=False)
-_prefetch_for_write = _prefetch_intrinsic(for_write=True)
+    return types.void(array, index), codegen
 
 
 @intrinsic  # type: ignore[untyped-decorator]
