@@ -120,16 +120,26 @@ class ReplicatedLookup(LocalLookup):
     def __init__(self, group: ShardGroup, gang: Gang, training: bool) -> None:
         super().__init__(group, training)
         self._gang = gang
+        self._sizes: _GatheredSizes | None = None
+
+    def forward(self, bags: Bags) -> torch.Tensor:
+        pooled = super().forward(bags)
+        if self._training:
+            # The backward's sizes (gradient rows and ids of every rank) travel now, while the step
+            # computes: a gloo collective costs about 1.4 ms, mostly latency, which the step need not wait out.
+            self._sizes = _GatheredSizes(self._gang, [bags.num_bags, bags.ids.numel()])
+        return pooled
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
+        assert self._sizes is not None, "A training forward started the sizes' all-gather."
         grad_pooled = self._group.concat_grad_rows(grad_pieces)
         record = self._local_record((grad_pooled,))
         scales = (
             record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
         )
-        # Two collectives per step: the sizes, then the per-id columns (the scales travel as their bit
-        # patterns beside the ids and indices) and the gradient rows together, as bytes.
-        row_counts, id_counts = _all_gather_sizes(self._gang, [grad_pooled.size(0), record.ids.numel()])
+        # Then one collective: the per-id columns (the scales travel as their bit patterns beside the
+        # ids and indices) and the gradient rows together, as bytes.
+        row_counts, id_counts = self._sizes.wait()
         per_id = torch.stack([record.ids, record.grad_index, scales.view(torch.int32).to(torch.int64)], dim=1)
         per_id_parts, grad_parts = _all_gather_pair(self._gang, per_id, id_counts, grad_pooled, row_counts)
         ids, grad_index, scale_bits = torch.cat(per_id_parts).unbind(1)
@@ -374,11 +384,18 @@ def _exchange_many(
     return [torch.cat(chunks[i :: len(tensors)]).view(-1, *tensor.shape[1:]) for i, tensor in enumerate(tensors)]
 
 
-def _all_gather_sizes(gang: Gang, sizes: Sequence[int]) -> list[list[int]]:
-    """For each of ``sizes``, its value on every rank, in rank order (one collective)."""
-    gathered = torch.empty((gang.size, len(sizes)), dtype=torch.int64, device=gang.device)
-    gang.all_gather(gathered, torch.tensor(list(sizes), dtype=torch.int64, device=gang.device))
-    return gathered.t().tolist()
+class _GatheredSizes:
+    """``sizes`` of every rank, all-gathered in the background from the moment it is made (one collective)."""
+
+    def __init__(self, gang: Gang, sizes: Sequence[int]) -> None:
+        self._gathered = torch.empty((gang.size, len(sizes)), dtype=torch.int64, device=gang.device)
+        self._local = torch.tensor(list(sizes), dtype=torch.int64, device=gang.device)
+        self._pending = gang.start_all_gather(self._gathered, self._local)
+
+    def wait(self) -> list[list[int]]:
+        """For each size, its value on every rank, in rank order."""
+        self._pending.wait()
+        return self._gathered.t().tolist()
 
 
 def _all_gather_pair(

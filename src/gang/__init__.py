@@ -1,7 +1,7 @@
 """Gangs: process groups over torch.distributed, and a fake one for a single process."""
 
 from gang.fake import FakeGang
-from gang.gang import Gang, GangError, ReduceOperation
+from gang.gang import Gang, GangError, PendingCollective, ReduceOperation
 from gang.process_group import ProcessGroupGang
 from gang.setup import Gangs, default_device, setup_gangs, world_size_from_env
 
@@ -10,6 +10,7 @@ __all__ = [
     "Gang",
     "GangError",
     "Gangs",
+    "PendingCollective",
     "ProcessGroupGang",
     "ReduceOperation",
     "default_device",

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.distributed import ProcessGroup
 
-from gang.gang import Gang, GangError, ReduceOperation, check_rank
+from gang.gang import Gang, GangError, PendingCollective, ReduceOperation, check_rank
 
 
 class FakeGang(Gang):
@@ -53,6 +53,10 @@ class FakeGang(Gang):
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         output.copy_(input.unsqueeze(0))
 
+    def start_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> PendingCollective:
+        self.all_gather(output, input)
+        return _Done()
+
     def all_to_all(
         self,
         output: torch.Tensor,
@@ -67,3 +71,10 @@ class FakeGang(Gang):
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         return [obj]
+
+
+class _Done:
+    """A collective of one process, done when it starts."""
+
+    def wait(self) -> None:
+        pass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.distributed import ProcessGroup
@@ -25,6 +25,13 @@ class ReduceOperation(Enum):
     PRODUCT = "product"
     MIN = "min"
     MAX = "max"
+
+
+class PendingCollective(Protocol):
+    """A collective started and not yet waited for."""
+
+    def wait(self) -> Any:
+        """Block until the collective is done on this rank."""
 
 
 class GangError(RuntimeError):
@@ -77,6 +84,14 @@ class Gang(ABC):
     @abstractmethod
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """Gather ``input`` from every rank into ``output``, of shape ``[size, *input.shape]``."""
+
+    @abstractmethod
+    def start_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> PendingCollective:
+        """Start :meth:`all_gather` and return at once; ``output`` holds the result once ``wait`` returns.
+
+        Its latency then passes while the rank computes. Every rank still starts it at the same point
+        of its sequence of collectives, and neither tensor may change before ``wait``.
+        """
 
     @abstractmethod
     def all_to_all(

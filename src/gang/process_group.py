@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from gang.gang import Gang, GangError, ReduceOperation, check_rank
+from gang.gang import Gang, GangError, PendingCollective, ReduceOperation, check_rank
 
 _REDUCE_OPS = {
     ReduceOperation.SUM: dist.ReduceOp.SUM,
@@ -87,11 +87,22 @@ class ProcessGroupGang(Gang):
             dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        self._check_gather_shape(output, input)
+        dist.all_gather(list(output.unbind(0)), input.contiguous(), group=self._pg)
+
+    def start_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> PendingCollective:
+        self._check_gather_shape(output, input)
+        work: PendingCollective | None = dist.all_gather(
+            list(output.unbind(0)), input.contiguous(), group=self._pg, async_op=True
+        )
+        assert work is not None, "An asynchronous collective returns its work."
+        return work
+
+    def _check_gather_shape(self, output: torch.Tensor, input: torch.Tensor) -> None:
         if output.shape != (self._size, *input.shape):
             raise ValueError(
                 f"`output` must have shape {(self._size, *input.shape)}, but has {tuple(output.shape)} instead."
             )
-        dist.all_gather(list(output.unbind(0)), input.contiguous(), group=self._pg)
 
     def all_to_all(
         self,

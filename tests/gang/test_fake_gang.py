@@ -33,6 +33,15 @@ def test_all_gather_gives_a_leading_dimension_of_one() -> None:
     assert torch.equal(output[0], input)
 
 
+def test_a_started_all_gather_is_done_when_it_returns() -> None:
+    input = torch.arange(4)
+    output = torch.empty(1, 4, dtype=torch.int64)
+
+    FakeGang().start_all_gather(output, input).wait()
+
+    assert torch.equal(output[0], input)
+
+
 def test_all_to_all_copies_the_input() -> None:
     input = torch.arange(5.0)
     output = torch.zeros(5)
