@@ -1,24 +1,16 @@
 from __future__ import annotations
 
 import errno
-import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
 from checkpoint import CheckpointManager, CheckpointPolicy
-from gang import FakeGang, ProcessGroupGang
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from gang import FakeGang
+from gloo_jobs import free_port, gloo_gang
 
 
 def rank_state_of(rank: int, step: int) -> dict[str, object]:
@@ -26,11 +18,7 @@ def rank_state_of(rank: int, step: int) -> dict[str, object]:
 
 
 def save_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        assert dist.group.WORLD is not None
-        gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
+    with gloo_gang(rank, world_size, port) as gang:
         manager = CheckpointManager(root, gang, CheckpointPolicy(keep_last_n=1), gang_sizes={"dp": world_size})
         shared = {"model": {"w": torch.arange(4.0)}}
         manager.save(1, shared, rank_state_of(rank, 1))
@@ -40,9 +28,6 @@ def save_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None
         assert [info.step for info in manager.list_checkpoints()] == [2]
         loaded = manager.load(2)
         assert loaded.load_rank_state(rank)["reader"] == {"position": 100 * rank + 2}
-    finally:
-        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -61,22 +46,11 @@ def test_two_ranks_write_their_states_and_one_rank_reads_both(tmp_path: Path) ->
     assert torch.equal(loaded.shared_state["model"]["w"], torch.arange(4.0))
 
 
-def _init(rank: int, world_size: int, port: int) -> ProcessGroupGang:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    assert dist.group.WORLD is not None
-    return ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
-
-
 def resume_on_every_rank(rank: int, world_size: int, port: int, root: str, results: str) -> None:
-    gang = _init(rank, world_size, port)
-    try:
+    with gloo_gang(rank, world_size, port) as gang:
         loaded = CheckpointManager(root, gang, gang_sizes={"dp": world_size}).load_newest_intact()
         outcome = "none" if loaded is None else f"{loaded.step} {loaded.load_rank_state(rank)['reader']['position']}"
         Path(results, f"rank_{rank}.txt").write_text(outcome)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -102,19 +76,14 @@ def test_a_rank_file_only_one_rank_reads_being_damaged_makes_every_rank_resume_t
 
 
 def save_again_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None:
-    gang = _init(rank, world_size, port)
-    try:
+    with gloo_gang(rank, world_size, port) as gang:
         CheckpointManager(root, gang, gang_sizes={"dp": world_size}).save(
             3, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 3)
         )
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def fail_async_save_on_rank_1(rank: int, world_size: int, port: int, root: str, results: str) -> None:
-    gang = _init(rank, world_size, port)
-    try:
+    with gloo_gang(rank, world_size, port) as gang:
         manager = CheckpointManager(root, gang, gang_sizes={"dp": world_size}, done_marker_timeout_s=120.0)
         manager.save(1, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 1))
         if rank == 1:
@@ -135,12 +104,6 @@ def fail_async_save_on_rank_1(rank: int, world_size: int, port: int, root: str, 
         except Exception as ex:
             outcome = f"{type(ex).__name__}: {ex}"
         Path(results, f"rank_{rank}.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    # The outcome is written; leave without the interpreter's teardown, which after the failed async
-    # save once aborted (SIGABRT) in rank 1 (as `python -m recipes` leaves on a user error, see __main__).
-    os._exit(0)
 
 
 @pytest.mark.slow

@@ -7,8 +7,6 @@ a reader that keeps every row does. A fourth sends each step's ids ahead on a se
 group, from another thread, as the train pipeline does, and must change no bit.
 """
 
-import os
-import socket
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from embedding import (
@@ -29,7 +26,8 @@ from embedding import (
     SparseOptimizer,
     SparseOptimizerConfig,
 )
-from gang import FakeGang, Gang, ProcessGroupGang
+from gang import FakeGang, Gang
+from gloo_jobs import free_port, gloo_gang
 
 GLOBAL_BATCH = 8
 DIM = 4
@@ -181,24 +179,13 @@ JOBS = {"2_ranks": run_2_ranks, "4_ranks": run_4_ranks, "empty_batch": run_empty
 
 
 def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        assert dist.group.WORLD is not None
-        gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
+    with gloo_gang(rank, world_size, port) as gang:
         JOBS[job](gang, out)
-    finally:
-        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 def spawn(world_size: int, job: str, out: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp_spawn(_worker, args=(world_size, port, job, out), nprocs=world_size)
+    mp_spawn(_worker, args=(world_size, free_port(), job, out), nprocs=world_size)
 
 
 def single_process_reference(steps: int) -> tuple[ShardedEmbeddingCollection, list[dict[str, torch.Tensor]]]:

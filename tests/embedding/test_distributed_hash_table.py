@@ -1,14 +1,11 @@
 """Hash tables over real gloo processes: ids travel to the rank their hash names, and the result is
 one process's, id for id; 2-rank checkpoints load into 1 and 3 ranks and go on training."""
 
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from test_distributed_embedding import apply_step
 from torch.multiprocessing.spawn import spawn as mp_spawn
 
@@ -21,7 +18,8 @@ from embedding import (
     SparseOptimizer,
     SparseOptimizerConfig,
 )
-from gang import FakeGang, Gang, ProcessGroupGang
+from gang import FakeGang, Gang
+from gloo_jobs import free_port, gloo_gang
 
 GLOBAL_BATCH = 12
 DIM = 4
@@ -84,23 +82,13 @@ JOBS = {"2_ranks": run_2_ranks, "3_ranks": run_3_ranks}
 
 
 def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        assert dist.group.WORLD is not None
-        JOBS[job](ProcessGroupGang(dist.group.WORLD, torch.device("cpu")), out)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
+    with gloo_gang(rank, world_size, port) as gang:
+        JOBS[job](gang, out)
 
 
 def spawn(world_size: int, job: str, out: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp_spawn(_worker, args=(world_size, port, job, out), nprocs=world_size)
+    mp_spawn(_worker, args=(world_size, free_port(), job, out), nprocs=world_size)
 
 
 def rows_by_id(pieces: list[dict[str, Any]], table: str) -> dict[int, torch.Tensor]:

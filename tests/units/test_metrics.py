@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import socket
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +14,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 from torchmetrics import Metric
 
 import units.metrics
-from gang import FakeGang, ProcessGroupGang
+from gang import FakeGang
+from gloo_jobs import free_port, gloo_gang
 from units import (
     BinaryAUC,
     BinaryAveragePrecision,
@@ -139,18 +137,9 @@ def rank_data(rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return scores, labels, weights
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def compute_on_two_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        assert dist.group.WORLD is not None
-        bag = MetricBag(ProcessGroupGang(dist.group.WORLD, torch.device("cpu")))
+    with gloo_gang(rank, world_size, port) as gang:
+        bag = MetricBag(gang)
         for name, metric in [("auc", BinaryAUC()), ("mean", Mean()), ("sum", Sum()), ("only_rank_0", Sum())]:
             bag.register(name, metric)
         scores, labels, weights = rank_data(rank)
@@ -161,10 +150,6 @@ def compute_on_two_ranks(rank: int, world_size: int, port: int, out_dir: str) ->
             bag["only_rank_0"].update(torch.tensor(1.0))
         values = bag.compute()
         Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(values))
-    finally:
-        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 @pytest.mark.slow
@@ -429,11 +414,8 @@ CLICK_SEED = 5
 def click_metrics_on_two_ranks(
     rank: int, world_size: int, port: int, out_dir: str, shard_sizes: tuple[int, int]
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        assert dist.group.WORLD is not None
-        bag = MetricBag(ProcessGroupGang(dist.group.WORLD, torch.device("cpu")))
+    with gloo_gang(rank, world_size, port) as gang:
+        bag = MetricBag(gang)
         for name, (factory, _, _) in CLICK_METRICS.items():
             bag.register(name, factory())
         start = sum(shard_sizes[:rank])
@@ -444,10 +426,6 @@ def click_metrics_on_two_ranks(
         for name in CLICK_METRICS:
             update_in_batches(name, bag[name], shard, batch_size=8)  # An empty shard: one empty batch.
         Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(bag.compute()))
-    finally:
-        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 @pytest.mark.slow

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import spawn
 
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
+from gloo_jobs import free_port, gloo_gang
 from recipes.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recipes.click.batch import CTRBatch
 from recipes.run import JobSpec, resolve_job
@@ -59,22 +57,13 @@ def movielens_schema(**changes: Any) -> TabularDataSection:
 SHIPPED_RATINGS = resolve_path("package://recipes.builtin.movielens/ml-latest-small/ratings.csv")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def epoch_rows(reader: TabularReader) -> list[list[int]]:
     """The row numbers of each step, flattened over its micro-batches."""
     return [[i for batch in step for i in row_numbers(batch)] for step in reader]
 
 
 def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))  # type: ignore[arg-type]
-    try:
+    with gloo_gang(rank, 2, port) as gang:
         criteo = TabularReader(
             criteo_path,
             criteo_schema(1 << 20),
@@ -101,10 +90,6 @@ def worker(rank: int, port: int, criteo_path: str, results: Any) -> None:
             for batch in step
         ]
         results[rank] = gang.all_gather_object((first_epoch, second_epoch, pairs))
-    finally:
-        dist.barrier()  # No rank tears down gloo while a peer still talks to it.
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 def test_two_ranks_read_every_row_once_per_epoch(tmp_path: Path) -> None:
@@ -154,11 +139,8 @@ def lookup_every_batch(gang: ProcessGroupGang, steps: list[list[CTRBatch]], tabl
 
 
 def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, ratings_path: str, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    gang = ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))  # type: ignore[arg-type]
-    try:
+    with gloo_gang(rank, world_size, port) as gang:
         criteo = TabularReader(
             criteo_path,
             criteo_schema(4096),  # The rows of the shared table below.
@@ -211,10 +193,6 @@ def keep_last_worker(rank: int, world_size: int, port: int, criteo_path: str, ra
                 ],
             )
         )
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
-    os._exit(0)  # Done: skip the interpreter's teardown, where gloo sometimes aborts (SIGABRT).
 
 
 def interleave(per_rank: list[list[Any]]) -> list[Any]:
