@@ -1,0 +1,156 @@
+"""Where the time of the sparse step goes: the step of ``sparse_step.py`` (ours, rowwise Adagrad) timed part by part.
+
+Each part is timed around its own call inside the step (the framework's functions wrapped for the run):
+grouping the features into bags, ``embedding_bag``, the rest of the forward, autograd's backward, the
+kernel's input checks, the sort, the fused kernel and the rest of the optimizer step; also the minor page
+faults per step (``ru_minflt``). Medians over ``--steps`` steps after ``--warmup``, each layout in turn,
+``--rounds`` times. The process keeps freed memory, as training does (``recipes.host_memory``).
+
+    python benchmarks/sparse_step_parts.py [--threads 2] [--steps 70] [--warmup 10] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".numba_cache"))
+
+import numba
+import torch
+
+import embedding.collection
+import embedding.kernels
+import embedding.kernels.cpu
+import embedding.lookup
+from embedding import ShardedEmbeddingCollection, SparseOptimizer, SparseOptimizerConfig
+from recipes.host_memory import keep_freed_memory
+from sparse_step import FEATURES, make_features, table_configs, upstream_gradients  # benchmarks/sparse_step.py
+
+Times = dict[str, list[float]]
+
+
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def timed(times: Times, part: str, module: Any, name: str) -> Iterator[None]:
+    """Time every call of ``module.name`` under ``part`` while the block runs."""
+    original = getattr(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            times.setdefault(part, []).append((time.perf_counter() - start) * 1000)
+
+    with _swapped(module, name, wrapper):
+        yield
+
+
+class _TimedSort:
+    """The kernel module's ``torch``, with ``sort`` timed: the kernel's one call of it."""
+
+    def __init__(self, times: Times) -> None:
+        self._times = times
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    def sort(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = torch.sort(*args, **kwargs)
+        self._times.setdefault("sort", []).append((time.perf_counter() - start) * 1000)
+        return result
+
+
+def measure(layout: str, steps: int, warmup: int) -> dict[str, float]:
+    tables = table_configs(layout)
+    collection = ShardedEmbeddingCollection(tables)
+    optimizer = SparseOptimizer(collection, SparseOptimizerConfig("rowwise_adagrad"))
+    features, upstream = make_features(tables), upstream_gradients()
+    times: Times = {}
+    wrapped: list[tuple[str, Any, str]] = [
+        ("grouping", embedding.collection, "_group_bags"),
+        ("embedding_bag", embedding.lookup, "_weighted_sum"),
+        ("checks", embedding.kernels, "check_step_inputs"),
+        ("kernel", embedding.kernels.cpu, "_fused_step_kernel"),
+    ]
+    with contextlib.ExitStack() as stack:
+        for part, module, name in wrapped:
+            stack.enter_context(timed(times, part, module, name))
+        stack.enter_context(_swapped(embedding.kernels.cpu, "torch", _TimedSort(times)))
+        for _ in range(warmup + steps):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.perf_counter()
+            outputs = collection(features)
+            forward_end = time.perf_counter()
+            torch.autograd.backward([outputs[name] for name in FEATURES], [upstream[name] for name in FEATURES])
+            backward_end = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad()
+            end = time.perf_counter()
+            times.setdefault("forward", []).append((forward_end - start) * 1000)
+            times.setdefault("backward", []).append((backward_end - forward_end) * 1000)
+            times.setdefault("optimizer step", []).append((end - backward_end) * 1000)
+            times.setdefault("step", []).append((end - start) * 1000)
+            times.setdefault("page faults", []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    medians = {part: statistics.median(values[warmup:]) for part, values in times.items()}
+    medians["forward, the rest"] = medians["forward"] - medians["grouping"] - medians["embedding_bag"]
+    medians["optimizer step, the rest"] = (
+        medians["optimizer step"] - medians["checks"] - medians["sort"] - medians["kernel"]
+    )
+    return medians
+
+
+PARTS = [
+    "grouping",
+    "embedding_bag",
+    "forward, the rest",
+    "backward",
+    "checks",
+    "sort",
+    "kernel",
+    "optimizer step, the rest",
+    "step",
+    "page faults",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=70)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    numba.set_num_threads(args.threads)  # numba first: its pool start resets the OpenMP threads torch shares
+    torch.set_num_threads(args.threads)
+    print(keep_freed_memory())
+    print(f"threads: torch {args.threads}, numba {args.threads}; medians of {args.steps} steps, ms (faults: count)\n")
+    rows: list[tuple[str, dict[str, float]]] = []
+    for round_index in range(args.rounds):
+        for layout, label in (("split", "26 tables"), ("shared", "shared")):
+            rows.append((f"{label}, round {round_index + 1}", measure(layout, args.steps, args.warmup)))
+    print("| part | " + " | ".join(label for label, _ in rows) + " |")
+    print("| --- |" + " ---: |" * len(rows))
+    for part in PARTS:
+        print(f"| {part} | " + " | ".join(f"{medians[part]:.2f}" for _, medians in rows) + " |")
+
+
+if __name__ == "__main__":
+    main()
