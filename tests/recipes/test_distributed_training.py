@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from gloo_jobs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -92,9 +93,7 @@ def test_checkpoint_of_two_processes_resumes_on_one_and_on_four(
 def train_on_two_nodes(output_dir: Path, *extra: str) -> None:
     """Two torchrun launchers, one process each, meeting at a rendezvous endpoint on localhost, as two
     machines of a cluster would (README, "Launching on several processes")."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
     command += ["--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "two_nodes", "-m", "recipes", "train"]
