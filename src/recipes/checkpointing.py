@@ -31,12 +31,14 @@ from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-# Keys a resumed run may change: they extend the run, change only what is recorded or kept, or
-# change the parallel layout (batch sizes are global, so the same config trains the same on any
-# number of ranks).
+# Keys a resumed run may change: they extend the run, change only what is recorded or kept, change
+# the parallel layout (batch sizes are global, so the same config trains the same on any number of
+# ranks), or change how the host runs a step but not what it computes.
 RESUMABLE_CHANGES = (
     "trainer.max_num_steps",
     "trainer.max_num_data_epochs",
+    "trainer.pipeline",
+    "trainer.keep_freed_memory",
     "metrics.",
     "profiler.",
     "checkpoint.",
