@@ -16,7 +16,7 @@ export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/numba_cache}
 
 echo "== CUDA tests"
 python3 -m pytest -q -p no:cacheprovider -W ignore tests/embedding/kernels/test_kernels_cuda.py \
-    tests/embedding/test_cuda_hash_index.py tests/units/test_metric_bag.py 2>&1 | tail -4
+    tests/embedding/test_cuda_hash_index.py tests/units/test_metric_bag.py tests/checkpoint/test_serialization.py 2>&1 | tail -4
 
 echo "== fused update bandwidth"
 for optimizer in rowwise_adagrad sgd adam; do

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from checkpoint import CheckpointManager, CheckpointPolicy, UnsafeCheckpointError
+from checkpoint.serialization import _HashingWriter, read_torch_file, write_torch_file
 from gang import FakeGang
 
 
@@ -81,3 +82,50 @@ def test_a_loaded_state_owns_its_memory(tmp_path: Path) -> None:
     manager.save(2, {"w": torch.zeros(6)})
     assert not (tmp_path / "checkpoints" / "step_1").exists()
     assert torch.equal(weights, torch.arange(6.0) + 10.0)
+
+
+def test_the_hashing_writer_is_done_with_each_chunk_when_write_returns() -> None:
+    # torch.save hands `write` views of memory it may free as soon as `write` returns: a CUDA
+    # storage's temporary CPU copy, the pickle's bytes. Here the caller (the main thread, on CPU)
+    # releases each view and overwrites its buffer right after `write`; a writer that still
+    # reads it later on its hashing thread records a SHA-256 of other bytes, or of freed memory.
+    written = io.BytesIO()
+    chunks = [bytearray(os.urandom(n)) for n in (64 << 20, 3 << 20, 100, 2 << 20)]
+    expected = hashlib.sha256(b"".join(chunks)).hexdigest()
+
+    with _HashingWriter(written) as writer:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            assert writer.write(view) == len(chunk)
+            view.release()  # Raises BufferError if the hashing thread holds the view.
+            chunk[:] = bytes(len(chunk))
+        digest = writer.finish()
+
+    assert digest == expected
+    assert hashlib.sha256(written.getvalue()).hexdigest() == expected
+
+
+def test_a_pickle_larger_than_a_hash_batch_is_recorded_as_written(tmp_path: Path) -> None:
+    # The pickled object tree reaches `write` as one view of a bytes object that torch.save frees
+    # when it returns, before the writer's hash is read: the one short-lived buffer a CPU save has.
+    fs = fsspec.filesystem("file")
+    state = {"positions": list(range(300_000)), "w": torch.arange(4.0)}
+    record = write_torch_file(fs, str(tmp_path / "state.pt"), state)
+
+    data = (tmp_path / "state.pt").read_bytes()
+    assert (record.size, record.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert read_torch_file(fs, str(tmp_path / "state.pt"), record)["positions"] == state["positions"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu_checks.sh runs it)")
+def test_cuda_tensors_are_saved_and_load_on_cpu(tmp_path: Path) -> None:
+    # torch.save copies each CUDA storage to a temporary CPU buffer and frees it after `write`.
+    manager = CheckpointManager(str(tmp_path / "checkpoints"), FakeGang())
+    state = {"w": torch.randn(4096, 1024, device="cuda"), "b": torch.arange(5.0, device="cuda")}
+    manager.save(1, {"model": state})
+    manager.save(2, {"model": state}, blocking=False)
+    manager.wait()
+
+    for step in (1, 2):
+        loaded = manager.load(step).shared_state["model"]
+        assert all(torch.equal(loaded[key], value.cpu()) for key, value in state.items())
