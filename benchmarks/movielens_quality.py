@@ -34,9 +34,9 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from recipes.run import JobSpec, resolve_job
-from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import TabularDataSection, resolve_path
-from recipes.tabular.vocabulary import load_or_build_encodings
+from recsys.tabular.reader import TabularReader
+from recsys.tabular.schema import TabularDataSection, resolve_path
+from recsys.tabular.vocabulary import load_or_build_encodings
 
 PRESET = "movielens_small"
 

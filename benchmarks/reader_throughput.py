@@ -1,7 +1,7 @@
 """Throughput and memory of the tabular readers producing ready batches, against a bare read of the same file.
 
 CSV/TSV: ``TabularReader`` reads a synthetic Criteo-format TSV (label, 13 counts, 26 hex hashes,
-empty fields) through the Criteo schema (``recipes.builtin.dlrm.criteo.criteo_schema``: counts as
+empty fields) through the Criteo schema (``recsys.builtin.dlrm.criteo.criteo_schema``: counts as
 ``log(max(x, 0) + 1)``, categorical text hashed to ids) and builds CTRBatch tensors (unshuffled,
 one rank), against a *bare* ``pandas.read_csv`` of the file (its C parser, no conversion at all),
 the comparison issue 14 asks for.
@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from recipes.builtin.dlrm.criteo import criteo_schema
-from recipes.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
-from recipes.tabular.parquet import ParquetReader
-from recipes.tabular.reader import TabularReader
+from recsys.builtin.dlrm.criteo import criteo_schema
+from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recsys.tabular.parquet import ParquetReader
+from recsys.tabular.reader import TabularReader
 
 TABLE_SIZE = 10_000_000
 CRITEO_SCHEMA = criteo_schema(TABLE_SIZE)

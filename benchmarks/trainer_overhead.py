@@ -32,8 +32,7 @@ from typing import Any, cast
 import torch
 
 from gang import FakeGang, Gangs
-from recipes.builtin.dlrm.recipe import DLRMConfig
-from recipes.data.reader import DataReader
+from recipes.data_reader import DataReader
 from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
 from recipes.profiler import Profiler
 from recipes.recorders import CompositeRecorder
@@ -41,6 +40,7 @@ from recipes.rng import seed_everything
 from recipes.run import JobSpec, ResolvedJob, resolve_job
 from recipes.sparse_tables import find_sparse_tables, with_sparse_tables
 from recipes.trainer import Trainer
+from recsys.builtin.dlrm.recipe import DLRMConfig
 
 GANGS = Gangs(FakeGang(), FakeGang(), FakeGang())
 

@@ -10,3 +10,68 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".numba_cache"))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipes import registry
+
+
+@pytest.fixture
+def isolated_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run in an empty working directory with no extra preset files, and undo any registration.
+
+    Presets then come from the project's recipes.yaml only, until the test writes a
+    ``recipes.yaml`` into the returned folder, sets ``$RECIPES_PRESET_FILES`` or registers one
+    from Python. Modules imported from that folder are forgotten afterwards, so tests may reuse names.
+    """
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(registry.PRESET_FILES_ENV, raising=False)
+    monkeypatch.setattr(registry, "_python_presets", dict(registry._python_presets))
+    registry.get_recipe("ctr")  # Register the built-in recipes before taking the snapshot.
+    monkeypatch.setattr(registry, "_recipes", dict(registry._recipes))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+CLI_TIMEOUT_S = 120
+
+RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
+ReadJsonl = Callable[[Path], list[dict[str, Any]]]
+
+
+def _run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def run_cli() -> RunCli:
+    """``run_cli(*args, cwd=folder)`` runs ``python -m recipes ARGS`` in a new process, as a user does."""
+    return _run_cli
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def read_jsonl() -> ReadJsonl:
+    """``read_jsonl(path)``: the objects of a JSON-lines file, one per line."""
+    return _read_jsonl

@@ -1,0 +1,85 @@
+"""The framework: what ``python -m recipes`` needs to train any recipe, and the API a recipe is written against.
+
+A recipe (a user's, or a built-in one) imports what it needs from here,
+never from the modules behind it, which may move. The names load on first use: ``python -m
+recipes`` must size numba's thread pool before anything imports numba, and ``import recipes``
+would otherwise import the whole framework first.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from recipes.config import (
+        ConfigError,
+        NonNegativeFloat,
+        NonNegativeInt,
+        PositiveFloat,
+        PositiveInt,
+        Range,
+    )
+    from recipes.data_reader import DataError, DataReader
+    from recipes.errors import UserError
+    from recipes.parallel import tensor_parallel_mlp
+    from recipes.parts import ReaderOptions, RecipeContext, RecipeParts, per_rank_batch_size, reader_options
+    from recipes.protocols import Predictor, Validation
+    from recipes.registry import register_preset, register_recipe
+    from recipes.sections import RecipeConfig, Seed
+
+_EXPORTS = {
+    "ConfigError": "recipes.config",
+    "NonNegativeFloat": "recipes.config",
+    "NonNegativeInt": "recipes.config",
+    "PositiveFloat": "recipes.config",
+    "PositiveInt": "recipes.config",
+    "Range": "recipes.config",
+    "DataError": "recipes.data_reader",
+    "DataReader": "recipes.data_reader",
+    "UserError": "recipes.errors",
+    "tensor_parallel_mlp": "recipes.parallel",
+    "ReaderOptions": "recipes.parts",
+    "RecipeContext": "recipes.parts",
+    "RecipeParts": "recipes.parts",
+    "per_rank_batch_size": "recipes.parts",
+    "reader_options": "recipes.parts",
+    "Predictor": "recipes.protocols",
+    "Validation": "recipes.protocols",
+    "register_preset": "recipes.registry",
+    "register_recipe": "recipes.registry",
+    "RecipeConfig": "recipes.sections",
+    "Seed": "recipes.sections",
+}
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "DataReader",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "PositiveFloat",
+    "PositiveInt",
+    "Predictor",
+    "Range",
+    "ReaderOptions",
+    "RecipeConfig",
+    "RecipeContext",
+    "RecipeParts",
+    "Seed",
+    "UserError",
+    "Validation",
+    "per_rank_batch_size",
+    "reader_options",
+    "register_preset",
+    "register_recipe",
+    "tensor_parallel_mlp",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'recipes' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

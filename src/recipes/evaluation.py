@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from recipes.data.reader import DataError
+from recipes.data_reader import DataError
 from recipes.errors import UserError
 from recipes.predictions import PredictionCollector
 from recipes.protocols import Predictor, Validation

@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gang import Gangs
 from recipes.config import ConfigError
-from recipes.data.reader import DataReader
+from recipes.data_reader import DataReader
 from recipes.protocols import ShardedStateful, Validation
 from recipes.sections import LRSchedulerSection, OptimizerSection, RecipeConfig
 from units import TrainUnit

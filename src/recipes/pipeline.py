@@ -36,7 +36,7 @@ import torch
 
 from embedding import ShardedEmbeddingCollection, SparseFeatures
 from gang import Gang, Gangs
-from recipes.data.reader import DataReader
+from recipes.data_reader import DataReader
 
 log = logging.getLogger(__name__)
 

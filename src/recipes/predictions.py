@@ -1,7 +1,7 @@
 """Predictions as a table: one row per input example, in input order, written as CSV or Parquet.
 
 Readers deal the rows of each step to the data-parallel ranks round-robin (row ``i`` of a step to
-rank ``i % dp_size``, see ``recipes.data.sharding``), so the ranks' outputs of a step interleave
+rank ``i % dp_size``, as the ``DataReader`` contract says), so the ranks' outputs of a step interleave
 back into input order. pyarrow writes the file through fsspec, under a temporary name renamed
 last, so a file at the given path is always whole.
 """
@@ -58,7 +58,7 @@ def _interleave(parts: list[Columns]) -> Columns:
         raise RuntimeError(
             f"A step's rows must be dealt to the ranks round-robin (row i to rank i % {num_ranks}), so its ranks "
             f"must hold {expected} rows, but hold {sizes} instead: the reader breaks the contract of "
-            "recipes.data.sharding, and predictions could not be put back in input order."
+            "recipes.DataReader, and predictions could not be put back in input order."
         )
     names = next((list(part) for part in parts if part), [])
     columns: Columns = {}

@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from recipes.data.reader import DataReader
+from recipes.data_reader import DataReader
 from units import EvalUnit
 
 BatchT = TypeVar("BatchT")

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from gang import Gangs, ReduceOperation
-from recipes.data.reader import DataError, DataReader
+from recipes.data_reader import DataError, DataReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
 from recipes.errors import UserError, closest
 from recipes.evaluation import evaluate

@@ -12,10 +12,10 @@ import torch
 from torch.nn.functional import binary_cross_entropy_with_logits
 
 from recipes.cli import main
-from recipes.click.batch import CTRBatch
 from recipes.run import JobSpec, resolve_job
-from recipes.tabular.reader import TabularReader
-from recipes.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
+from recsys.click.batch import CTRBatch
+from recsys.tabular.reader import TabularReader
+from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
 from units import BinaryAUC
 
 pytestmark = pytest.mark.slow

@@ -245,7 +245,7 @@ def test_a_bad_score_metric_prints_one_line(isolated_presets: Path, capsys: pyte
 BOOM_PY = """\
 import torch
 
-from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
 from recipes.registry import register_recipe
 from units import TrainUnit
 
@@ -348,7 +348,7 @@ def test_an_output_dir_that_is_a_file_is_refused_before_launching_ranks(
 MISSING_DATA_PY = """\
 import numpy as np
 
-from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
 from recipes.registry import register_recipe
 
 
@@ -410,7 +410,7 @@ def test_a_users_module_named_like_a_framework_package_is_refused_in_one_line(tm
 MY_RECIPE_PY = """\
 from dataclasses import dataclass
 
-from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
 from recipes.registry import register_recipe
 
 

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import pytest
 
-from recipes.builtin.ctr.recipe import CTRConfig
 from recipes.cli import main
 from recipes.config import (
     ConfigError,
@@ -29,6 +28,7 @@ from recipes.errors import UserError
 from recipes.registry import RECIPE_ENTRY_POINTS, get_recipe
 from recipes.run import JobSpec, config_document, resolve_job
 from recipes.sections import RecipeConfig
+from recsys.builtin.ctr.recipe import CTRConfig
 
 pytestmark = pytest.mark.usefixtures("isolated_presets")
 

@@ -25,7 +25,7 @@ def test_every_config_key_is_in_the_readme(recipe: str) -> None:
 
 
 def test_every_built_in_preset_is_in_the_readme() -> None:
-    project = [name for name, preset in all_presets().items() if preset.source.startswith("recipes.builtin.")]
+    project = [name for name, preset in all_presets().items() if preset.source.startswith("recsys.builtin.")]
     missing = [name for name in project if f"`{name}`" not in README]
 
     assert project

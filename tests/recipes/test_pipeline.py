@@ -13,6 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+
+from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
+from gang import FakeGang, Gangs
+from recipes.data_reader import DataError, DataReader
+from recipes.pipeline import PipelinedReader, _map_tensors
+from recsys.data.memory import InMemoryReader
 from resume_helpers import (
     DLRM_60_STEPS,
     assert_bitwise_equal,
@@ -25,12 +31,6 @@ from resume_helpers import (
     start_recipes,
     wait_for_checkpoint,
 )
-
-from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
-from gang import FakeGang, Gangs
-from recipes.data.memory import InMemoryReader
-from recipes.data.reader import DataError, DataReader
-from recipes.pipeline import PipelinedReader, _map_tensors
 
 CPU = torch.device("cpu")
 GANGS = Gangs(root=FakeGang(CPU), dp=FakeGang(CPU), tp=FakeGang(CPU))

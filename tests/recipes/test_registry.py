@@ -30,7 +30,7 @@ def test_the_built_in_presets_are_found_from_any_directory() -> None:
     presets = all_presets()
 
     assert presets["ctr_tiny"].recipe == "ctr"
-    assert presets["ctr_tiny"].source == "recipes.builtin.ctr/presets.yaml"
+    assert presets["ctr_tiny"].source == "recsys.builtin.ctr/presets.yaml"
     assert presets["ctr_tiny_long"].based_on == "ctr_tiny"
 
 
@@ -130,7 +130,7 @@ def test_a_chain_without_a_recipe_is_an_error(isolated_presets: Path) -> None:
 USER_RECIPE = """\
 from dataclasses import dataclass
 
-from recipes.builtin.ctr.recipe import CTRConfig, build_ctr
+from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
 from recipes.registry import register_recipe
 
 

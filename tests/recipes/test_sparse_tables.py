@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from resume_helpers import load_verified
 from torch import nn
 
 from embedding import CombinedOptimizer, EmbeddingTableConfig, ShardedEmbeddingCollection, SparseOptimizer
 from embedding.features import JaggedIds, SparseFeatures
 from gang import FakeGang
 from recipes.cli import main
-from recipes.data.memory import InMemoryReader
-from recipes.models.embeddings import DenseEmbeddingBags, EmbeddingSection, TableSpec, build_embeddings
 from recipes.parts import RecipeContext, RecipeParts, build_optimizer
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables
+from recsys.data.memory import InMemoryReader
+from recsys.models.embeddings import DenseEmbeddingBags, EmbeddingSection, TableSpec, build_embeddings
+from resume_helpers import load_verified
 from units import MetricBag, TrainUnit
 
 Batch = tuple[SparseFeatures, torch.Tensor]

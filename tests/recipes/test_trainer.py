@@ -14,7 +14,6 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from gang import FakeGang, Gangs
 from recipes.cli import main
-from recipes.data.memory import InMemoryReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
 from recipes.errors import UserError
 from recipes.parts import RecipeContext, RecipeParts
@@ -24,6 +23,7 @@ from recipes.recorders import MetricRecorder
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig, TrainerSection
 from recipes.trainer import LossNotFiniteError, Trainer
+from recsys.data.memory import InMemoryReader
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -20,11 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from recipes.data.memory import InMemoryReader
-from recipes.parts import RecipeContext, RecipeParts, per_rank_batch_size
-from recipes.registry import register_recipe
-from recipes.sections import RecipeConfig
-from recipes.trainer import Validation
+from recipes import RecipeConfig, RecipeContext, RecipeParts, Validation, per_rank_batch_size, register_recipe
+from recsys.data.memory import InMemoryReader
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -1,0 +1,139 @@
+"""The ``dlrm`` recipe: DLRM on click logs in the Criteo format (real day files, or synthetic ones)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recipes import (
+    ConfigError,
+    NonNegativeInt,
+    PositiveInt,
+    Range,
+    RecipeConfig,
+    RecipeContext,
+    RecipeParts,
+    reader_options,
+    register_recipe,
+    tensor_parallel_mlp,
+)
+from recsys.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, criteo_schema, table_sizes
+from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recsys.click.models import DLRM
+from recsys.click.units import click_prediction_parts
+from recsys.models.embeddings import (
+    EmbeddingSection,
+    TableSpec,
+    build_embeddings,
+)
+from recsys.tabular.reader import TabularReader
+from recsys.tabular.schema import with_full_keys
+
+
+@dataclass
+class CriteoDataSection:
+    train_path: str | None = None
+    """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
+    valid_path: str | None = None
+    test_path: str | None = None
+    """Optional test day files, which ``eval``/``predict --split test`` score."""
+    synthetic_rows: Annotated[int, Range(ge=4)] | None = None
+    """Instead of paths: write this many synthetic training rows (and a quarter as many for
+    validation, and for test) under ``OUTPUT_DIR/data`` and train on them."""
+    num_embeddings_per_feature: list[Annotated[int, Range(ge=2)]] = field(default_factory=lambda: [100_000])
+    """Table rows of the 26 categorical features C1-C26: one value for all, or 26. A value's id is
+    ``1 + hash(text) % (rows - 1)`` (``recsys.tabular.hashing``); an empty field's is 0."""
+    batch_size: PositiveInt = 2048
+    """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
+    shuffle_buffer_size: PositiveInt = 65_536
+    max_malformed_rows: NonNegativeInt = 100
+    parse_threads: PositiveInt = 1
+    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same)."""
+
+    def __post_init__(self) -> None:
+        table_sizes(self.num_embeddings_per_feature)  # One value or 26, each at least 2.
+
+
+@dataclass
+class DLRMModelSection:
+    embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
+    bottom_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
+    """Hidden layers of the dense-feature MLP; its output has the embedding dimension."""
+    top_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
+    shared_table: bool = False
+    """One table looked up by all 26 features, instead of one table per feature."""
+
+
+@dataclass
+class DLRMConfig(RecipeConfig):
+    model: DLRMModelSection = field(default_factory=DLRMModelSection)
+    dataset: CriteoDataSection = field(default_factory=CriteoDataSection)
+
+
+@register_recipe("dlrm", DLRMConfig, "DLRM on Criteo-format click logs, with sharded sparse tables.")
+def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
+    config, gangs = context.config, context.gangs
+    data, section = config.dataset, config.model.embeddings
+    train_path, valid_path, test_path = _data_paths(context)
+
+    sizes = table_sizes(data.num_embeddings_per_feature)
+    if config.model.shared_table:
+        tables = [TableSpec("shared", max(sizes), SPARSE_FEATURE_NAMES)]
+        sizes = [max(sizes)] * len(sizes)
+    else:
+        tables = [TableSpec(name, size, (name,)) for name, size in zip(SPARSE_FEATURE_NAMES, sizes)]
+    schema = criteo_schema(sizes)
+    if section.kind == "hash":  # every value keeps its full 64-bit key; the sizes are the tables' capacities
+        schema = with_full_keys(schema)
+
+    def reader(path: str, train: bool) -> TabularReader:
+        criteo = TabularReader(
+            path,
+            schema,
+            shuffle_buffer_size=data.shuffle_buffer_size,
+            max_malformed_rows=data.max_malformed_rows,
+            parse_threads=data.parse_threads,
+            **reader_options(context, data.batch_size, train),
+        )
+        criteo.check_first_rows()  # A file of another format stops the run now, before the tables are built.
+        return criteo
+
+    train_reader, valid_reader = reader(train_path, train=True), reader(valid_path, train=False)
+    splits = {} if test_path is None else {"test": reader(test_path, train=False)}
+
+    embeddings = build_embeddings(section, tables, gangs.dp, config.seed)
+    model = DLRM(
+        embeddings,
+        list(SPARSE_FEATURE_NAMES),
+        NUM_DENSE_FEATURES,
+        section.dim,
+        config.model.bottom_dims,
+        config.model.top_dims,
+    ).to(context.device)
+    tensor_parallel_mlp(model.top_mlp, gangs)
+    return click_prediction_parts(context, model, train_reader, valid_reader, splits)
+
+
+def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str, str | None]:
+    """The configured day files, or synthetic ones written (once, by rank 0) under ``OUTPUT_DIR/data``."""
+    data = context.config.dataset
+    if data.synthetic_rows is None:
+        if data.train_path is None or data.valid_path is None:
+            raise ConfigError(
+                "`dataset.train_path` and `dataset.valid_path` must name Criteo-format files "
+                "(or set `dataset.synthetic_rows`), but are not set."
+            )
+        return data.train_path, data.valid_path, data.test_path
+    folder = os.path.join(context.output_dir, "data")
+    paths = {split: f"{folder}/{split}.tsv.gz" for split in ("train", "valid", "test")}
+    rows = {"train": data.synthetic_rows, "valid": data.synthetic_rows // 4, "test": data.synthetic_rows // 4}
+    if context.gangs.root.rank == 0:
+        for seed, (split, path) in enumerate(paths.items()):
+            if not os.path.exists(path):
+                os.makedirs(folder, exist_ok=True)
+                partial = path.replace(".tsv.gz", ".partial.tsv.gz")  # Complete or absent, like a checkpoint.
+                write_synthetic_criteo(partial, rows[split], seed=seed, model_seed=context.config.seed)
+                os.replace(partial, path)
+    context.gangs.root.barrier()
+    return paths["train"], paths["valid"], paths["test"]

@@ -1,0 +1,162 @@
+"""Embedding tables for the built-in models: sharded sparse tables, or plain ``nn.EmbeddingBag``s.
+
+Both map a batch's ``SparseFeatures`` to one pooled ``[B, dim]`` tensor per feature, so a model
+does not care which it has. The sparse tables are the default; the dense ones are the baseline
+they are measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import torch
+from torch import nn
+
+from embedding import (
+    EmbeddingTableConfig,
+    EvictionPolicy,
+    HashPolicy,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizerConfig,
+)
+from embedding.sharding import init_rows
+from gang import Gang
+from recipes import ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt, Range
+
+
+@dataclass
+class SparseOptimizerSection:
+    """The fused optimizer of the sparse tables (the dense layers use the ``optimizer`` section)."""
+
+    name: Literal["sgd", "rowwise_adagrad", "adagrad", "adam", "adamw"] = "rowwise_adagrad"
+    lr: NonNegativeFloat = 0.05
+    """0 freezes the tables."""
+    weight_decay: NonNegativeFloat = 0.0
+    eps: PositiveFloat = 1e-8
+    beta1: Annotated[float, Range(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
+
+    def to_config(self) -> SparseOptimizerConfig:
+        return SparseOptimizerConfig(
+            name=self.name,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            eps=self.eps,
+            beta1=self.beta1,
+            beta2=self.beta2,
+        )
+
+
+@dataclass
+class HashTableSection:
+    """How the tables of ``kind: hash`` admit and evict ids (see ``embedding.hash_index``)."""
+
+    min_count: PositiveInt = 1
+    """An id gets a row once looked up this many times in training; until then it reads zeros."""
+    admit_probability: Annotated[float, Range(gt=0, le=1)] = 1.0
+    """Each training step that looks up an id without a row admits it with this probability (seeded)."""
+    eviction: EvictionPolicy = "lru"
+    """When a table is full: ``lru`` evicts the least recently looked-up id, ``lfu`` the least often (both
+    among sampled rows), ``ttl`` frees ids not looked up in the last ``ttl_steps`` steps and admits no more while
+    full, ``none`` stops the run."""
+    ttl_steps: PositiveInt | None = None
+
+    def to_policy(self) -> HashPolicy:
+        return HashPolicy(self.min_count, self.admit_probability, self.eviction, self.ttl_steps)
+
+
+@dataclass
+class EmbeddingSection:
+    dim: PositiveInt = 16
+    backend: Literal["sparse", "dense"] = "sparse"
+    """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
+    placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
+    """Where the sparse tables' rows live; ``auto`` lets the planner balance bytes and lookups."""
+    sparse_optimizer: SparseOptimizerSection = field(default_factory=SparseOptimizerSection)
+    kind: Literal["fixed", "hash"] = "fixed"
+    """``fixed``: the data reader maps each value to one of a table's rows (hashing modulo its rows, so values
+    may share one); ``hash``: a value keeps its full 64-bit id and gets a row of its own when admitted, the
+    table's rows being its capacity (sparse backend only)."""
+    hash: HashTableSection = field(default_factory=HashTableSection)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table a model needs: its rows, the features that look it up, and how they pool."""
+
+    name: str
+    num_rows: int
+    features: tuple[str, ...]
+    pooling: Literal["sum", "mean"] = "sum"
+
+
+class DenseEmbeddingBags(nn.Module):
+    """One ``nn.EmbeddingBag`` per table, trained by the dense optimizer like any parameter.
+
+    Each starts from the very values the sparse table of the same name and ``seed`` would
+    (not ``nn.EmbeddingBag``'s N(0, 1)), so the two backends compare on their updates alone.
+    """
+
+    def __init__(
+        self, tables: Sequence[TableSpec], dim: int, seed: int = 0, *, init_scale: float | None = None
+    ) -> None:
+        super().__init__()
+        self.bags = nn.ModuleDict()
+        for t in tables:
+            config = EmbeddingTableConfig(t.name, t.num_rows, dim, t.features, pooling=t.pooling, init_scale=init_scale)
+            initial = init_rows(config, 0, t.num_rows, seed, torch.device("cpu"))
+            self.bags[t.name] = nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
+        self.table_of = {feature: t.name for t in tables for feature in t.features}
+
+    def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
+        return {
+            name: self.bags[self.table_of[name]](
+                features[name].ids, features[name].offsets[:-1], per_sample_weights=features[name].weights
+            )
+            for name in features
+            if name in self.table_of
+        }
+
+
+def build_embeddings(
+    section: EmbeddingSection,
+    tables: Sequence[TableSpec],
+    gang: Gang,
+    seed: int,
+    *,
+    dim: int | None = None,
+    prefix: str = "",
+    init_scale: float | None = None,
+) -> nn.Module:
+    """The model's tables as the section asks; sparse tables are sharded over ``gang``.
+
+    A model that needs a second set of the same tables (the dim-1 first-order weights of a
+    factorization machine beside its vectors) overrides ``dim`` and names them apart with
+    ``prefix``: table names key the start-up report and the initial values, so two sets must not
+    share them. ``init_scale`` overrides the tables' default initial range; 0 starts them at zero.
+    """
+    dim = section.dim if dim is None else dim
+    tables = [TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling) for t in tables]
+    if section.backend == "dense":
+        if section.kind == "hash":
+            raise ConfigError("`embeddings.kind` hash needs `embeddings.backend` sparse, but the backend is dense.")
+        return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
+    placement = None if section.placement == "auto" else section.placement
+    configs = [
+        EmbeddingTableConfig(
+            t.name,
+            t.num_rows,
+            dim,
+            t.features,
+            pooling=t.pooling,
+            init_scale=init_scale,
+            placement=placement,
+            kind=section.kind,
+            hash_policy=section.hash.to_policy(),
+        )
+        for t in tables
+    ]
+    return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer.to_config())

@@ -1,0 +1,272 @@
+"""The columns a schema adds to a file's own, and which rows a split keeps: the same for every file format.
+
+A reader hands over, per chunk of rows, the keys (``recsys.tabular.hashing``) and the numbers of the file
+columns that joins, derived columns and the split read (``file_keys``, ``file_numbers``); this class returns
+which rows the reader's split keeps, and the added columns' values in the form their roles take: a key per row
+(a categorical value), a number per row (a dense value), or a bag of keys per row (multi-hot). Side tables are
+joined first, in the schema's order (a join may key on a column an earlier join added), then the derived
+columns are computed from file or joined columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from recipes import ConfigError
+from recsys.tabular.hashing import integer_keys
+from recsys.tabular.history import History, HistoryBuilder
+from recsys.tabular.joins import Bags, ColumnUse, SideTable, gather_bags
+from recsys.tabular.schema import COUNTS, HISTORY, TIME_PARTS, DerivedColumn, TabularDataSection
+from recsys.tabular.vocabulary import KeyCounter, ValueCounts
+
+_SECONDS_PER_DAY = 86_400
+_EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday; Monday is 0.
+
+
+@dataclass
+class AddedValues:
+    """What ``AddedColumns.apply`` gives a chunk: the rows the split keeps (``None``: all), and per added column
+    used by a role its keys, numbers or bags."""
+
+    keep: npt.NDArray[np.bool_] | None = None
+    problems: dict[int, str] = field(default_factory=dict)
+    """Rows no split can keep (an empty split value), by index: malformed rows, never dropped silently."""
+    keys: dict[str, npt.NDArray[np.uint64]] = field(default_factory=dict)
+    numbers: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
+    bags: dict[str, Bags] = field(default_factory=dict)
+
+
+class AddedColumns:
+    """The joined and derived columns of ``schema`` and its split, for a reader of split ``split``
+    (``train``, ``valid`` or ``test``) over files with the columns ``file_columns``.
+
+    ``counts`` holds, per ``count`` or ``count_before`` column, the value counts of its source over the training
+    rows; without them (the pass that counts them) such a column is missing in every row. ``histories`` holds
+    the rows of each ``history`` column (``gather_histories``), without which it is missing in every row.
+    """
+
+    def __init__(
+        self,
+        schema: TabularDataSection,
+        file_columns: list[str],
+        split: str,
+        counts: Mapping[str, ValueCounts] | None = None,
+        *,
+        histories: Mapping[str, History] | None = None,
+        file_name: str = "the files",
+    ) -> None:
+        self._schema = schema
+        self._bounds = schema.split.bounds(split)
+        self._counts = dict(counts or {})
+        self._histories = dict(histories or {})
+        self._history_columns = [d for d in schema.derived if d.transform == HISTORY]
+        self._check_names(file_columns, file_name)
+        groups = {name: group for group in schema.categorical for name in group.columns}
+        dense = set(schema.dense_columns)
+        joined_bags = {
+            name for join in schema.joins for name in join.columns if name in groups and groups[name].multi_hot
+        }
+        keyed = {join.on for join in schema.joins} | {d.source for d in schema.derived if d.transform in COUNTS}
+        keyed |= {d.key for d in self._history_columns if d.key is not None}
+        keyed |= {d.source for d in self._history_columns if d.source not in joined_bags}
+        numbered = {d.source for d in schema.derived if d.transform in TIME_PARTS}
+        if schema.split.column is not None:
+            numbered.add(schema.split.column)
+
+        self.tables = []
+        for join in schema.joins:
+            uses = {
+                name: ColumnUse(
+                    keys=name in keyed or (name in groups and not groups[name].multi_hot),
+                    numbers=name in dense or name in numbered,
+                    bags=name in groups and groups[name].multi_hot,
+                    separator=groups[name].separator if name in groups else None,
+                )
+                for name in join.columns
+            }
+            self.tables.append(SideTable(join, uses, schema.split))
+        self.file_keys = sorted(name for name in keyed if name in file_columns)
+        """The file columns whose keys ``apply`` needs."""
+        self.file_numbers = sorted(name for name in numbered if name in file_columns)
+        """The file columns whose numbers ``apply`` needs."""
+        clash = sorted(set(self.file_keys) & set(self.file_numbers))
+        if clash:
+            raise ConfigError(
+                f"A column must be read as a number or as a value, but '{clash[0]}' is both a number (the source of a "
+                "time part, or the split column) and a value (a join key, or the source of a count)."
+            )
+        self._categorical = {name for name in schema.categorical_columns if name not in file_columns}
+        self._dense = {name for name in schema.dense_columns if name not in file_columns}
+        for history in self._history_columns:
+            if history.source in file_columns and history.source in groups and groups[history.source].multi_hot:
+                raise ConfigError(
+                    f"The source of the history '{history.name}' must be a single-valued or a joined column, but "
+                    f"'{history.source}' is a multi-hot column of {file_name}."
+                )
+
+    @property
+    def empty(self) -> bool:
+        """Whether the schema adds nothing and keeps every row: the reader's fast path."""
+        return not self.tables and not self._schema.derived and self._bounds is None
+
+    def apply(
+        self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
+    ) -> AddedValues:
+        """The split's rows and the added columns' values, from the ``file_keys`` and ``file_numbers`` of a chunk."""
+        keys, numbers, bags = self._join(keys, numbers)
+        values = AddedValues(bags=bags)
+        if self._bounds is not None:
+            assert self._schema.split.column is not None
+            column = self._schema.split.column
+            split_values = numbers[column]
+            values.keep = (split_values >= self._bounds[0]) & (split_values < self._bounds[1])
+            for row in np.flatnonzero(np.isnan(split_values)):
+                values.problems[int(row)] = f"the split column `{column}` must hold a number, but is empty"
+        for derived in self._schema.derived:
+            if derived.transform == HISTORY:
+                if derived.name in self._categorical:
+                    values.bags[derived.name] = self._history(derived, keys, numbers)
+            elif derived.transform in COUNTS:
+                counts = self._counts.get(derived.name)
+                source = keys[derived.source]
+                orders = numbers[self._schema.split.column] if derived.transform == "count_before" else None  # type: ignore[index]
+                numbers[derived.name] = counts.lookup(source, orders) if counts else np.full(len(source), np.nan)
+            else:
+                numbers[derived.name] = time_part(numbers[derived.source], derived.transform)
+        for name in self._dense:
+            values.numbers[name] = numbers[name]
+        for name in self._categorical - set(values.bags):
+            values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], name)
+        return values
+
+    def _join(
+        self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
+    ) -> tuple[dict[str, npt.NDArray[np.uint64]], dict[str, npt.NDArray[np.float64]], dict[str, Bags]]:
+        """The keys and numbers of a chunk with the joined columns' added, and the joined bags."""
+        keys, numbers, bags = dict(keys), dict(numbers), {}
+        for table in self.tables:
+            positions = table.join_keys(keys)
+            found = positions >= 0
+            for name, side_numbers in table.numbers.items():
+                numbers[name] = np.where(found, side_numbers[np.maximum(positions, 0)], np.nan)
+            for name, side_bags in table.bags.items():
+                bags[name] = gather_bags(side_bags, positions)
+        return keys, numbers, bags
+
+    def _history(
+        self,
+        derived: DerivedColumn,
+        keys: Mapping[str, npt.NDArray[np.uint64]],
+        numbers: Mapping[str, npt.NDArray[np.float64]],
+    ) -> Bags:
+        assert derived.key is not None and self._schema.split.column is not None
+        owners = keys[derived.key]
+        history = self._histories.get(derived.name)
+        if history is None:  # The pass that gathers the histories: every row's is missing.
+            return np.zeros(len(owners), np.uint64), np.arange(len(owners) + 1, dtype=np.int64)
+        return history.lookup(owners, numbers[self._schema.split.column], derived.length)
+
+    def gather_histories(
+        self,
+        chunks: Iterable[
+            tuple[Mapping[str, npt.NDArray[np.uint64]], Mapping[str, npt.NDArray[np.float64]], npt.NDArray[np.bool_]]
+        ],
+    ) -> dict[str, History]:
+        """The rows of each ``history`` column, from the ``file_keys``, ``file_numbers`` and well-formed rows of
+        every chunk of the files (a reader of the split ``all``)."""
+        builders = {d.name: HistoryBuilder() for d in self._history_columns}
+        split_column = self._schema.split.column
+        for file_keys, file_numbers, valid in chunks:
+            keys, numbers, bags = self._join(file_keys, file_numbers)
+            for derived in self._history_columns:
+                assert derived.key is not None and split_column is not None
+                source = bags.get(derived.source)
+                if source is None:
+                    source = keys[derived.source], np.arange(len(valid) + 1, dtype=np.int64)
+                builders[derived.name].add(keys[derived.key], numbers[split_column], source, valid)
+        return {name: builder.build() for name, builder in builders.items()}
+
+    def counters(self) -> dict[str, KeyCounter]:
+        """An empty counter per ``count`` and ``count_before`` column, for the pass that counts them."""
+        return {
+            d.name: KeyCounter(ordered=d.transform == "count_before")
+            for d in self._schema.derived
+            if d.transform in COUNTS
+        }
+
+    def count_sources(
+        self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
+    ) -> dict[str, tuple[npt.NDArray[np.uint64], npt.NDArray[np.float64] | None]]:
+        """Per ``count`` and ``count_before`` column, the keys of its source in a chunk (from ``file_keys`` and the
+        joins), and for ``count_before`` the rows' values of the split column (their order in time)."""
+        keys = dict(keys)
+        for table in self.tables:
+            table.join_keys(keys)
+        split_column = self._schema.split.column
+        return {
+            d.name: (keys[d.source], numbers[split_column] if d.transform == "count_before" and split_column else None)
+            for d in self._schema.derived
+            if d.transform in COUNTS
+        }
+
+    def _check_names(self, file_columns: list[str], file_name: str) -> None:
+        """Every name a role reads is a file column or one the schema adds before it is read."""
+        schema = self._schema
+        known = set(file_columns)
+        for name in schema.added_columns:
+            if name in known:
+                raise ConfigError(f"An added column must have a new name, but '{name}' is a column of {file_name}.")
+
+        def require(name: str, subject: str) -> None:
+            if name not in known:
+                raise ConfigError(
+                    f"{subject} must be a column of {file_name} or one the schema adds before it, but '{name}' is "
+                    f"neither (the file's columns are {file_columns})."
+                )
+
+        if schema.split.column is not None:
+            require(schema.split.column, "The split column")
+        for join in schema.joins:
+            assert join.on is not None
+            require(join.on, f"The key column `on` of the join of {join.path}")
+            known.update(join.columns)
+        for derived in schema.derived:
+            require(derived.source, f"The source of the derived column '{derived.name}'")
+            if derived.key is not None:
+                require(derived.key, f"The key of the history '{derived.name}'")
+        known.update(derived.name for derived in schema.derived)
+        for name in [*schema.dense_columns, *schema.categorical_columns]:
+            require(name, "A column of the schema")
+
+
+def dense_column(numbers: npt.NDArray[np.float64], fill: float, log: bool) -> npt.NDArray[np.float32]:
+    """A dense column from exact numbers, as the tokeniser stores a file's: NaN (missing) is ``fill``, then
+    ``log(max(x, 0) + 1)`` if ``log``, in float32."""
+    values = np.where(np.isnan(numbers), fill, numbers)
+    return (np.log1p(np.maximum(values, 0.0)) if log else values).astype(np.float32)
+
+
+def time_part(seconds: npt.NDArray[np.float64], part: str) -> npt.NDArray[np.float64]:
+    """The ``part`` (one of ``TIME_PARTS``) of unix times in seconds, in UTC; NaN (missing) stays NaN."""
+    assert part in TIME_PARTS
+    known = np.isfinite(seconds)
+    whole = np.floor(np.where(known, seconds, 0.0)).astype(np.int64)
+    if part == "hour":
+        result = (whole // 3600) % 24
+    elif part == "weekday":
+        result = (whole // _SECONDS_PER_DAY + _EPOCH_WEEKDAY) % 7
+    else:
+        moments = whole.astype("datetime64[s]")
+        years = moments.astype("datetime64[Y]")
+        months = moments.astype("datetime64[M]")
+        if part == "year":
+            result = years.astype(np.int64) + 1970
+        elif part == "month":
+            result = (months - years).astype(np.int64) + 1
+        else:
+            result = (moments.astype("datetime64[D]") - months).astype(np.int64) + 1
+    return np.where(known, result.astype(np.float64), np.nan)

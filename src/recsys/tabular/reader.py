@@ -1,0 +1,317 @@
+"""Click-prediction batches from delimited text files (CSV, TSV), as a ``dataset`` schema declares them.
+
+``recsys.tabular.delimited``'s kernel turns each chunk of whole lines into columns in one pass
+(the streaming, shuffling, sharding and resume are ``recsys.data.stream``'s); this class plans
+what each column is to the kernel, adds the schema's joined and derived columns
+(``recsys.tabular.added_columns``), turns keys into ids, and says in a sentence what is wrong
+with a line that does not fit. CRLF line ends, quoted fields (without newlines inside) and gzip
+are handled; a header line is checked against the schema and skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from recipes import ConfigError, DataError
+from recsys.click.batch import CTRBatch, make_ctr_batch
+from recsys.data.stream import START, ParsedLines, StreamingLineReader
+from recsys.tabular import delimited
+from recsys.tabular.added_columns import AddedColumns, dense_column
+from recsys.tabular.delimited import ColumnPlan, TokenizedLines
+from recsys.tabular.hashing import bucket_ids, column_basis
+from recsys.tabular.history import History
+from recsys.tabular.joins import Bags
+from recsys.tabular.schema import TabularDataSection
+from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
+
+
+class TabularReader(StreamingLineReader[CTRBatch]):
+    """Reads the files of ``paths`` as ``schema`` says, keeping the rows of ``split`` (``train``, ``valid`` or
+    ``test``: the schema's ``split`` says which rows each keeps); ``encodings`` are the vocabularies and value
+    counts the schema needs (``recsys.tabular.vocabulary``). The other arguments are ``StreamingLineReader``'s.
+
+    Batches hold the dense columns in schema order as ``dense``, one sparse feature per
+    categorical column (named after it), and the label as 0/1.
+    """
+
+    def __init__(
+        self,
+        paths: str | Sequence[str],
+        schema: TabularDataSection,
+        *,
+        split: str = "train",
+        encodings: Encodings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._schema = schema
+        self._encodings = encodings or Encodings({}, {})
+        super().__init__(paths, **kwargs)
+        self._names = self._column_names()
+        if schema.label.column not in self._names:
+            raise DataError(
+                f"The schema's column '{schema.label.column}' must be a column of {self.file_name(0)}, but the "
+                f"file's columns are {self._names} instead."
+            )
+        try:
+            self._added = AddedColumns(
+                schema,
+                self._names,
+                split,
+                self._encodings.counts,
+                histories=self._encodings.histories,
+                file_name=self.file_name(0),
+            )
+        except ConfigError as error:
+            raise DataError(str(error)) from None
+        groups = {name: group for group in schema.categorical for name in group.columns}
+        self._groups = groups
+        self._single = [name for name in schema.categorical_columns if not groups[name].multi_hot]
+        self._bags = [name for name in schema.categorical_columns if groups[name].multi_hot]
+        self._file_bags = [name for name in self._bags if name in self._names]
+        self._vocabulary_columns = [name for name in schema.categorical_columns if groups[name].vocabulary]
+        # File columns only read for their keys (join keys, counted sources), in slots after the features'.
+        self._hidden_keys = [name for name in self._added.file_keys if name not in self._single]
+        self._key_slots = {name: k for k, name in enumerate([*self._single, *self._hidden_keys])}
+        # Columns whose keys the kernel hands out, for ids made after it: vocabularies, join keys, counted
+        # sources, and added columns (whose keys are filled in after the kernel).
+        keyed = [name for name in self._single if groups[name].vocabulary or name in self._added.file_keys]
+        added = [name for name in self._single if name not in self._names]
+        self._keyed = {*keyed, *added, *self._hidden_keys}
+        self._number_slots = {name: k for k, name in enumerate(self._added.file_numbers)}
+        self._plan = self._column_plan()
+
+    def count_values(self) -> dict[str, ValueCounts]:
+        """The counts of the values of the vocabulary columns and of the sources of ``count`` and ``count_before``
+        columns in the kept, well-formed rows of every file: one pass over the data, for
+        ``recsys.tabular.vocabulary``."""
+        counters = {name: KeyCounter() for name in self._vocabulary_columns}
+        counters.update(self._added.counters())
+        for start, buffer in self.line_chunks(START):
+            chunk = self._keys_of(buffer, start.file_index, start.offset == 0)
+            for k, name in enumerate(self._single):
+                if name in counters:
+                    counters[name].add(chunk.keys[chunk.valid, k])
+            for name, (keys, offsets) in chunk.bags.items():
+                if name in counters:
+                    counters[name].add(keys[np.repeat(chunk.valid, np.diff(offsets))])
+            for name, (keys, orders) in self._added.count_sources(chunk.file_keys, chunk.file_numbers).items():
+                counters[name].add(keys[chunk.valid], None if orders is None else orders[chunk.valid])
+        return {name: counter.totals() for name, counter in counters.items()}
+
+    def histories(self) -> dict[str, History]:
+        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
+        ``all``): one pass over the data, for ``recsys.tabular.history``."""
+        chunks = (
+            (chunk.file_keys, chunk.file_numbers, chunk.valid)
+            for chunk in (
+                self._keys_of(buffer, start.file_index, start.offset == 0) for start, buffer in self.line_chunks(START)
+            )
+        )
+        return self._added.gather_histories(chunks)
+
+    # The format -------------------------------------------------------------------------------
+
+    def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
+        chunk = self._keys_of(buffer, file_index, at_file_start)
+        if len(self._encodings.vocabularies) != len(self._vocabulary_columns):
+            raise ValueError(f"`encodings` must map every vocabulary column {self._vocabulary_columns}, but do not.")
+        ids = chunk.lines.ids[:, : len(self._single)]
+        for k, name in enumerate(self._single):
+            if name in self._keyed:
+                ids[:, k] = self._ids(name, ids[:, k].view(np.uint64))
+        bags = [self._bag_ids(name, *chunk.bags[name]) for name in self._bags]
+        columns: tuple[npt.NDArray[Any], ...] = (chunk.lines.labels, chunk.lines.dense, ids, *bags)
+        return ParsedLines(chunk.line_ends, chunk.valid, columns, chunk.problems)
+
+    def _keys_of(self, buffer: bytes, file_index: int, at_file_start: bool) -> _Chunk:
+        """The lines of a chunk as the kernel leaves them (keys where ids come later), with the added columns
+        filled in, the rows outside the split marked invalid, and the multi-hot columns' keys."""
+        data = np.frombuffer(buffer, dtype=np.uint8)
+        line_starts = delimited.line_starts(data)
+        line_ends = line_starts[1:]
+        skip = 1 if self._schema.header and at_file_start else 0
+        if skip:
+            self._check_header(buffer[: line_ends[0]], file_index)
+        lines = delimited.tokenize(
+            data,
+            line_starts,
+            skip,
+            self._schema.field_delimiter,
+            self._schema.quote_char,
+            self._plan,
+            (len(self._schema.dense_columns), len(self._key_slots), len(self._file_bags), len(self._number_slots)),
+        )
+        problems = {
+            int(line): self._problem(lines, int(line), buffer[line_starts[line] : line_ends[line]])
+            for line in np.flatnonzero(lines.codes > delimited.HEADER)
+        }
+        quote = self._schema.quote_char
+        bags = {
+            name: delimited.bag_keys(data, lines.bag_spans[:, k], self._separator(name), column_basis(name), quote)
+            for k, name in enumerate(self._file_bags)
+        }
+        valid = lines.codes == delimited.OK
+        keys = lines.ids.view(np.uint64)
+        file_keys = {name: keys[:, self._key_slots[name]] for name in self._added.file_keys}
+        numbers = {name: lines.numbers[:, k] for name, k in self._number_slots.items()}
+        if not self._added.empty:
+            added = self._added.apply(file_keys, numbers)
+            if added.keep is not None:
+                valid &= added.keep
+            for line, problem in added.problems.items():
+                problems.setdefault(line, problem)
+            for name, values in added.keys.items():
+                keys[:, self._key_slots[name]] = values
+            bags.update(added.bags)
+            dense_numbers = {**numbers, **added.numbers}
+            for slot, (name, fill, log) in enumerate(self._dense_specs()):
+                if name in dense_numbers:
+                    lines.dense[:, slot] = dense_column(dense_numbers[name], fill, log)
+        return _Chunk(line_ends, lines, valid, keys, problems, bags, file_keys, numbers)
+
+    def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:
+        labels, dense, single, *bags = columns
+        one_each = np.arange(len(labels) + 1, dtype=np.int64)
+        by_column = single.T.copy()  # One copy makes every column's ids contiguous.
+        features = {name: (by_column[k], one_each) for k, name in enumerate(self._single)}
+        for name, bag in zip(self._bags, bags):
+            lengths = np.fromiter((len(ids) for ids in bag), dtype=np.int64, count=len(bag))
+            offsets = np.zeros(len(bag) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            features[name] = (np.concatenate([*bag, np.zeros(0, np.int64)]), offsets)
+        ordered = {name: features[name] for name in self._schema.categorical_columns}
+        return make_ctr_batch(dense, ordered, labels)
+
+    def empty_columns(self) -> tuple[npt.NDArray[Any], ...]:
+        return (
+            np.zeros(0, np.float32),
+            np.zeros((0, len(self._schema.dense_columns)), np.float32),
+            np.zeros((0, len(self._single)), np.int64),
+            *(_object_array([]) for _ in self._bags),
+        )
+
+    # Columns ---------------------------------------------------------------------------------
+
+    def _ids(self, name: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        if name in self._encodings.vocabularies:
+            return self._encodings.vocabularies[name].lookup(keys)
+        return bucket_ids(keys, self._groups[name].num_buckets)
+
+    def _bag_ids(self, name: str, keys: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """Per line, the ids of the values of its multi-hot field of column ``name``."""
+        return _object_array(np.split(self._ids(name, keys), offsets[1:-1]))
+
+    def _separator(self, name: str) -> str:
+        """What splits a multi-hot field of ``name``: its group's separator, or (a field of one value) a byte that no
+        text holds."""
+        return self._groups[name].separator or "\0"
+
+    def _dense_specs(self) -> list[tuple[str, float, bool]]:
+        return [(name, group.fill, group.log) for group in self._schema.dense for name in group.columns]
+
+    def _column_plan(self) -> ColumnPlan:
+        schema = self._schema
+        roles = np.full(len(self._names), delimited.SKIP, dtype=np.int64)
+        slots = np.zeros(len(self._names), dtype=np.int64)
+        position = {name: index for index, name in enumerate(self._names)}
+        for role, slot_of in (
+            (delimited.DENSE, {name: slot for slot, name in enumerate(schema.dense_columns)}),
+            (delimited.CATEGORICAL, self._key_slots),
+            (delimited.BAG, {name: slot for slot, name in enumerate(self._file_bags)}),
+            (delimited.NUMBER, self._number_slots),
+            (delimited.LABEL, {schema.label.column: 0}),
+        ):
+            for name, slot in slot_of.items():
+                if name not in position:
+                    continue  # An added column: filled in after the kernel.
+                if roles[position[name]] not in (delimited.SKIP, delimited.DENSE):
+                    raise DataError(f"The column '{name}' of {self.file_name(0)} must have one role, but has several.")
+                roles[position[name]], slots[position[name]] = role, slot
+        label = schema.label
+        values = [*label.positive, *label.negative]
+        encoded = [value.strip().encode() for value in values]
+        key_columns = [*self._single, *self._hidden_keys]
+        return ColumnPlan(
+            roles=roles,
+            slots=slots,
+            bases=np.array([column_basis(name) for name in key_columns], np.uint64),
+            num_buckets=np.array(
+                [0 if name in self._keyed else self._groups[name].num_buckets for name in key_columns], np.uint64
+            ),
+            fills=np.array([fill for _, fill, _ in self._dense_specs()], np.float64),
+            logs=np.array([log for _, _, log in self._dense_specs()], np.bool_),
+            label_texts=np.frombuffer(b"".join(encoded), dtype=np.uint8),
+            label_offsets=np.cumsum([0, *(len(text) for text in encoded)], dtype=np.int64),
+            label_clicks=np.array([1.0] * len(label.positive) + [0.0] * len(label.negative), np.float32),
+            threshold=float("nan") if label.threshold is None else label.threshold,
+        )
+
+    def _column_names(self) -> list[str]:
+        if not self._schema.header:
+            assert self._schema.column_names is not None
+            return list(self._schema.column_names)
+        with self._files[0] as file:
+            first = file.readline()
+        if not first:
+            raise DataError(f"{self.file_name(0)} must start with a header line, but is empty.")
+        return self._split_line(first.decode("utf-8-sig", errors="replace"))
+
+    def _split_line(self, text: str) -> list[str]:
+        quoting = {"quotechar": self._schema.quote_char} if self._schema.quote_char else {"quoting": csv.QUOTE_NONE}
+        row = next(csv.reader([text.rstrip("\r\n")], delimiter=self._schema.field_delimiter, **quoting), [])
+        return [field.strip() for field in row]
+
+    def _check_header(self, line: bytes, file_index: int) -> None:
+        names = self._split_line(line.decode("utf-8-sig", errors="replace"))
+        if names != self._names:
+            raise DataError(
+                f"Line 1 of {self.file_name(file_index)} must name the columns {self._names} as the first file "
+                f"does, but names {names} instead."
+            )
+
+    def _problem(self, lines: TokenizedLines, line: int, text: bytes) -> str:
+        code, column = int(lines.codes[line]), int(lines.columns[line])
+        if code == delimited.FIELD_COUNT:
+            return f"it must have {len(self._names)} fields, but has {column} instead"
+        if code == delimited.QUOTE:
+            return "a quoted field must end with a quote, followed by the delimiter or the line's end"
+        fields = self._split_line(text.decode(errors="replace"))
+        value = fields[column] if column < len(fields) else ""
+        name = self._names[column]
+        if code == delimited.NOT_A_NUMBER:
+            return f"`{name}` must be a finite number or empty, but is {value!r} instead"
+        label = self._schema.label
+        if label.threshold is not None:
+            return f"the label `{name}` must be a finite number, but is {value!r} instead"
+        allowed = ", ".join(repr(v) for v in [*label.positive, *label.negative])
+        return f"the label `{name}` must be one of {allowed}, but is {value!r} instead"
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """The lines of a chunk: the kernel's output, which rows are kept, the categorical keys (ids where no key
+    is needed; single-valued columns first, then hidden key columns), what is wrong with the bad lines, the
+    multi-hot columns' keys, and the keys and numbers of the file columns that ``AddedColumns`` reads."""
+
+    line_ends: npt.NDArray[np.int64]
+    lines: TokenizedLines
+    valid: npt.NDArray[np.bool_]
+    keys: npt.NDArray[np.uint64]
+    problems: dict[int, str]
+    bags: dict[str, Bags]
+    file_keys: dict[str, npt.NDArray[np.uint64]]
+    file_numbers: dict[str, npt.NDArray[np.float64]]
+
+
+def _object_array(parts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[Any]:
+    """An object array of id arrays, one per row (numpy would stack equal-length arrays otherwise)."""
+    bags = np.empty(len(parts), dtype=object)
+    for index, part in enumerate(parts):
+        bags[index] = part
+    return bags

@@ -1,0 +1,354 @@
+"""The ``dataset`` schema of a tabular recipe: files, format, and what each column is.
+
+Data is declared, not coded: a YAML schema names the files, their format and the role of each
+column (the label, dense numbers, categorical values, multi-hot bags), and the reader turns rows
+into click-prediction batches. Column lists accept brace ranges: ``"I{1..13}"`` stands for
+``I1`` ... ``I13``.
+
+Besides a file's own columns, a role may name a column of a side table joined by key (the genres
+of a movie, from ``movies.csv``) or a column derived from another (the hour of a timestamp, the
+number of training rows holding a value); ``split`` cuts the rows of one file into training,
+validation and test rows by the value of a column (a time split).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from importlib.resources import files
+from typing import Annotated, Literal
+
+from recipes import NonNegativeInt, PositiveInt, Range
+
+FORMATS = ("csv", "tsv", "libsvm", "libffm", "parquet")
+TIME_PARTS = ("hour", "weekday", "day", "month", "year")
+COUNTS = ("count", "count_before")
+HISTORY = "history"
+PACKAGE_SCHEME = "package://"
+LIBSVM_FORMATS = ("libsvm", "libffm")
+_RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
+
+
+def expand_names(names: list[str]) -> list[str]:
+    """``["label", "I{1..3}"]`` -> ``["label", "I1", "I2", "I3"]``."""
+    expanded = []
+    for name in names:
+        match = _RANGE.match(name)
+        if match is None:
+            expanded.append(name)
+            continue
+        prefix, first, last, suffix = match.groups()
+        if int(first) > int(last):
+            raise ValueError(f"A column range must count upwards, but '{name}' counts down instead.")
+        expanded += [f"{prefix}{i}{suffix}" for i in range(int(first), int(last) + 1)]
+    return expanded
+
+
+def resolve_path(path: str) -> str:
+    """``path``, or for ``package://PACKAGE/RELATIVE`` the file of that name in the installed package ``PACKAGE``:
+    data shipped with a package (a built-in preset's) is found wherever the package is installed, and a run's
+    config keeps the portable name, so that it resumes from another install."""
+    if not path.startswith(PACKAGE_SCHEME):
+        return path
+    package, _, relative = path.removeprefix(PACKAGE_SCHEME).partition("/")
+    try:
+        root = files(package)
+    except ModuleNotFoundError:
+        raise ValueError(f"The package of {path} must be installed, but '{package}' is not.") from None
+    return str(root.joinpath(relative))
+
+
+@dataclass
+class LabelColumn:
+    column: str = "label"
+    """The column holding the label."""
+    positive: list[str] = field(default_factory=lambda: ["1"])
+    """The values (as written in the file) that mean a click; ignored with ``threshold``."""
+    negative: list[str] = field(default_factory=lambda: ["0"])
+    """The values that mean no click; any other value is a malformed row (e.g. ``[-1]`` for -1/1 labels)."""
+    threshold: Annotated[float, Range()] | None = None
+    """Instead of values: a number >= ``threshold`` is a click (e.g. ``rating >= 4``)."""
+
+    def __post_init__(self) -> None:
+        overlap = set(self.positive) & set(self.negative)
+        if self.threshold is None and overlap:
+            raise ValueError(f"`positive` and `negative` must not share values, but share {sorted(overlap)}.")
+
+
+@dataclass
+class DenseColumns:
+    columns: list[str] = field(default_factory=list)
+    """Numeric columns, read as float32."""
+    fill: Annotated[float, Range()] = 0.0
+    """The value of an empty field."""
+    log: bool = False
+    """Take ``log(max(x, 0) + 1)``, as DLRM does for Criteo's counts."""
+
+    def __post_init__(self) -> None:
+        self.columns = expand_names(self.columns)
+
+
+@dataclass
+class CategoricalColumns:
+    columns: list[str] = field(default_factory=list)
+    """Categorical columns (integers or strings alike: the text of the field is what counts)."""
+    num_buckets: Annotated[int, Range(ge=2)] = 1_000_000
+    """Rows of each column's table: a value's id is 1 + its 64-bit hash modulo ``num_buckets - 1``;
+    id 0 is an empty (missing) field's, which no value shares."""
+    separator: str | None = None
+    """Multi-hot: a field holds several values split by this (e.g. ``"|"`` for genres), pooled by mean."""
+    multi_hot: bool = False
+    """A bag of values per row, pooled by mean: implied by ``separator``; needed for a joined column whose key
+    has several rows in its side table (the tags of a movie)."""
+    shared_table: str | None = None
+    """One table of this name for all the columns, instead of one each (their values still hash apart)."""
+    vocabulary: bool = False
+    """Instead of hashing: the ``num_buckets - 2`` most frequent values of the training files seen at least
+    ``min_count`` times get ids of their own (from 2, by falling count), any other value the
+    out-of-vocabulary id 1. Counted in one pass at the first start, saved in the output directory."""
+    min_count: PositiveInt = 1
+    """With ``vocabulary``: how often a value must occur in the training files to get an id of its own."""
+
+    def __post_init__(self) -> None:
+        self.columns = expand_names(self.columns)
+        if self.min_count > 1 and not self.vocabulary:
+            raise ValueError(f"`min_count` applies with `vocabulary: true` only, but is {self.min_count} without it.")
+        if self.vocabulary and self.shared_table is not None:
+            raise ValueError("`vocabulary` and `shared_table` must not be combined, but are both set.")
+        if self.separator == "":
+            raise ValueError("`separator` must be a non-empty string or null, but is '' instead.")
+        self.multi_hot = self.multi_hot or self.separator is not None
+
+
+@dataclass
+class SplitByValue:
+    """Training, validation and test rows told apart by the value of a numeric column, such as a timestamp:
+    the latest rows validate, as a recommender is used (trained on the past, asked about the future)."""
+
+    column: str | None = None
+    """The numeric column; ``null``: every row of a split's files belongs to it."""
+    valid_from: Annotated[float, Range()] | None = None
+    """Rows whose value is at least this are validation rows (up to ``test_from``); smaller values train."""
+    test_from: Annotated[float, Range()] | None = None
+    """Rows whose value is at least this are test rows (optional)."""
+
+    def __post_init__(self) -> None:
+        if self.column is not None and self.valid_from is None:
+            raise ValueError(f"`split.valid_from` must be set to split by `{self.column}`, but is not.")
+        if self.column is None and (self.valid_from is not None or self.test_from is not None):
+            raise ValueError("`split.column` must name the column that `valid_from`/`test_from` cut, but is not set.")
+        if self.test_from is not None and self.valid_from is not None and self.test_from < self.valid_from:
+            raise ValueError(
+                f"`split.test_from` must be at least `valid_from` ({self.valid_from}), but is {self.test_from} instead."
+            )
+
+    def bounds(self, split: str) -> tuple[float, float] | None:
+        """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row (so for
+        ``all``: the rows of every split, which a ``history`` gathers)."""
+        if self.column is None or split == "all":
+            return None
+        assert self.valid_from is not None
+        test_from = float("inf") if self.test_from is None else self.test_from
+        return {"train": (-float("inf"), self.valid_from), "valid": (self.valid_from, test_from)}.get(
+            split, (test_from, float("inf"))
+        )
+
+
+@dataclass
+class JoinedTable:
+    """A side table whose columns join the rows by key: the attributes of an item or a user.
+
+    It is read whole at start-up (meant for tables of items or users, not logs): a CSV/TSV file with a header
+    (tab-separated if its name ends in ``.tsv`` or ``.tsv.gz``) or a Parquet file (``.parquet``), through fsspec.
+    Keys match by their text, as categorical values do. A row whose key the table lacks gets missing values
+    (categorical id 0, a dense ``fill``). A key may have several rows: its values of a column then form a bag,
+    which a categorical group takes with ``multi_hot: true``. When the table holds the ``split`` column, only
+    its rows of the training range are read, so that no later information leaks into the features.
+    """
+
+    path: str = ""
+    """An fsspec path (``package://PACKAGE/...`` for a file shipped in an installed package)."""
+    key: str = ""
+    """The side table's key column."""
+    on: str | None = None
+    """The rows' column that holds the key; ``null``: the column named like ``key``."""
+    columns: list[str] = field(default_factory=list)
+    """The side table's columns that the rows take, by their names (which must be new to the rows)."""
+
+    def __post_init__(self) -> None:
+        if not self.path or not self.key or not self.columns:
+            raise ValueError(
+                f"A join must name its `path`, `key` and `columns`, but has path={self.path!r}, key={self.key!r} and "
+                f"columns={self.columns!r}."
+            )
+        self.columns = expand_names(self.columns)
+        self.on = self.on or self.key
+
+
+@dataclass
+class DerivedColumn:
+    """A column computed from another: a part of a unix timestamp (UTC), or a count over the training rows.
+
+    ``hour`` (0-23), ``weekday`` (Monday is 0), ``day`` (of the month), ``month`` (1-12) and ``year`` read the
+    source as seconds since 1970; ``count`` is the number of training rows holding the source's value (the
+    popularity of an item, say); ``count_before`` the number of those that come before the row in the order of
+    ``split.column`` (for a validation or test row: all of them), so that a training row's feature holds nothing
+    from its future, as a validation row's cannot: a user's first training rows count 0, 1, 2..., and a user
+    first seen in validation counts 0 there, as every user's first training row does. Counts are taken in one
+    pass at the first start and saved in the output directory (``count_before`` keeps one split value per
+    training row). A derived column is a number: a dense group takes it as is, a categorical group takes its
+    decimal text.
+
+    ``history`` is a bag instead (a multi-hot categorical group takes it): the values of the source in the latest
+    ``length`` rows of the row's ``key`` (the user) that come before it in the order of ``split.column``, in every
+    configured file (training, validation and test rows alike: a deployed model knows what a user did before a
+    request, never how they rated it; no label is read). The source is a file column or a joined one (the genres
+    of the movies a user rated before), and its values keep the source's keys, so that a ``shared_table`` with the
+    source gives a value one row in both. Built at each start in one pass over the files (memory follows their
+    rows).
+    """
+
+    name: str = ""
+    source: str = ""
+    transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before", "history"] = "hour"
+    key: str | None = None
+    """``history``: the column whose earlier rows are gathered (the user)."""
+    length: PositiveInt = 20
+    """``history``: how many of those rows, the latest."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.source:
+            raise ValueError(
+                f"A derived column must have a `name` and a `source`, but has {self.name!r} and {self.source!r}."
+            )
+        if (self.key is None) == (self.transform == HISTORY):
+            raise ValueError(
+                f"`key` must be set exactly for `transform: history`, but the derived column '{self.name}' has "
+                f"transform {self.transform!r} and key {self.key!r}."
+            )
+
+
+@dataclass
+class TabularDataSection:
+    train_path: str | None = None
+    """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
+    shipped in an installed package), plain or gzip."""
+    valid_path: str | None = None
+    test_path: str | None = None
+    """Optional: the ``test`` split of ``eval`` and ``predict``."""
+    format: Literal["csv", "tsv", "libsvm", "libffm", "parquet"] = "csv"
+    """``csv`` (``delimiter``, default ``,``), ``tsv`` (tab), ``libsvm`` (also libFM: ``label idx:val ...``),
+    ``libffm`` (``label field:idx:val ...``) or ``parquet`` (typed columns named by the file, so ``delimiter``,
+    ``quote_char``, ``header`` and ``column_names`` do not apply; a list column can be a multi-hot bag)."""
+    delimiter: str | None = None
+    """The field separator; ``null``: the format's."""
+    quote_char: str | None = '"'
+    """Fields may be quoted with this (``null``: no quoting); a quoted field must not hold a newline."""
+    header: bool = True
+    """Whether each file's first line names the columns."""
+    column_names: list[str] | None = None
+    """The columns' names in file order, for files without a header (brace ranges allowed)."""
+    label: LabelColumn = field(default_factory=LabelColumn)
+    dense: list[DenseColumns] = field(default_factory=list)
+    categorical: list[CategoricalColumns] = field(default_factory=list)
+    joins: list[JoinedTable] = field(default_factory=list)
+    """Side tables whose columns the rows take by key (CSV/TSV and Parquet files)."""
+    derived: list[DerivedColumn] = field(default_factory=list)
+    """Columns computed from others (CSV/TSV and Parquet files)."""
+    split: SplitByValue = field(default_factory=SplitByValue)
+    num_fields: PositiveInt | None = None
+    """libSVM: the k-th token of a line is field k (``field0``...), at most this many (one-hot data such as
+    Frappe's); ``null``: one bag ``features`` of all tokens. libFFM: the number of fields (required)."""
+    libsvm_buckets: Annotated[int, Range(ge=2)] = 1_000_000
+    """libSVM/libFFM: rows of each field's table (an ``idx`` is hashed like a categorical value)."""
+    batch_size: PositiveInt = 1024
+    """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
+    shuffle_buffer_size: PositiveInt = 65_536
+    """Rows shuffled together (a bounded window: memory does not grow with the files)."""
+    max_malformed_rows: NonNegativeInt = 100
+    """Malformed rows skipped (each logged with file and line) before the run stops with an error."""
+    parse_threads: PositiveInt = 1
+    """Threads that parse the chunks after the one being batched, meanwhile: for a run whose reading is the
+    bottleneck, on a machine with cores to spare (the rows and their order are the same)."""
+
+    def __post_init__(self) -> None:
+        if self.column_names is not None:
+            self.column_names = expand_names(self.column_names)
+        if not self.header and self.column_names is None and self.format not in (*LIBSVM_FORMATS, "parquet"):
+            raise ValueError("`column_names` must name the columns of files without a header, but is not set.")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
+        if self.format == "libffm" and self.num_fields is None:
+            raise ValueError("`num_fields` must be set for `format: libffm`, but is not.")
+        if self.format in LIBSVM_FORMATS:
+            if self.dense or self.categorical or self.joins or self.derived or self.split.column:
+                raise ValueError(
+                    f"`format: {self.format}` takes its features from the tokens: `dense`, `categorical`, `joins`, "
+                    "`derived` and `split` must be empty, but are not."
+                )
+            return
+        used = [self.label.column, *self.dense_columns, *self.categorical_columns]
+        repeated = sorted({name for name in used if used.count(name) > 1})
+        if repeated:
+            raise ValueError(f"A column must have one role, but {repeated} have several.")
+        ordered = [column.name for column in self.derived if column.transform in ("count_before", HISTORY)]
+        if ordered and self.split.column is None:
+            raise ValueError(
+                f"`count_before` and `history` take the rows before a row in the order of `split.column`, which must "
+                f"be set for {ordered}, but is not."
+            )
+        self._check_histories()
+        added = [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
+        twice = sorted({name for name in added if added.count(name) > 1})
+        if twice:
+            raise ValueError(f"A joined or derived column must have a name of its own, but {twice} are added twice.")
+
+    def _check_histories(self) -> None:
+        """A history is a bag of keys: a multi-hot group hashes it; a dense group or a vocabulary cannot take it."""
+        groups = {name: group for group in self.categorical for name in group.columns}
+        for column in self.derived:
+            if column.transform != HISTORY:
+                continue
+            group = groups.get(column.name)
+            if column.name in self.dense_columns or (group is not None and not group.multi_hot):
+                raise ValueError(
+                    f"The history '{column.name}' is a bag of values: a categorical group with `multi_hot: true` must "
+                    "take it, but a dense or single-valued group does."
+                )
+            if group is not None and group.vocabulary:
+                raise ValueError(
+                    f"The history '{column.name}' keeps its source's keys, which a `vocabulary` cannot count: its "
+                    "group must hash them, but has `vocabulary: true`."
+                )
+
+    @property
+    def added_columns(self) -> list[str]:
+        """The names of the joined and derived columns, which the files lack."""
+        return [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
+
+    @property
+    def field_delimiter(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
+
+    @property
+    def sparse_features(self) -> list[str]:
+        """The names of the batches' sparse features, in order."""
+        if self.format in LIBSVM_FORMATS:
+            return [f"field{k}" for k in range(self.num_fields)] if self.num_fields else ["features"]
+        return self.categorical_columns
+
+    @property
+    def dense_columns(self) -> list[str]:
+        return [name for group in self.dense for name in group.columns]
+
+    @property
+    def categorical_columns(self) -> list[str]:
+        return [name for group in self.categorical for name in group.columns]
+
+
+def with_full_keys(schema: TabularDataSection) -> TabularDataSection:
+    """``schema`` as a reader feeding hash tables needs it: every hashed categorical value (and libSVM
+    ``idx``) keeps its full 64-bit key instead of a row among ``num_buckets``, which then only sizes the
+    tables (their capacity). Vocabulary columns keep their ids, already rows of their own."""
+    categorical = [group if group.vocabulary else replace(group, num_buckets=0) for group in schema.categorical]
+    return replace(schema, categorical=categorical, libsvm_buckets=0)
