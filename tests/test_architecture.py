@@ -21,7 +21,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-PACKAGES = ("recsys", "recipes", "units", "gang", "checkpoint", "embedding")
+PACKAGES = ("recsys", "recipes", "units", "gang", "checkpoint", "embedding", "components")
 MAX_MODULE_LINES = 500
 
 

@@ -10,6 +10,10 @@ class UserError(ValueError):
     """A mistake in what the user asked for: a bad preset, key, value, path or data."""
 
 
+class ConfigError(UserError):
+    """A config key or value does not fit the recipe's config schema."""
+
+
 def closest(name: str, candidates: Iterable[str], n: int = 1) -> str:
     """A ' Did you mean ...?' suffix naming the ``n`` closest candidates, or '' when none is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)

@@ -42,7 +42,7 @@ PRESET_FILE_NAME = "presets.yaml"
 PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
 PRESET_KEYS = {"recipe", "description", "based_on", "imports", "search_path", "config"}
 # The framework's top-level packages, which a user's module of the same name would hide.
-FRAMEWORK_PACKAGES = ("recipes", "recsys", "units", "checkpoint", "gang", "embedding")
+FRAMEWORK_PACKAGES = ("recipes", "recsys", "units", "checkpoint", "gang", "embedding", "components")
 _FRAMEWORK_ROOT = Path(__file__).resolve().parents[1]
 
 BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
