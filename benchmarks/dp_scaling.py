@@ -32,8 +32,8 @@ def steps_per_second(
         "trainer.publish_metrics_every_n_steps=20",
         f"dataset.batch_size={batch_size}",
         "checkpoint.every_n_steps=null",
-        "metrics.console=false",
-        "metrics.tensorboard=false",
+        "metrics.recorders.console=false",
+        "metrics.recorders.tensorboard=false",
         *overrides,
     ]
     run = subprocess.run(command, capture_output=True, text=True)

@@ -73,13 +73,14 @@ from torchmetrics.functional.classification import binary_auroc
 
 from embedding import (
     EmbeddingTableConfig,
+    EvictionConfig,
     HashPolicy,
     JaggedIds,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
 
 
@@ -197,9 +198,9 @@ class Arm:
 
 ARMS = (
     Arm("fixed_modulo", "modulo"),
-    Arm("hash_lru", "hash", HashPolicy(eviction="lru")),
-    Arm("hash_lfu", "hash", HashPolicy(eviction="lfu")),
-    Arm("hash_lru_min_count2", "hash", HashPolicy(min_count=2, eviction="lru")),
+    Arm("hash_lru", "hash", HashPolicy(eviction=EvictionConfig("lru"))),
+    Arm("hash_lfu", "hash", HashPolicy(eviction=EvictionConfig("lfu"))),
+    Arm("hash_lru_min_count2", "hash", HashPolicy(min_count=2, eviction=EvictionConfig("lru"))),
     Arm("fixed_full", "full"),
 )
 
@@ -251,7 +252,7 @@ def run_arm(arm: Arm, split: Split, args: argparse.Namespace, seed: int) -> ArmR
     torch.manual_seed(seed)
     collection = ShardedEmbeddingCollection(tables, seed=seed)
     model = CTRModel(collection, args.dim, args.hidden)
-    sparse = SparseOptimizer(collection, SparseOptimizerConfig(name="rowwise_adagrad", lr=args.table_lr))
+    sparse = SparseOptimizer(collection, RowwiseAdagradConfig(lr=args.table_lr))
     dense = torch.optim.Adam(model.mlp.parameters(), lr=args.dense_lr)
 
     start = time.perf_counter()

@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding import hash_index
+from embedding.eviction import EvictionConfig
 from embedding.hash_index import HashIndex, HashPolicy
 
 BATCH_IDS = 4096 * 26
@@ -138,7 +139,7 @@ def run_size(size: int, batches: int, warmup: int, profile: int) -> dict[str, fl
     capacity = size + size // 100
     keys = spread(np.arange(1, size + 1, dtype=np.int64))
     keys.sort()
-    index = HashIndex(capacity, HashPolicy(eviction="lru"))
+    index = HashIndex(capacity, HashPolicy(eviction=EvictionConfig("lru")))
     start = time.perf_counter()
     index.load_keys(keys, np.zeros(size, dtype=np.int32), np.ones(size, dtype=np.int32), step=0)
     fill_index = time.perf_counter() - start
@@ -193,7 +194,7 @@ def run_size(size: int, batches: int, warmup: int, profile: int) -> dict[str, fl
     phases: list[tuple[float, float, float, int, int]] = [profile_batch(index, next(stream)) for _ in range(profile)]
 
     per_key = index_bytes(index) / index.num_used
-    sketch_index = HashIndex(capacity, HashPolicy(min_count=2, eviction="lru"))
+    sketch_index = HashIndex(capacity, HashPolicy(min_count=2, eviction=EvictionConfig("lru")))
     sketch_per_key = sketch_index.sketch.nbytes / index.num_used
     del sketch_index
     dict_per_key = baseline.bytes_per_key()

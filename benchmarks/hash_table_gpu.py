@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from embedding.cuda_hash_index import CudaHashIndex
+from embedding.eviction import EvictionConfig
 from embedding.hash_index import HashIndex, HashPolicy
 from hash_table import BATCH_IDS, TABLE, spread, zipf_batches
 
@@ -46,7 +47,8 @@ def timed(device: torch.device, action: Callable[..., object], *arguments: objec
 def run_size(size: int, batches: int, warmup: int, device: torch.device) -> float:
     capacity = size + size // 100
     keys = np.sort(spread(np.arange(1, size + 1, dtype=np.int64)))
-    cpu, gpu = HashIndex(capacity, HashPolicy(eviction="lru")), CudaHashIndex(capacity, HashPolicy(), device=device)
+    policy = HashPolicy(eviction=EvictionConfig("lru"))
+    cpu, gpu = HashIndex(capacity, policy), CudaHashIndex(capacity, policy, device=device)
     for index in (cpu, gpu):
         index.load_keys(keys, np.zeros(size, dtype=np.int32), np.ones(size, dtype=np.int32), step=0)
         index.advance()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import SPARSE_OPTIMIZERS, init_optimizer_state, sparse_optimizer_config
 
 NUM_ROWS = 1_000_000
 DIM = 64
@@ -46,7 +46,7 @@ def median_ms(fn: Callable[[], None], repeats: int, warmup: int = 3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--optimizers", nargs="+", default=list(SPARSE_OPTIMIZERS), choices=SPARSE_OPTIMIZERS)
+    parser.add_argument("--optimizers", nargs="+", default=SPARSE_OPTIMIZERS.names(), choices=SPARSE_OPTIMIZERS.names())
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
@@ -67,7 +67,7 @@ def main() -> None:
         f"({numba.threading_layer()} layer), median of {args.repeats}"
     )
     for name in args.optimizers:
-        config = SparseOptimizerConfig(name)
+        config = sparse_optimizer_config(name)
         weight = torch.randn(NUM_ROWS, DIM)
         state = init_optimizer_state(config, NUM_ROWS, DIM)
         timings = {}

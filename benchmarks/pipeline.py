@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import spawn
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizer
-from embedding.optim_config import SparseOptimizerConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import ProcessGroupGang
 
 NUM_FEATURES = 26
@@ -61,8 +61,8 @@ def samples_per_second(preset: str, nproc: int, pipeline: bool, steps: int, batc
         f"dataset.batch_size={batch_size}",
         "model.embeddings.placement=row_wise",
         "checkpoint.every_n_steps=null",
-        "metrics.console=false",
-        "metrics.tensorboard=false",
+        "metrics.recorders.console=false",
+        "metrics.recorders.tensorboard=false",
     ]
     subprocess.run(command, check=True, capture_output=True)
     lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
@@ -105,7 +105,7 @@ def exchange_worker(rank: int, port: int, args: argparse.Namespace, out: str) ->
     assert id_gang is not None
     rows = args.rows // NUM_FEATURES
     tables = [EmbeddingTableConfig(f"t{i}", rows, DIM, (f"f{i}",), placement="row_wise") for i in range(NUM_FEATURES)]
-    collection = ShardedEmbeddingCollection(tables, gang, optimizer=SparseOptimizerConfig("rowwise_adagrad"))
+    collection = ShardedEmbeddingCollection(tables, gang, optimizer=RowwiseAdagradConfig())
     optimizer = SparseOptimizer(collection)
     mlp = torch.nn.Sequential(torch.nn.Linear(NUM_FEATURES * DIM, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
     generator = np.random.default_rng(rank)

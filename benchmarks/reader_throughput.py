@@ -41,14 +41,15 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from recsys.builtin.dlrm.criteo import criteo_schema
+from recsys.builtin.dlrm.criteo import COLUMN_NAMES, criteo_schema
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
+from recsys.tabular.arrow import ArrowFormatConfig
 from recsys.tabular.parquet import ParquetReader
 from recsys.tabular.reader import TabularReader
 
 TABLE_SIZE = 10_000_000
 CRITEO_SCHEMA = criteo_schema(TABLE_SIZE)
-PARQUET_SCHEMA = dataclasses.replace(CRITEO_SCHEMA, format="parquet")
+PARQUET_SCHEMA = dataclasses.replace(CRITEO_SCHEMA, format=ArrowFormatConfig("parquet"))
 
 BATCH_SIZE = 4096
 PARQUET_ROW_GROUP_ROWS = 65_536
@@ -94,7 +95,7 @@ def peak_bytes(read: Callable[[str], int], path: str) -> int:
 
 def write_criteo_parquet(tsv_path: str, parquet_path: str) -> None:
     """The rows of a Criteo-format TSV as Parquet: int64 label and counts, string hashes, empty fields as nulls."""
-    names = PARQUET_SCHEMA.column_names or []
+    names = list(COLUMN_NAMES)
     types = {name: pa.int64() if name == "label" or name.startswith("I") else pa.string() for name in names}
     table = pa_csv.read_csv(
         tsv_path,

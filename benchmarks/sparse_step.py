@@ -50,13 +50,14 @@ from torch import nn
 
 from embedding import (
     EmbeddingTableConfig,
+    EvictionConfig,
     HashPolicy,
     JaggedIds,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
+from embedding.optimizers import sparse_optimizer_config
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
 from recipes.host_memory import keep_freed_memory
 from update_bandwidth import copy_bandwidth
@@ -74,7 +75,7 @@ def table_configs(layout: str) -> list[EmbeddingTableConfig]:
     if layout == "shared":
         return [EmbeddingTableConfig("shared", TOTAL_ROWS, DIM, tuple(FEATURES))]
     if layout == "hash":
-        policy = HashPolicy(eviction="lru")
+        policy = HashPolicy(eviction=EvictionConfig("lru"))
         return [EmbeddingTableConfig("hashed", TOTAL_ROWS, DIM, tuple(FEATURES), kind="hash", hash_policy=policy)]
     rows = [TOTAL_ROWS // NUM_FEATURES + (i < TOTAL_ROWS % NUM_FEATURES) for i in range(NUM_FEATURES)]
     return [EmbeddingTableConfig(f"t{i}", rows[i], DIM, (name,)) for i, name in enumerate(FEATURES)]
@@ -103,7 +104,7 @@ def upstream_gradients() -> dict[str, torch.Tensor]:
 
 def ours(tables: list[EmbeddingTableConfig], optimizer_name: str) -> Callable[[], None]:
     collection = ShardedEmbeddingCollection(tables)
-    optimizer = SparseOptimizer(collection, SparseOptimizerConfig(optimizer_name))
+    optimizer = SparseOptimizer(collection, sparse_optimizer_config(optimizer_name))
     features, upstream = make_features(tables), upstream_gradients()
 
     def step() -> None:

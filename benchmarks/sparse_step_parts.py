@@ -29,7 +29,8 @@ import embedding.collection
 import embedding.kernels
 import embedding.kernels.cpu
 import embedding.lookup
-from embedding import ShardedEmbeddingCollection, SparseOptimizer, SparseOptimizerConfig
+from embedding import ShardedEmbeddingCollection, SparseOptimizer
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from recipes.host_memory import keep_freed_memory
 from sparse_step import FEATURES, make_features, table_configs, upstream_gradients  # benchmarks/sparse_step.py
 
@@ -58,7 +59,7 @@ def timed(times: Times, part: str, module: Any, name: str) -> Iterator[None]:
 def measure(layout: str, steps: int, warmup: int) -> dict[str, float]:
     tables = table_configs(layout)
     collection = ShardedEmbeddingCollection(tables)
-    optimizer = SparseOptimizer(collection, SparseOptimizerConfig("rowwise_adagrad"))
+    optimizer = SparseOptimizer(collection, RowwiseAdagradConfig())
     features, upstream = make_features(tables), upstream_gradients()
     times: Times = {}
     wrapped: list[tuple[str, Any, str]] = [

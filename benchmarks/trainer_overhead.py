@@ -33,11 +33,13 @@ import torch
 
 from gang import FakeGang, Gangs
 from recipes.data_reader import DataReader
-from recipes.parts import RecipeContext, RecipeParts, build_lr_scheduler, build_optimizer
+from recipes.job import JobSpec, ResolvedJob, resolve_job
+from recipes.lr_schedules import build_lr_scheduler
+from recipes.optimizers import build_optimizer
+from recipes.parts import RecipeContext, RecipeParts
 from recipes.profiler import Profiler
 from recipes.recorders import CompositeRecorder
 from recipes.rng import seed_everything
-from recipes.run import JobSpec, ResolvedJob, resolve_job
 from recipes.sparse_tables import find_sparse_tables, with_sparse_tables
 from recipes.trainer import Trainer
 from recsys.builtin.dlrm.recipe import DLRMConfig

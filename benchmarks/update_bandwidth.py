@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, init_optimizer_state, sparse_optimizer_config
 
 NUM_FEATURES = 26
 ZIPF_EXPONENT = 1.1
@@ -78,7 +78,7 @@ def update_bytes(config: SparseOptimizerConfig, ids: torch.Tensor, dim: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--optimizer", default="rowwise_adagrad", choices=SPARSE_OPTIMIZERS)
+    parser.add_argument("--optimizer", default="rowwise_adagrad", choices=SPARSE_OPTIMIZERS.names())
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=65_536)
@@ -86,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
 
-    config = SparseOptimizerConfig(args.optimizer, lr=0.01)
+    config = sparse_optimizer_config(args.optimizer, lr=0.01)
     weight = torch.randn(args.rows, args.dim, device=device)
     state = init_optimizer_state(config, args.rows, args.dim, torch.float32, device)
     zipf = np.random.default_rng(0).zipf(ZIPF_EXPONENT, args.batch * NUM_FEATURES) % args.rows

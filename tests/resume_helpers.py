@@ -40,7 +40,7 @@ TINY_RUN = (
     "dataset.num_valid_samples=256",
     "dataset.batch_size=32",
     "dataset.vocab_size=200",
-    "metrics.console=false",
+    "metrics.recorders.console=false",
 )
 
 FINAL_STEP = 40

@@ -7,8 +7,15 @@ the same way. The framework itself names none of them. A config dataclass declar
 valid range of each number in its type (``lr: PositiveFloat``), which the framework checks.
 """
 
-from components.ranges import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
-from components.registry import Component, Registry, RegistryError
+from components.ranges import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Range,
+    declared_ranges,
+)
+from components.registry import Component, Registry, RegistryError, import_submodules
 
 __all__ = [
     "Component",
@@ -19,4 +26,6 @@ __all__ = [
     "Range",
     "Registry",
     "RegistryError",
+    "declared_ranges",
+    "import_submodules",
 ]

@@ -7,7 +7,9 @@ framework's config checks them as it resolves.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -56,6 +58,20 @@ class Range:
             return f"{noun} in {left}{_number(low[1])}, {_number(high[1])}{right}"
         bound = low or high
         return noun if bound is None else f"{noun} {bound[0]} {_number(bound[1])}"
+
+
+def declared_ranges(config_class: type) -> dict[str, tuple[type, Range]]:
+    """The type and range each field of a config dataclass declares (``ttl_steps: PositiveInt``), by field:
+    for a config that checks its own values when built in Python, as the framework's config checks the
+    values it reads."""
+    hints = typing.get_type_hints(config_class, include_extras=True)
+    ranges = {}
+    for field in dataclasses.fields(config_class):
+        hint = hints[field.name]
+        declared = [extra for extra in getattr(hint, "__metadata__", ()) if isinstance(extra, Range)]
+        if declared:
+            ranges[field.name] = (hint.__origin__, declared[0])
+    return ranges
 
 
 def _number(bound: float) -> str:

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import importlib.metadata
-from collections.abc import Callable
+import pkgutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from components.ranges import declared_ranges
 
 T = TypeVar("T")
 
@@ -106,6 +110,30 @@ class Registry(Generic[T]):
                 known,
             ) from None
 
+    def default(self, name: str) -> Callable[[], Any]:
+        """A ``default_factory`` for a config field choosing ``name`` with its default options."""
+        return lambda: self.get(name).default_config()
+
+    def check_config(self, config: Any, error: type[Exception]) -> None:
+        """Raise ``error`` unless ``config`` configures a registered component with its own class and every
+        number within its declared range: for configs built in Python, which the framework's config
+        resolution (it checks the same) never sees."""
+        if config.name not in self:
+            raise error(f"The {self.kind} must be one of {', '.join(self.names())}, but is {config.name!r} instead.")
+        config_class = self.get(config.name).config_class
+        if type(config) is not config_class:
+            raise error(
+                f"The config of {self.kind} '{config.name}' must be of class {config_class.__name__}, but is of "
+                f"class {type(config).__name__} instead."
+            )
+        for option, (kind, declared) in declared_ranges(config_class).items():
+            value = getattr(config, option)
+            if not declared.contains(value):
+                raise error(
+                    f"`{option}` of {self.kind} '{config.name}' must be {declared.describe(kind)}, but is {value!r} "
+                    "instead."
+                )
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._components or name in self._installed())
 
@@ -132,6 +160,13 @@ class Registry(Generic[T]):
             self.add(loaded.name, loaded.config_class, loaded.value)
         if name not in self._components:
             raise RegistryError(f"{where} registers no {self.kind} named '{name}'.")
+
+
+def import_submodules(package: str, path: Iterable[str]) -> None:
+    """Import every module of a package's folder: built-in components register as their module loads,
+    so a new one is a new module and nothing else."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")
 
 
 def _has_name_field(config_class: type[Any]) -> bool:

@@ -11,20 +11,23 @@ from embedding.config import (
     Pooling,
     TableKind,
 )
+from embedding.eviction import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 from embedding.features import JaggedIds, SparseFeatures
-from embedding.hash_index import EVICTION_POLICIES, EvictionPolicy, HashPolicy, TableFullError
-from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
+from embedding.hash_index import HashPolicy, TableFullError
 from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimizerStateError
+from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
 from embedding.planner import TableSharding, plan_sharding
 from embedding.state import ShardedStateError
 
 __all__ = [
     "EVICTION_POLICIES",
     "PLACEMENTS",
+    "SPARSE_OPTIMIZERS",
     "CombinedOptimizer",
     "EmbeddingConfigError",
     "EmbeddingTableConfig",
-    "EvictionPolicy",
+    "EvictionConfig",
+    "EvictionSpec",
     "HashPolicy",
     "Initializer",
     "JaggedIds",
@@ -38,6 +41,7 @@ __all__ = [
     "SparseOptimizer",
     "SparseOptimizerConfig",
     "SparseOptimizerError",
+    "SparseOptimizerSpec",
     "SparseOptimizerStateError",
     "TableFullError",
     "TableKind",

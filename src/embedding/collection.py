@@ -30,7 +30,8 @@ from embedding.lookup import (
     sends_ids,
 )
 from embedding.memory import check_memory, rank_bytes
-from embedding.optim_config import SparseOptimizerConfig
+from embedding.optimizers import SparseOptimizerConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
@@ -72,7 +73,7 @@ class ShardedEmbeddingCollection(nn.Module):
         super().__init__()
         check_tables(tables)
         self.tables = tuple(tables)
-        self.optimizer = optimizer if optimizer is not None else SparseOptimizerConfig()
+        self.optimizer = optimizer if optimizer is not None else RowwiseAdagradConfig()
         self.gang = gang if gang is not None else FakeGang()
         self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
         self.memory_bytes = rank_bytes(self.tables, self.plan, self.gang.rank, self.optimizer)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from embedding.hash_index import EVICTION_POLICIES, HashPolicy
-from embedding.optim_config import SparseOptimizerConfig
+from embedding.hash_index import HashPolicy
+from embedding.optimizers import SparseOptimizerConfig
 
 Pooling = Literal["sum", "mean", "none"]
 """How the ids of one sample are combined: summed, averaged, or kept as one row each."""
@@ -96,16 +96,6 @@ class EmbeddingTableConfig:
             raise EmbeddingConfigError(
                 f"`admit_probability` of hash table '{self.name}' must be in (0, 1], but is "
                 f"{policy.admit_probability} instead."
-            )
-        _check_choice(self.name, "eviction", policy.eviction, EVICTION_POLICIES)
-        if (policy.eviction == "ttl") != (policy.ttl_steps is not None):
-            raise EmbeddingConfigError(
-                f"`ttl_steps` of hash table '{self.name}' must be set exactly when `eviction` is ttl, but eviction is "
-                f"{policy.eviction} and ttl_steps is {policy.ttl_steps} instead."
-            )
-        if policy.ttl_steps is not None and policy.ttl_steps < 1:
-            raise EmbeddingConfigError(
-                f"`ttl_steps` of hash table '{self.name}' must be at least 1, but is {policy.ttl_steps} instead."
             )
         if self.out_of_range != "error":
             raise EmbeddingConfigError(

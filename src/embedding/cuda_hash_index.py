@@ -11,7 +11,8 @@ parallel too, but its slots depend on the threads' timing.) A training lookup:
 2. admits the absent ones: a seeded coin each, in parallel; the count-min sketch in order, by
    one thread, as each count sees those before it (only with ``min_count`` > 1);
 3. gives the admitted ones, in id order, the free slots from the cursor on;
-4. lets the rest evict. Each ranks its 8 candidate slots by score, in parallel: taking a slot
+4. lets the rest evict, if the eviction policy evicts. Each ranks its 8 candidate slots by the
+   policy's score (compiled into the kernel, one kernel per score), in parallel: taking a slot
    changes no other slot's score, so an id takes the best candidate that no id before it took.
    An id whose best candidate no other id ranks takes it at once; the few others are resolved
    in order by one thread;
@@ -28,6 +29,7 @@ them on machines without one.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,8 @@ import numpy.typing as npt
 import torch
 from numba import cuda
 
-from embedding.hash_index import EVICTION_POLICIES, SKETCH_DEPTH, HashIndex, HashPolicy
+from embedding.eviction import Score
+from embedding.hash_index import SKETCH_DEPTH, HashIndex, HashPolicy
 from embedding.hash_probing import (
     EMPTY,
     EVICTION_CANDIDATES,
@@ -89,14 +92,20 @@ def _coin_kernel(ids, step, seed, probability, admitted):  # type: ignore[no-unt
         admitted[i] = coin(ids[i], step, seed, probability)
 
 
-@cuda.jit
-def _rank_kernel(keys, last_seen, frequency, ids, step, policy, ranked):  # type: ignore[no-untyped-def]
-    """Each id's eviction candidates, best first, -1 after the last."""
-    i = cuda.grid(1)
-    if i < ids.size:
-        row = ranked[i]
-        for j in range(rank_candidates(keys, last_seen, frequency, ids[i], step, policy, row), row.size):
-            row[j] = -1
+@functools.cache
+def _rank_kernel(score: Score) -> Any:
+    """The kernel that ranks eviction candidates by ``score``, compiled once per eviction policy's score."""
+
+    @cuda.jit
+    def rank(keys, last_seen, frequency, ids, step, ranked):  # type: ignore[no-untyped-def]
+        """Each id's eviction candidates, best first, -1 after the last."""
+        i = cuda.grid(1)
+        if i < ids.size:
+            row = ranked[i]
+            for j in range(rank_candidates(keys, last_seen, frequency, ids[i], step, score, row), row.size):
+                row[j] = -1
+
+    return rank
 
 
 @cuda.jit
@@ -262,9 +271,9 @@ class CudaHashIndex(HashIndex):
             self.counters[0] += num_free
             self.counters[1] = (int(taken[-1]) + 1) % self.capacity
         waiting = waiting[num_free:]
-        if waiting.numel() == 0 or policy.eviction == "ttl":
+        if waiting.numel() == 0 or self.eviction.when_full == "refuse":
             return slots
-        if policy.eviction == "none":
+        if self.eviction.when_full == "error":
             raise self.full_error(table, int(ids[waiting[0]]))
 
         victims = self._victims(ids[waiting])
@@ -280,10 +289,9 @@ class CudaHashIndex(HashIndex):
         resolved in order by one thread, each taking its best candidate that no id before it took.
         """
         ranked = torch.empty((ids.numel(), EVICTION_CANDIDATES), dtype=torch.int64, device=self.device)
-        policy = EVICTION_POLICIES.index(self.policy.eviction)
-        self._launch(
-            _rank_kernel, ids.numel(), self._keys, self._last_seen, self._frequency, ids, self.step, policy, ranked
-        )
+        assert self.eviction.score is not None  # a policy that evicts has a score
+        rank = _rank_kernel(self.eviction.score)
+        self._launch(rank, ids.numel(), self._keys, self._last_seen, self._frequency, ids, self.step, ranked)
         flat = ranked.flatten()
         listed = torch.nonzero(flat >= 0).flatten()
         _, which, times = torch.unique(flat[listed], return_inverse=True, return_counts=True)
@@ -308,11 +316,10 @@ class CudaHashIndex(HashIndex):
             self._rebuild_index()
 
     def _expire_due(self) -> None:
-        ttl_steps = self.policy.ttl_steps
-        if self.policy.eviction != "ttl" or self._expired_at == self.step:
+        lifetime = self.eviction.expires_after
+        if lifetime is None or self._expired_at == self.step:
             return
-        assert ttl_steps is not None
-        expired = torch.nonzero((self._last_seen >= 0) & (self.step - self._last_seen > ttl_steps)).flatten()
+        expired = torch.nonzero((self._last_seen >= 0) & (self.step - self._last_seen > lifetime)).flatten()
         if expired.numel():
             self._last_seen[expired] = -1
             self._rebuild_index()

@@ -8,18 +8,23 @@ saved, so a checkpoint grows with the ids seen, not with the capacity.
 Loading into the layout that saved a piece restores its slots, sketch and counters exactly, so
 that the run goes on bit-exact. Into another number of ranks, every rank takes the ids that
 hash to it now from all pieces, in id order; if they outnumber its slots, it keeps those its
-eviction policy would keep. Counts of ids without a row carry over, summed over the pieces and
-resized to the new shards' sketch width.
+eviction policy scores highest, the ids it would evict last. Counts of ids without a row carry
+over, summed over the pieces and resized to the new shards' sketch width.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numba
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from embedding import compiled_source
+from embedding.eviction import Score
 from embedding.hash_index import resize_sketch
 from embedding.id_hashing import owner_ranks
 from embedding.sharding import TableShard
@@ -104,14 +109,7 @@ def _reshard(shard: TableShard, saved: Sequence[Mapping[str, Any]]) -> None:
     frequency = np.concatenate([_numpy(p["index"]["frequency"]) for p in saved])
     mine = np.flatnonzero(owner_ranks(keys, dynamic.num_ranks) == dynamic.rank)
     if mine.size > shard.num_rows:
-        if dynamic.config.hash_policy.eviction == "none":
-            raise ShardedStateError(
-                f"Hash table '{shard.config.name}' must fit its ids into {shard.num_rows:,} rows on rank "
-                f"{dynamic.rank}, but the checkpoint holds {mine.size:,} of them and its eviction is 'none'."
-            )
-        priority = frequency if dynamic.config.hash_policy.eviction == "lfu" else last_seen
-        kept = np.lexsort((keys[mine], -priority[mine].astype(np.int64)))[: shard.num_rows]
-        mine = mine[kept]
+        mine = mine[_kept(shard, keys[mine], last_seen[mine], frequency[mine])]
     mine = mine[np.argsort(keys[mine], kind="stable")]
     step = max(int(p["index"]["step"]) for p in saved)
     slots = dynamic.index.load_keys(keys[mine], last_seen[mine], frequency[mine], step)
@@ -127,6 +125,44 @@ def _reshard(shard: TableShard, saved: Sequence[Mapping[str, Any]]) -> None:
     names = saved[0]["optimizer_state"].keys()
     state = {name: torch.cat([p["optimizer_state"][name] for p in saved])[torch.from_numpy(mine)] for name in names}
     _copy_rows(shard, weight, state, torch.from_numpy(slots))
+
+
+def _kept(
+    shard: TableShard,
+    keys: npt.NDArray[np.int64],
+    last_seen: npt.NDArray[np.int32],
+    frequency: npt.NDArray[np.int32],
+) -> npt.NDArray[np.int64]:
+    """Which of more ids than ``shard`` has slots it keeps: the highest by its eviction policy's score, the
+    lower id first among equal scores."""
+    assert shard.dynamic is not None
+    dynamic = shard.dynamic
+    score = dynamic.index.eviction.score
+    if score is None:
+        raise ShardedStateError(
+            f"Hash table '{shard.config.name}' must fit its ids into {shard.num_rows:,} rows on rank "
+            f"{dynamic.rank}, but the checkpoint holds {keys.size:,} of them and its eviction is "
+            f"'{dynamic.config.hash_policy.eviction.name}', which gives up no id."
+        )
+    scores = np.empty(keys.size, dtype=np.int64)
+    _scores_kernel(score)(keys, last_seen, frequency, scores)
+    kept: npt.NDArray[np.int64] = np.lexsort((keys, -scores))[: shard.num_rows]
+    return kept
+
+
+@functools.cache
+def _scores_kernel(score: Score) -> Any:
+    """The kernel that writes the eviction ``score`` of every slot of saved per-slot arrays, once per score."""
+
+    score_source = compiled_source.source_digest(score)  # An edited score compiles anew (see compiled_source).
+
+    @numba.njit(cache=True)
+    def scores_of(keys, last_seen, frequency, scores):  # type: ignore[no-untyped-def]
+        score_source  # noqa: B018 (named, so that the kernel captures it)
+        for slot in range(keys.size):
+            scores[slot] = score(keys, last_seen, frequency, slot)
+
+    return scores_of
 
 
 def _copy_rows(shard: TableShard, weight: torch.Tensor, state: Mapping[str, torch.Tensor], slots: torch.Tensor) -> None:

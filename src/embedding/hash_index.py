@@ -15,14 +15,14 @@ index's state, so that runs reproduce and resume bit-exact:
   that it counts recent occurrences) and, with ``admit_probability`` < 1, on
   a coin flip seeded by the id and the step. Until then it has no row (slot -1);
 - a free slot is the next one at or after a cursor that sweeps the slots;
-- a full shard evicts (``lru``: the least recently looked-up, ``lfu``: the least often) among
-  8 candidate slots sampled from a hash of the id and the step, as Redis samples its keys: an
-  approximation of the exact order that costs a few reads per insert instead of a heap. A slot
-  looked up in the current step is never evicted, since its gradient is still to be applied; an
-  id whose candidates all were gets no row in this step;
-- ``ttl`` frees, before a step's first lookup, the slots not looked up in the last ``ttl_steps``
-  steps; a full shard then admits no more ids until some expire; ``none`` makes a full shard an
-  error.
+- a full shard does what its eviction policy says (:mod:`embedding.eviction`): evict (``lru``:
+  the least recently looked-up id, ``lfu``: the least often), refuse the id, or raise. Eviction
+  takes the lowest-scored of 8 candidate slots sampled from a hash of the id and the step, as
+  Redis samples its keys: an approximation of the exact order that costs a few reads per insert
+  instead of a heap. A slot looked up in the current step is never evicted, since its gradient
+  is still to be applied; an id whose candidates all were gets no row in this step;
+- a policy may expire ids (``ttl``): before a step's first lookup, the slots not looked up in its
+  last ``expires_after`` steps are freed.
 
 Slot, key and counters live in numpy arrays that a checkpoint saves as they are. Here the ids of a
 step are taken one after the other; :class:`embedding.cuda_hash_index.CudaHashIndex` takes them
@@ -31,28 +31,18 @@ all at once on a GPU and comes to the same slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+import functools
+from dataclasses import dataclass, field
+from typing import Any
 
 import numba
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from embedding.hash_probing import (
-    EMPTY,
-    MAX_COUNT,
-    NONE,
-    TTL,
-    best_candidate,
-    coin,
-    count_occurrences,
-    find,
-    home,
-)
-
-EvictionPolicy = Literal["lru", "lfu", "ttl", "none"]
-EVICTION_POLICIES: tuple[EvictionPolicy, ...] = get_args(EvictionPolicy)
+from embedding import compiled_source
+from embedding.eviction import EVICTION_POLICIES, EvictionConfig, Score, WhenFull, eviction_spec
+from embedding.hash_probing import EMPTY, MAX_COUNT, best_candidate, coin, count_occurrences, find, home
 
 ENTRIES_PER_SLOT = 1.25
 """Index entries per slot: the index is at most 80% full, where linear probing stays short."""
@@ -62,7 +52,7 @@ MIN_INDEX_SIZE = 1024
 
 
 class TableFullError(RuntimeError):
-    """Raised when a table with eviction ``none`` has no free slot for an admitted id."""
+    """Raised when a table whose eviction policy makes no room (``none``) has no free slot for an admitted id."""
 
 
 @numba.njit(cache=True)
@@ -120,61 +110,74 @@ def _free_slots_kernel(index, keys, last_seen, slots):  # type: ignore[no-untype
         last_seen[slot] = -1
 
 
-@numba.njit(cache=True)
-def _find_or_insert_kernel(  # type: ignore[no-untyped-def]
-    index, keys, last_seen, frequency, sketch, counters,
-    ids, counts, step, seed, min_count, probability, policy, slots, inserted,
-):  # fmt: skip
-    """Map sorted, unique ``ids`` (seen ``counts`` times this step) to slots, inserting admitted ones.
+@functools.cache
+def _find_or_insert_kernel(score: Score | None, when_full: WhenFull) -> Any:
+    """The kernel that gives slots to new ids under an eviction policy's ``score`` and ``when_full``.
 
-    One id after the other, in order: each decision sees the ones before it. Returns the number of
-    slots written to ``inserted`` (to be initialised), or -1 - i if id ``i`` found the shard full
-    under eviction ``none``.
+    Both are constants of the kernel, so numba compiles the score into it; numba's cache keeps one
+    entry per policy in this closure's index, keyed by them, so a new process loads it compiled.
     """
-    capacity = keys.size
-    num_inserted = 0
-    for i in range(ids.size):
-        key = ids[i]
-        position = find(index, keys, key)
-        if position >= 0:
-            slot = index[position]
+    evicts, fails = when_full == "evict", when_full == "error"
+    score_source = compiled_source.source_digest(score)  # An edited score compiles anew (see compiled_source).
+
+    @numba.njit(cache=True)
+    def find_or_insert(  # type: ignore[no-untyped-def]
+        index, keys, last_seen, frequency, sketch, counters,
+        ids, counts, step, seed, min_count, probability, slots, inserted,
+    ):  # fmt: skip
+        """Map sorted, unique ``ids`` (seen ``counts`` times this step) to slots, inserting admitted ones.
+
+        One id after the other, in order: each decision sees the ones before it. Returns the number of
+        slots written to ``inserted`` (to be initialised), or -1 - i if id ``i`` found the shard full
+        under a policy that fails then.
+        """
+        score_source  # noqa: B018 (named, so that the kernel captures it)
+        capacity = keys.size
+        num_inserted = 0
+        for i in range(ids.size):
+            key = ids[i]
+            position = find(index, keys, key)
+            if position >= 0:
+                slot = index[position]
+                last_seen[slot] = step
+                frequency[slot] = min(np.int64(frequency[slot]) + counts[i], np.int64(MAX_COUNT))
+                slots[i] = slot
+                continue
+            admitted = True
+            if min_count > 1:
+                admitted = count_occurrences(sketch, counters, key, counts[i]) >= min_count
+            if admitted and probability < 1.0 and not coin(key, step, seed, probability):
+                admitted = False
+            slot = -1
+            if admitted:
+                if counters[0] < capacity:
+                    slot = counters[1]
+                    while last_seen[slot] >= 0:
+                        slot = slot + 1 if slot + 1 < capacity else 0
+                    counters[1] = slot + 1 if slot + 1 < capacity else 0
+                    counters[0] += 1
+                elif fails:
+                    return -1 - i
+                elif evicts:
+                    slot = best_candidate(keys, last_seen, frequency, key, step, score)
+                    if slot >= 0:
+                        _delete(index, keys, find(index, keys, keys[slot]))
+                        counters[4] += 1
+            if slot < 0:
+                counters[3] += 1
+                slots[i] = -1
+                continue
+            keys[slot] = key
             last_seen[slot] = step
-            frequency[slot] = min(np.int64(frequency[slot]) + counts[i], np.int64(MAX_COUNT))
+            frequency[slot] = min(counts[i], np.int64(MAX_COUNT))
+            index[-1 - find(index, keys, key)] = slot
+            counters[2] += 1
             slots[i] = slot
-            continue
-        admitted = True
-        if min_count > 1:
-            admitted = count_occurrences(sketch, counters, key, counts[i]) >= min_count
-        if admitted and probability < 1.0 and not coin(key, step, seed, probability):
-            admitted = False
-        slot = -1
-        if admitted:
-            if counters[0] < capacity:
-                slot = counters[1]
-                while last_seen[slot] >= 0:
-                    slot = slot + 1 if slot + 1 < capacity else 0
-                counters[1] = slot + 1 if slot + 1 < capacity else 0
-                counters[0] += 1
-            elif policy == NONE:
-                return -1 - i
-            elif policy != TTL:
-                slot = best_candidate(keys, last_seen, frequency, key, step, policy)
-                if slot >= 0:
-                    _delete(index, keys, find(index, keys, keys[slot]))
-                    counters[4] += 1
-        if slot < 0:
-            counters[3] += 1
-            slots[i] = -1
-            continue
-        keys[slot] = key
-        last_seen[slot] = step
-        frequency[slot] = min(counts[i], np.int64(MAX_COUNT))
-        index[-1 - find(index, keys, key)] = slot
-        counters[2] += 1
-        slots[i] = slot
-        inserted[num_inserted] = slot
-        num_inserted += 1
-    return num_inserted
+            inserted[num_inserted] = slot
+            num_inserted += 1
+        return num_inserted
+
+    return find_or_insert
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,7 @@ class HashPolicy:
 
     min_count: int = 1
     admit_probability: float = 1.0
-    eviction: EvictionPolicy = "lru"
-    ttl_steps: int | None = None
+    eviction: EvictionConfig = field(default_factory=EVICTION_POLICIES.default("lru"))
 
 
 class HashIndex:
@@ -198,6 +200,7 @@ class HashIndex:
     def __init__(self, capacity: int, policy: HashPolicy, seed: int = 0, sketch_width: int | None = None) -> None:
         self.capacity = capacity
         self.policy = policy
+        self.eviction = eviction_spec(policy.eviction)  # what a full shard does, compiled into the kernels
         self.seed = seed
         self.keys = np.zeros(capacity, dtype=np.int64)
         self.last_seen = np.full(capacity, -1, dtype=np.int32)
@@ -265,18 +268,19 @@ class HashIndex:
         """The slots of sorted, unique ``ids`` seen ``counts`` times in this step (-1: not admitted),
         and the slots given to new ids, whose rows and optimizer state the caller must reset.
 
-        :raises TableFullError: if eviction is ``none`` and an admitted id finds no free slot.
+        :raises TableFullError: if the eviction policy fails when full (``none``) and an admitted id finds no
+            free slot.
         """
         self._expire_due()
         policy = self.policy
         self._reserve(self.num_used + ids.size)
         slots = np.empty(ids.size, dtype=np.int64)
         inserted = np.empty(ids.size, dtype=np.int64)
-        result = _find_or_insert_kernel(
+        kernel = _find_or_insert_kernel(self.eviction.score, self.eviction.when_full)
+        result = kernel(
             self.index, self.keys, self.last_seen, self.frequency, self.sketch, self.counters,
             np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(counts, dtype=np.int64),
-            self.step, self.seed, policy.min_count, policy.admit_probability,
-            EVICTION_POLICIES.index(policy.eviction), slots, inserted,
+            self.step, self.seed, policy.min_count, policy.admit_probability, slots, inserted,
         )  # fmt: skip
         if result < 0:
             raise self.full_error(table, int(ids[-1 - result]))
@@ -300,7 +304,8 @@ class HashIndex:
     def full_error(self, table: str, key: int) -> TableFullError:
         return TableFullError(
             f"Table '{table}' is full: all {self.capacity:,} rows of this rank's shard hold ids and its eviction "
-            f"is 'none', so id {key} finds no row; raise `capacity` or set `eviction` to lru, lfu or ttl."
+            f"is '{self.policy.eviction.name}', so id {key} finds no row; raise `capacity` or set `eviction` to a "
+            "policy that makes room, such as lru."
         )
 
     def advance(self) -> None:
@@ -327,13 +332,12 @@ class HashIndex:
             _insert_all(self.index, self.keys, np.flatnonzero(self.last_seen >= 0))
 
     def _expire_due(self) -> None:
-        """Under ``ttl``, free the expired slots once per step, before the step's first lookup: an id back
-        after more than ``ttl_steps`` steps starts again from a fresh row."""
-        ttl_steps = self.policy.ttl_steps
-        if self.policy.eviction != "ttl" or self._expired_at == self.step:
+        """Under a policy that expires ids (``ttl``), free the expired slots once per step, before the step's
+        first lookup: an id back after more than ``expires_after`` steps starts again from a fresh row."""
+        lifetime = self.eviction.expires_after
+        if lifetime is None or self._expired_at == self.step:
             return
-        assert ttl_steps is not None
-        expired = np.flatnonzero((self.last_seen >= 0) & (self.step - self.last_seen > ttl_steps))
+        expired = np.flatnonzero((self.last_seen >= 0) & (self.step - self.last_seen > lifetime))
         _free_slots_kernel(self.index, self.keys, self.last_seen, expired)
         self.counters[0] -= expired.size
         self.counters[4] += expired.size

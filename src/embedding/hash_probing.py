@@ -4,7 +4,8 @@ Each function here is ``register_jitable``: the CPU index (:mod:`embedding.hash_
 njit, one id after the other) and the GPU index (:mod:`embedding.cuda_hash_index`, numba.cuda,
 the ids of a step at once) compile the same source, so that both hash, count, flip coins and
 rank eviction candidates alike, and assign the same slots to the same ids. Under numba's CUDA
-simulator they run as plain Python.
+simulator they run as plain Python. Candidates are ranked by the ``score`` of the table's eviction
+policy (:mod:`embedding.eviction`), which the kernels pass on: each kernel is compiled for one score.
 
 The arrays are those :class:`embedding.hash_index.HashIndex` describes: ``index`` (slot numbers,
 linear probing, -1 empty), and per slot ``keys``, ``last_seen`` (-1: free) and ``frequency``;
@@ -19,8 +20,6 @@ from numba.extending import register_jitable
 from embedding.id_hashing import mix64, reduce_hash
 
 EMPTY = -1
-LRU, LFU, TTL, NONE = 0, 1, 2, 3
-"""The eviction policies' codes, in the order of ``hash_index.EVICTION_POLICIES``."""
 
 EVICTION_CANDIDATES = 8
 """Slots sampled per eviction, as Redis samples its keys: more approximate the exact order better
@@ -108,7 +107,7 @@ def count_occurrences(sketch, counters, key, count):  # type: ignore[no-untyped-
 
 
 @register_jitable
-def best_candidate(keys, last_seen, frequency, key, step, policy):  # type: ignore[no-untyped-def]
+def best_candidate(keys, last_seen, frequency, key, step, score):  # type: ignore[no-untyped-def]
     """The slot to evict for ``key``: the first of :func:`rank_candidates`, found in one pass; -1 if none."""
     hash_value = _candidate_hash(key, step)
     best, best_score, best_key = -1, np.int64(0), np.int64(0)
@@ -116,17 +115,17 @@ def best_candidate(keys, last_seen, frequency, key, step, policy):  # type: igno
         slot = _candidate(hash_value, attempt, keys.size)
         if last_seen[slot] == step:
             continue
-        score = _eviction_score(last_seen, frequency, slot, policy)
-        if best < 0 or score < best_score or (score == best_score and keys[slot] < best_key):
-            best, best_score, best_key = slot, score, keys[slot]
+        slot_score = score(keys, last_seen, frequency, slot)
+        if best < 0 or slot_score < best_score or (slot_score == best_score and keys[slot] < best_key):
+            best, best_score, best_key = slot, slot_score, keys[slot]
     return best
 
 
 @register_jitable
-def rank_candidates(keys, last_seen, frequency, key, step, policy, ranked):  # type: ignore[no-untyped-def]
+def rank_candidates(keys, last_seen, frequency, key, step, score, ranked):  # type: ignore[no-untyped-def]
     """Write into ``ranked`` the distinct slots sampled to make room for ``key`` that were not looked up in
-    ``step``, the best victim first: the lowest (score, key), the score being the step last looked up in
-    (lru) or the number of lookups (lfu). Return how many there are."""
+    ``step``, the best victim first: the lowest (score, key), by the eviction policy's ``score`` (see
+    :class:`embedding.eviction.EvictionSpec`). Return how many there are."""
     hash_value = _candidate_hash(key, step)
     count = 0
     for attempt in range(EVICTION_CANDIDATES):
@@ -138,12 +137,12 @@ def rank_candidates(keys, last_seen, frequency, key, step, policy, ranked):  # t
             duplicate = duplicate or ranked[j] == slot
         if duplicate:
             continue
-        score = _eviction_score(last_seen, frequency, slot, policy)
+        slot_score = score(keys, last_seen, frequency, slot)
         position = count
         while position > 0:
             other = ranked[position - 1]
-            other_score = _eviction_score(last_seen, frequency, other, policy)
-            if other_score < score or (other_score == score and keys[other] < keys[slot]):
+            other_score = score(keys, last_seen, frequency, other)
+            if other_score < slot_score or (other_score == slot_score and keys[other] < keys[slot]):
                 break
             ranked[position] = other
             position -= 1
@@ -160,8 +159,3 @@ def _candidate_hash(key, step):  # type: ignore[no-untyped-def]
 @register_jitable
 def _candidate(hash_value, attempt, capacity):  # type: ignore[no-untyped-def]
     return reduce_hash(mix64(hash_value + np.uint64(attempt)), capacity)
-
-
-@register_jitable
-def _eviction_score(last_seen, frequency, slot, policy):  # type: ignore[no-untyped-def]
-    return np.int64(frequency[slot]) if policy == LFU else np.int64(last_seen[slot])

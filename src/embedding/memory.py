@@ -15,7 +15,7 @@ import torch
 
 from embedding.config import EmbeddingConfigError, EmbeddingTableConfig
 from embedding.hash_index import ENTRIES_PER_SLOT, SKETCH_DEPTH
-from embedding.optim_config import SparseOptimizerConfig
+from embedding.optimizers import SparseOptimizerConfig, spec_of
 from embedding.planner import TableSharding
 
 _HASH_BYTES_PER_SLOT = 8 + 4 + 4 + 4 * ENTRIES_PER_SLOT
@@ -28,9 +28,7 @@ class TableMemoryError(EmbeddingConfigError):
 
 def shard_bytes(table: EmbeddingTableConfig, num_rows: int, optimizer: SparseOptimizerConfig) -> int:
     """The bytes of ``num_rows`` rows of ``table`` with their optimizer state (and hash map)."""
-    floats_per_row = table.dim * {"sgd": 1, "rowwise_adagrad": 1, "adagrad": 2, "adam": 3, "adamw": 3}[optimizer.name]
-    floats_per_row += 1 if optimizer.name == "rowwise_adagrad" else 0
-    total = num_rows * floats_per_row * 4
+    total = num_rows * spec_of(optimizer).floats_per_row(table.dim) * 4
     if table.kind == "hash":
         total += int(num_rows * _HASH_BYTES_PER_SLOT)
         if table.hash_policy.min_count > 1:

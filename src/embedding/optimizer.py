@@ -16,7 +16,7 @@ import torch
 
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.kernels import fused_step
-from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import SparseOptimizerConfig, init_optimizer_state, spec_of
 
 
 class SparseOptimizerStateError(ValueError):
@@ -69,7 +69,7 @@ class SparseOptimizer:
                 self._param_group_of.append(first + overrides.index(group.optimizer))
         for group, group_config in zip(self._groups, self._configs):
             weight = group.weight
-            fill = {key: float(value[0]) for key, value in init_optimizer_state(group_config, 1, 1).items()}
+            fill = {state.name: state.initial_value for state in spec_of(group_config).states}
             group.set_optimizer_state(
                 init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device), fill
             )

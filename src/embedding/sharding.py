@@ -19,7 +19,7 @@ import torch
 
 from embedding.config import EmbeddingTableConfig
 from embedding.dynamic_rows import DynamicRows
-from embedding.optim_config import SparseOptimizerConfig
+from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
 
 INIT_BLOCK_ROWS = 1 << 16

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
     from recipes.data_reader import DataError, DataReader
     from recipes.errors import UserError
-    from recipes.parallel import tensor_parallel_mlp
+    from recipes.parallel import TensorParallelModel, megatron_mlp_plan
     from recipes.parts import ReaderOptions, RecipeContext, RecipeParts, per_rank_batch_size, reader_options
     from recipes.protocols import Predictor, Validation
     from recipes.registry import register_preset, register_recipe
@@ -38,7 +38,8 @@ _EXPORTS = {
     "DataError": "recipes.data_reader",
     "DataReader": "recipes.data_reader",
     "UserError": "recipes.errors",
-    "tensor_parallel_mlp": "recipes.parallel",
+    "TensorParallelModel": "recipes.parallel",
+    "megatron_mlp_plan": "recipes.parallel",
     "ReaderOptions": "recipes.parts",
     "RecipeContext": "recipes.parts",
     "RecipeParts": "recipes.parts",
@@ -67,13 +68,14 @@ __all__ = [
     "RecipeContext",
     "RecipeParts",
     "Seed",
+    "TensorParallelModel",
     "UserError",
     "Validation",
+    "megatron_mlp_plan",
     "per_rank_batch_size",
     "reader_options",
     "register_preset",
     "register_recipe",
-    "tensor_parallel_mlp",
 ]
 
 

@@ -147,7 +147,6 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
     takes old rank ``r``'s state if there is one, else old rank 0's: the data position and
     RNG of a replica are the best guess there is.
     """
-    trainer.load_shared_state(loaded.shared_state)
     rank = gangs.root.rank
     if loaded.num_ranks != gangs.root.size:
         log.warning(
@@ -158,7 +157,7 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
             rank if rank < loaded.num_ranks else 0,
         )
     own, pieces = rank_states_to_load(loaded, gangs)
-    trainer.load_rank_state(own, pieces)
+    trainer.load_state(loaded.shared_state, own, pieces)
     log.info("Resumed from the checkpoint of step %d.", loaded.step)
 
 

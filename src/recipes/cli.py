@@ -18,17 +18,11 @@ from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureErro
 from recipes.config import dump_yaml
 from recipes.errors import UserError
 from recipes.export_tables import export_tables
+from recipes.job import JobSpec, config_document, default_output_dir, list_checkpoints, resolve_job
 from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun
 from recipes.registry import all_presets
-from recipes.run import (
-    JobSpec,
-    config_document,
-    default_output_dir,
-    evaluate,
-    list_checkpoints,
-    resolve_job,
-    train,
-)
+from recipes.run import train
+from recipes.scoring import score
 from recipes.stop_signals import TrainingInterrupted
 
 log = logging.getLogger(__name__)
@@ -166,7 +160,7 @@ def _train(spec: JobSpec) -> None:
 
 def _score(args: argparse.Namespace) -> None:
     predictions = getattr(args, "output", None)
-    results = evaluate(_scoring_spec(args), args.checkpoint, args.split, predictions)
+    results = score(_scoring_spec(args), args.checkpoint, args.split, predictions)
     if int(os.environ.get("RANK", "0")) != 0:
         return
     for name, values in results.items():

@@ -6,7 +6,7 @@ as it arrives so that an error can say which key, which type and which layer. Th
 rebuilt into the dataclass, and dumps back to YAML that loads again.
 
 Every form a field's type takes (a number with its range, an optional, a literal, a list, a
-mapping, a nested section, a component chosen by name) is handled by one ``_Kind``; the table
+mapping, a nested section, a component chosen by name) is handled by one ``Kind``; the table
 ``_KINDS`` says which, and every step (check, merge, build, list the keys) asks the kind.
 """
 
@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import types
 import typing
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
@@ -30,6 +28,17 @@ from components import (
     Range,
     Registry,
     RegistryError,
+)
+from recipes.config_kinds import (
+    Kind,
+    ListKind,
+    LiteralKind,
+    MapKind,
+    NumberKind,
+    Place,
+    ScalarKind,
+    UnionKind,
+    is_none,
 )
 from recipes.config_text import dump_yaml, load_yaml, overrides_to_dict, parse_override, to_dict
 from recipes.errors import ConfigError, closest
@@ -59,208 +68,21 @@ __all__ = [
 def resolve_config(config_class: type[ConfigT], layers: list[tuple[str, Mapping[str, Any]]]) -> ConfigT:
     """Merge ``layers`` (``(source, dict)``, lowest precedence first) onto the class's defaults."""
     root = _kind_of(config_class)
-    merged = root.merge({}, to_dict(config_class()), _Place(root, "", f"the defaults of {config_class.__name__}"))
+    merged = root.merge({}, to_dict(config_class()), Place(root, "", f"the defaults of {config_class.__name__}"))
     for source, layer in layers:
-        merged = root.merge(merged, layer, _Place(root, "", source))
+        merged = root.merge(merged, layer, Place(root, "", source))
     config: ConfigT = root.build(merged, "")
     return config
 
 
-@dataclass(frozen=True)
-class _Place:
-    """Where a value being merged sits: the dotted key, the layer it came from, and the root kind
-    (for suggestions that look across the whole config)."""
-
-    root: _Kind
-    key: str
-    source: str
-    nullable: bool = False
-
-    def child(self, name: str) -> _Place:
-        return _Place(self.root, f"{self.key}.{name}" if self.key else name, self.source)
-
-    def type_error(self, kind: _Kind, value: Any) -> ConfigError:
-        return ConfigError(
-            f"Config key '{self.key}' must be {kind.describe()}, but is {value!r} ({type(value).__name__}) "
-            f"instead (from {self.source})."
-        )
-
-
-class _Kind(ABC):
-    """How the values of one form of type annotation are checked, merged and built."""
-
-    @abstractmethod
-    def matches(self, value: Any) -> bool:
-        """Whether ``value`` (plain data) is of this kind, nested values included."""
-
-    @abstractmethod
-    def describe(self) -> str:
-        """What a value must be, for error messages: ``an int``, ``a list of str``."""
-
-    def coerce(self, value: Any) -> Any:
-        """``value`` as this kind reads it before checking (``"inf"`` where a float goes)."""
-        return value
-
-    def merge(self, base: Any, layer: Any, at: _Place) -> Any:
-        """``layer`` merged onto ``base``: for most kinds the layer replaces the base, once checked."""
-        layer = self.coerce(layer)
-        if not self.matches(layer):
-            raise at.type_error(self, layer)
-        self.check(layer, at)
-        return layer
-
-    def check(self, value: Any, at: _Place) -> None:
-        """Checks beyond the type (ranges), on a value that matches."""
-
-    def build(self, data: Any, key: str) -> Any:
-        """Checked plain data rebuilt into what the config holds (dataclasses, floats)."""
-        return data
-
-    def children(self) -> Iterator[tuple[str, _Kind]]:
-        """The nested keys under a value of this kind, with their kinds (none but for sections)."""
-        return iter(())
-
-
-class _Scalar(_Kind):
-    def __init__(self, kind: type) -> None:
-        self.kind = kind
-
-    def matches(self, value: Any) -> bool:
-        if self.kind is Any:
-            return True
-        if self.kind in (int, float) and isinstance(value, bool):
-            return False
-        if self.kind is float:
-            return isinstance(value, (int, float))
-        return isinstance(value, self.kind)
-
-    def describe(self) -> str:
-        return "null" if self.kind is type(None) else getattr(self.kind, "__name__", str(self.kind))
-
-    def build(self, data: Any, key: str) -> Any:
-        return float(data) if self.kind is float and isinstance(data, int) else data
-
-
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
-
-
-class _Number(_Scalar):
-    """An int or float within its declared ``Range`` (a float without one: any finite float)."""
-
-    def __init__(self, kind: type, valid: Range | None) -> None:
-        super().__init__(kind)
-        self.range = valid if valid is not None or kind is int else Range()
-        self.declared = valid
-
-    def coerce(self, value: Any) -> Any:
-        """``inf`` and ``nan`` typed where a float goes, as Python's ``float()`` reads them, so that they
-        meet the range check (and its clear message) rather than a type error; YAML spells them ``.inf``."""
-        if self.kind is float and isinstance(value, str) and value.strip().lower() in _NON_FINITE:
-            return _NON_FINITE[value.strip().lower()]
-        return value
-
-    def check(self, value: Any, at: _Place) -> None:
-        if self.range is not None and not self.range.contains(value):
-            expected = self.range.describe(self.kind) + (" or null" if at.nullable else "")
-            raise ConfigError(f"`{at.key}` must be {expected}, but is {value!r} instead (from {at.source}).")
-
-
-class _Literal(_Kind):
-    def __init__(self, values: tuple[Any, ...]) -> None:
-        self.values = values
-
-    def matches(self, value: Any) -> bool:
-        return value in self.values
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(repr(v) for v in self.values)
-
-
-class _Union(_Kind):
-    """``X | Y``: the first arm the value fits takes it; ``None`` is one arm of an optional."""
-
-    def __init__(self, arms: list[_Kind]) -> None:
-        self.arms = arms
-        self.nullable = any(_is_none(arm) for arm in arms)
-
-    def matches(self, value: Any) -> bool:
-        return any(arm.matches(value) for arm in self.arms)
-
-    def describe(self) -> str:
-        return " or ".join(arm.describe() for arm in self.arms)
-
-    def coerce(self, value: Any) -> Any:
-        return next((arm.coerce(value) for arm in self.arms if arm.matches(arm.coerce(value))), value)
-
-    def merge(self, base: Any, layer: Any, at: _Place) -> Any:
-        layer = self.coerce(layer)
-        arm = next((arm for arm in self.arms if arm.matches(layer)), None)
-        if arm is None:
-            raise at.type_error(self, layer)
-        return arm.merge(base if arm.matches(base) else None, layer, dataclasses.replace(at, nullable=self.nullable))
-
-    def build(self, data: Any, key: str) -> Any:
-        arm = next((arm for arm in self.arms if arm.matches(data)), None)
-        return data if arm is None else arm.build(data, key)
-
-    def children(self) -> Iterator[tuple[str, _Kind]]:
-        for arm in self.arms:
-            yield from arm.children()
-
-
-def _is_none(kind: _Kind) -> bool:
-    return isinstance(kind, _Scalar) and kind.kind is type(None)
-
-
-class _List(_Kind):
-    def __init__(self, item: _Kind) -> None:
-        self.item = item
-
-    def matches(self, value: Any) -> bool:
-        return isinstance(value, list) and all(self.item.matches(v) for v in value)
-
-    def describe(self) -> str:
-        return f"a list of {self.item.describe()}"
-
-    def coerce(self, value: Any) -> Any:
-        return [self.item.coerce(v) for v in value] if isinstance(value, list) else value
-
-    def check(self, value: Any, at: _Place) -> None:
-        for index, element in enumerate(value):
-            self.item.check(element, dataclasses.replace(at, key=f"{at.key}[{index}]", nullable=False))
-
-    def build(self, data: Any, key: str) -> Any:
-        return [self.item.build(value, f"{key}{index}.") for index, value in enumerate(data)]
-
-
-class _Map(_Kind):
-    """``dict[str, X]``: keys chosen by the user, each value an ``X``; a layer replaces the whole mapping."""
-
-    def __init__(self, item: _Kind) -> None:
-        self.item = item
-
-    def matches(self, value: Any) -> bool:
-        return isinstance(value, Mapping) and all(isinstance(k, str) and self.item.matches(v) for k, v in value.items())
-
-    def describe(self) -> str:
-        return f"a mapping of {self.item.describe()}"
-
-    def check(self, value: Any, at: _Place) -> None:
-        for name, element in value.items():
-            self.item.check(element, at.child(name))
-
-    def build(self, data: Any, key: str) -> Any:
-        return {name: self.item.build(value, f"{key}{name}.") for name, value in data.items()}
-
-
-class _Section(_Kind):
+class _Section(Kind):
     """A dataclass: a layer's keys are merged one by one onto the section's, each checked by its field's kind."""
 
     def __init__(self, struct: type) -> None:
         self.struct = struct
 
     @functools.cached_property
-    def fields(self) -> dict[str, _Kind]:
+    def fields(self) -> dict[str, Kind]:
         return {name: _kind_of(kind) for name, kind in typing.get_type_hints(self.struct, include_extras=True).items()}
 
     def matches(self, value: Any) -> bool:
@@ -271,7 +93,7 @@ class _Section(_Kind):
     def describe(self) -> str:
         return f"a mapping ({self.struct.__name__})"
 
-    def merge(self, base: Any, layer: Any, at: _Place) -> Any:
+    def merge(self, base: Any, layer: Any, at: Place) -> Any:
         if not isinstance(layer, Mapping):
             raise at.type_error(self, layer)
         merged = dict(base) if isinstance(base, Mapping) else {}
@@ -282,7 +104,7 @@ class _Section(_Kind):
             merged[key] = self.fields[key].merge(merged.get(key), value, at.child(key))
         return merged
 
-    def check(self, value: Any, at: _Place) -> None:
+    def check(self, value: Any, at: Place) -> None:
         for key, item in value.items():
             self.fields[key].check(item, at.child(key))
 
@@ -294,11 +116,11 @@ class _Section(_Kind):
             where = f" in '{key.rstrip('.')}'" if key else ""
             raise ConfigError(f"Invalid config{where}: {ex}") from None
 
-    def children(self) -> Iterator[tuple[str, _Kind]]:
+    def children(self) -> Iterator[tuple[str, Kind]]:
         yield from self.fields.items()
 
 
-class _Choice(_Kind):
+class _Choice(Kind):
     """A component chosen by ``name`` from a registry, with the options of its own config dataclass:
     ``optimizer: {name: sgd, momentum: 0.9}``, or just ``optimizer: sgd``.
 
@@ -310,7 +132,7 @@ class _Choice(_Kind):
     def __init__(self, registry: Registry[Any]) -> None:
         self.registry = registry
 
-    def section(self, name: str, at: _Place | None = None) -> _Section:
+    def section(self, name: str, at: Place | None = None) -> _Section:
         try:
             section = _kind_of(self.registry.get(name).config_class)
         except RegistryError as ex:
@@ -331,9 +153,9 @@ class _Choice(_Kind):
         return isinstance(name, str) and name in self.registry and self.section(name).matches(value)
 
     def describe(self) -> str:
-        return f"a {self.registry.kind} (a name, or a mapping with its `name` and options)"
+        return f"{_article(self.registry.kind)} (a name, or a mapping with its `name` and options)"
 
-    def merge(self, base: Any, layer: Any, at: _Place) -> Any:
+    def merge(self, base: Any, layer: Any, at: Place) -> Any:
         if isinstance(layer, str):
             layer = {"name": layer}
         if not isinstance(layer, Mapping):
@@ -342,10 +164,13 @@ class _Choice(_Kind):
         name = layer.get("name", base.get("name"))
         if not isinstance(name, str):
             raise ConfigError(
-                f"`{at.child('name').key}` must name a {self.registry.kind} ({', '.join(self.registry.names())}), "
+                f"`{at.child('name').key}` must name {_article(self.registry.kind)} ({', '.join(self.registry.names())}), "
                 f"but is {name!r} instead (from {at.source})."
             )
         section = self.section(name, at)
+        for key in layer:
+            if key not in section.fields:
+                raise self._unknown_option(key, name, at)
         if name != base.get("name"):
             defaults = to_dict(self.registry.get(name).default_config())
             base = {key: base.get(key, value) if key != "name" else name for key, value in defaults.items()}
@@ -354,9 +179,21 @@ class _Choice(_Kind):
     def build(self, data: Any, key: str) -> Any:
         return self.section(data["name"]).build(data, key)
 
-    def children(self) -> Iterator[tuple[str, _Kind]]:
+    def _unknown_option(self, key: str, name: str, at: Place) -> ConfigError:
+        """An option ``name`` does not take: say which components take it, or what ``name`` takes."""
+        section = self.section(name)
+        takers = [other for other in self.registry.names() if key in self.section(other).fields]
+        if takers:
+            hint = f" It is an option of {', '.join(takers)}."
+        else:
+            hint = suggest_key(key, at.key, list(section.fields), valid_keys_of(at.root))
+        return ConfigError(
+            f"Unknown config key '{at.child(key).key}' for {self.registry.kind} '{name}' (from {at.source}).{hint}"
+        )
+
+    def children(self) -> Iterator[tuple[str, Kind]]:
         """Every option of every component registered so far (for help and suggestions)."""
-        seen: dict[str, _Kind] = {}
+        seen: dict[str, Kind] = {}
         for name in self.registry.names():
             try:
                 seen.update(self.section(name).fields)
@@ -365,42 +202,110 @@ class _Choice(_Kind):
         yield from seen.items()
 
 
-def _annotated(kind: Any) -> _Kind:
+class _ChoiceMap(Kind):
+    """Components chosen by key, each with its own options: ``{tensorboard: true, wandb: {project: p}}``.
+
+    Layers merge key by key, so a preset may turn one on and a user another off; ``true`` and
+    ``false`` stand for ``{enabled: true}`` and ``{enabled: false}``. A key must name a component.
+    """
+
+    def __init__(self, registry: Registry[Any]) -> None:
+        self.choice = _Choice(registry)
+        self.registry = registry
+
+    def matches(self, value: Any) -> bool:
+        return isinstance(value, Mapping) and all(
+            key in self.registry
+            and (isinstance(item, bool) or (isinstance(item, Mapping) and self.choice.matches({**item, "name": key})))
+            for key, item in value.items()
+        )
+
+    def describe(self) -> str:
+        return f"a mapping of {self.registry.kind} names to their options"
+
+    def merge(self, base: Any, layer: Any, at: Place) -> Any:
+        if not isinstance(layer, Mapping):
+            raise at.type_error(self, layer)
+        merged = dict(base) if isinstance(base, Mapping) else {}
+        for key, value in layer.items():
+            if key not in self.registry:
+                raise ConfigError(
+                    f"`{at.child(key).key}` must name {_article(self.registry.kind)} ({', '.join(self.registry.names())}), "
+                    f"but '{key}' is none (from {at.source}).{closest(key, self.registry.names())}"
+                )
+            options = {"enabled": value} if isinstance(value, bool) else value
+            if not isinstance(options, Mapping) or options.get("name", key) != key:
+                raise ConfigError(
+                    f"Config key '{at.child(key).key}' must be true, false or a mapping of the {self.registry.kind}'s "
+                    f"options, but is {value!r} ({type(value).__name__}) instead (from {at.source})."
+                )
+            merged[key] = self.choice.merge(merged.get(key), {**options, "name": key}, at.child(key))
+        return merged
+
+    def build(self, data: Any, key: str) -> Any:
+        return {name: self.choice.build(options, f"{key}{name}.") for name, options in data.items()}
+
+    def children(self) -> Iterator[tuple[str, Kind]]:
+        for name in self.registry.names():
+            yield name, _Options(self.choice.section(name))
+
+
+class _Options(Kind):
+    """A component's section under its name in a ``_ChoiceMap``: its options, the name being the key."""
+
+    def __init__(self, section: _Section) -> None:
+        self.section = section
+
+    def matches(self, value: Any) -> bool:
+        return self.section.matches(value)
+
+    def describe(self) -> str:
+        return self.section.describe()
+
+    def children(self) -> Iterator[tuple[str, Kind]]:
+        return ((key, kind) for key, kind in self.section.children() if key != "name")
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def _annotated(kind: Any) -> Kind:
     plain, *extras = get_args(kind)
     registry = next((extra for extra in extras if isinstance(extra, Registry)), None)
     if registry is not None:
-        return _Choice(registry)
+        return _ChoiceMap(registry) if get_origin(plain) is dict else _Choice(registry)
     valid = next((extra for extra in extras if isinstance(extra, Range)), None)
     if get_origin(plain) is list:  # A range on a list holds for every element.
-        return _List(_ranged(get_args(plain)[0], valid))
+        return ListKind(_ranged(get_args(plain)[0], valid))
     return _ranged(plain, valid)
 
 
-def _ranged(kind: Any, valid: Range | None) -> _Kind:
+def _ranged(kind: Any, valid: Range | None) -> Kind:
     inner = _kind_of(kind)
-    if isinstance(inner, _Number) and valid is not None:
-        return _Number(inner.kind, valid)
+    if isinstance(inner, NumberKind) and valid is not None:
+        return NumberKind(inner.kind, valid)
     return inner
 
 
-_KINDS: dict[Any, Callable[[Any], _Kind]] = {
+_KINDS: dict[Any, Callable[[Any], Kind]] = {
     Annotated: _annotated,
-    Union: lambda kind: _Union([_kind_of(arm) for arm in get_args(kind)]),
-    types.UnionType: lambda kind: _Union([_kind_of(arm) for arm in get_args(kind)]),
-    Literal: lambda kind: _Literal(get_args(kind)),
-    list: lambda kind: _List(_kind_of(get_args(kind)[0])),
-    dict: lambda kind: _Map(_kind_of(get_args(kind)[1])),
-    Mapping: lambda kind: _Map(_kind_of(get_args(kind)[1])),
-    int: lambda kind: _Number(int, None),
-    float: lambda kind: _Number(float, None),
+    Union: lambda kind: UnionKind([_kind_of(arm) for arm in get_args(kind)]),
+    types.UnionType: lambda kind: UnionKind([_kind_of(arm) for arm in get_args(kind)]),
+    Literal: lambda kind: LiteralKind(get_args(kind)),
+    list: lambda kind: ListKind(_kind_of(get_args(kind)[0])),
+    dict: lambda kind: MapKind(_kind_of(get_args(kind)[1])),
+    Mapping: lambda kind: MapKind(_kind_of(get_args(kind)[1])),
+    int: lambda kind: NumberKind(int, None),
+    float: lambda kind: NumberKind(float, None),
 }
 """The kind of each form of annotation, by its origin (``list`` for ``list[int]``) or its class."""
 
 
-_KIND_OF: dict[Any, _Kind] = {}
+_KIND_OF: dict[Any, Kind] = {}
 
 
-def _kind_of(annotation: Any) -> _Kind:
+def _kind_of(annotation: Any) -> Kind:
     """The kind of an annotation, made once: a section's fields and a registry's components are looked up once."""
     kind = _KIND_OF.get(annotation)
     if kind is None:
@@ -410,7 +315,7 @@ def _kind_of(annotation: Any) -> _Kind:
         elif dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
             kind = _Section(annotation)
         else:
-            kind = _Scalar(annotation)
+            kind = ScalarKind(annotation)
         _KIND_OF[annotation] = kind
     return kind
 
@@ -423,7 +328,7 @@ def valid_keys(config_class: type) -> list[str]:
     return valid_keys_of(_kind_of(config_class))
 
 
-def valid_keys_of(kind: _Kind, prefix: str = "") -> list[str]:
+def valid_keys_of(kind: Kind, prefix: str = "") -> list[str]:
     keys = []
     for name, inner in kind.children():
         keys.append(prefix + name)
@@ -456,7 +361,7 @@ def numeric_fields(config_class: type) -> list[NumericField]:
     return list(_numeric_fields(_kind_of(config_class), "", ()))
 
 
-def _numeric_fields(kind: _Kind, prefix: str, choices: tuple[tuple[str, str], ...]) -> Iterator[NumericField]:
+def _numeric_fields(kind: Kind, prefix: str, choices: tuple[tuple[str, str], ...]) -> Iterator[NumericField]:
     if isinstance(kind, _Choice):
         for name in kind.registry.names():
             chosen = (*choices, (f"{prefix}name", name))
@@ -464,11 +369,11 @@ def _numeric_fields(kind: _Kind, prefix: str, choices: tuple[tuple[str, str], ..
         return
     for name, inner in kind.children():
         key, optional, element = prefix + name, False, False
-        if isinstance(inner, _Union) and inner.nullable and len(inner.arms) == 2:
-            inner, optional = next(arm for arm in inner.arms if not _is_none(arm)), True
-        if isinstance(inner, _List):
+        if isinstance(inner, UnionKind) and inner.nullable and len(inner.arms) == 2:
+            inner, optional = next(arm for arm in inner.arms if not is_none(arm)), True
+        if isinstance(inner, ListKind):
             inner, element = inner.item, True
-        if isinstance(inner, _Number):
+        if isinstance(inner, NumberKind):
             yield NumericField(key, inner.kind, inner.declared, element, optional, choices)
-        elif isinstance(inner, (_Section, _Choice)) and not element:
+        elif isinstance(inner, (_Section, _Choice, _ChoiceMap, _Options)) and not element:
             yield from _numeric_fields(inner, key + ".", choices)

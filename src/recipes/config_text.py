@@ -66,8 +66,12 @@ def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
         *parents, leaf = key.split(".")
         for part in parents:
             child = node.setdefault(part, {})
+            if isinstance(child, str):  # `optimizer=sgd optimizer.momentum=0.9`: the name, then an option.
+                child = node[part] = {"name": child}
             if not isinstance(child, dict):
                 raise ConfigError(f"Override '{key}' conflicts with an earlier override of '{part}'.")
             node = child
+        if isinstance(node.get(leaf), dict) and isinstance(value, str):
+            value = {**node[leaf], "name": value}  # `optimizer.momentum=0.9 optimizer=sgd`: the options stay.
         node[leaf] = value
     return result

@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from recipes.data_reader import DataError
 from recipes.errors import UserError
+from recipes.precision import Autocast
 from recipes.predictions import PredictionCollector
 from recipes.protocols import Predictor, Validation
-
-Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 def evaluate(
@@ -26,7 +23,8 @@ def evaluate(
     are collected (every rank yields the same number of steps, some of them empty).
     """
     unit = validation.unit
-    if predictions is not None and not isinstance(unit, Predictor):
+    predictor = unit if isinstance(unit, Predictor) else None
+    if predictions is not None and predictor is None:
         raise UserError(
             f"The eval unit '{unit.name}' ({type(unit).__name__}) must have a `predict(batch)` method to write "
             "predictions, but has none."
@@ -41,7 +39,8 @@ def evaluate(
                     if predictions is None:
                         unit(batch)
                     else:
-                        outputs.append(unit.predict(batch))  # type: ignore[attr-defined]
+                        assert predictor is not None
+                        outputs.append(predictor.predict(batch))
             if predictions is not None:
                 predictions.add_step(outputs)
     validation.reader.reset()

@@ -34,7 +34,7 @@ from embedding import ShardedStateError
 from gang import FakeGang
 from recipes.checkpointing import checkpoint_policy
 from recipes.errors import UserError
-from recipes.run import JobSpec, checkpoint_step, resolve_job
+from recipes.job import JobSpec, checkpoint_step, resolve_job
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ _SYNONYMS = {
     "lr_scheduler": "scheduler lr_schedule",
     "dim": "embedding_dim emb_dim",
     "seed": "random_seed",
+    "num_buckets": "libsvm_buckets buckets",
 }
 KEY_ALIASES = {alias.replace("_", ""): key for key, aliases in _SYNONYMS.items() for alias in aliases.split()}
 

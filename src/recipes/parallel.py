@@ -1,7 +1,8 @@
 """Dense parallelism with torch's own tools: DDP, FSDP2 and tensor parallelism over the job's gangs.
 
-The recipe decides how its model splits over the TP gang (it knows its layers); the framework
-then replicates it over the DP gang. State dicts go through ``torch.distributed.checkpoint``'s
+A model says how it splits over the TP gang (it knows its layers) through its
+``tensor_parallel_plan()``; the framework applies the plan, then replicates the model over the
+DP gang. State dicts go through ``torch.distributed.checkpoint``'s
 helpers, which gather sharded parameters into full tensors on save and scatter them on load,
 so a checkpoint is independent of the layout that wrote it.
 """
@@ -9,8 +10,9 @@ so a checkpoint is independent of the layout that wrote it.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -23,32 +25,61 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import get_total_norm
 from torch.optim import Optimizer
 
 from embedding import CombinedOptimizer
 from gang import Gangs
+from recipes.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def tensor_parallel_mlp(mlp: nn.Sequential, gangs: Gangs) -> None:
-    """Split an MLP's hidden layers over the TP gang, Megatron-style, in place.
+@runtime_checkable
+class TensorParallelModel(Protocol):
+    """A model that can split over the TP gang: ``{submodule name: ParallelStyle}`` for
+    ``torch.distributed.tensor.parallel.parallelize_module`` (``megatron_mlp_plan`` makes one for an MLP)."""
+
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]: ...
+
+
+def megatron_mlp_plan(mlp: nn.Sequential, prefix: str) -> dict[str, ParallelStyle]:
+    """How an MLP's hidden layers split over the TP gang, Megatron-style, ``prefix`` being its name in the model.
 
     Consecutive pairs of linear layers become column-wise then row-wise parallel, so that each
-    pair needs one all-reduce. The output layer stays whole. A no-op without tensor parallelism.
+    pair needs one all-reduce. The output layer stays whole.
     """
-    if gangs.tp.size == 1:
-        return
-    assert gangs.mesh is not None
-    linears = [str(i) for i, layer in enumerate(mlp) if isinstance(layer, nn.Linear)][:-1]
-    plan: dict[str, Any] = {}
+    linears = [f"{prefix}.{i}" for i, layer in enumerate(mlp) if isinstance(layer, nn.Linear)][:-1]
+    plan: dict[str, ParallelStyle] = {}
     for column, row in zip(linears[0::2], linears[1::2]):
         plan[column] = ColwiseParallel()
         plan[row] = RowwiseParallel()
-    parallelize_module(mlp, gangs.mesh["tp"], plan)
+    return plan
+
+
+def tensor_parallel(model: nn.Module, gangs: Gangs) -> None:
+    """Split ``model`` over the TP gang by its own plan, in place; nothing without tensor parallelism.
+
+    A model without a plan would run whole on every TP rank, each computing what the others do:
+    the run stops instead, saying so.
+    """
+    if gangs.tp.size == 1:
+        return
+    if not isinstance(model, TensorParallelModel):
+        raise ConfigError(
+            f"`gang.tp_size` is {gangs.tp.size}, but the model ({type(model).__name__}) has no "
+            "`tensor_parallel_plan()` saying how it splits over the ranks; set gang.tp_size=1 or give it one."
+        )
+    plan = model.tensor_parallel_plan()
+    if not plan:
+        log.warning("The model's tensor-parallel plan is empty: every TP rank computes the whole dense model.")
+        return
+    assert gangs.mesh is not None
+    parallelize_module(model, gangs.mesh["tp"], plan)
 
 
 def data_parallel(model: nn.Module, gangs: Gangs) -> nn.Module:

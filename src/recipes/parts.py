@@ -7,21 +7,19 @@ early stopping) from the standard config sections.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gang import Gangs
 from recipes.config import ConfigError
 from recipes.data_reader import DataReader
 from recipes.protocols import ShardedStateful, Validation
-from recipes.sections import LRSchedulerSection, OptimizerSection, RecipeConfig
+from recipes.sections import RecipeConfig
 from units import TrainUnit
 
 ConfigT = TypeVar("ConfigT", bound=RecipeConfig)
@@ -111,41 +109,3 @@ def reader_options(context: RecipeContext[Any], global_batch_size: int, train: b
         seed=config.seed,
         drop_last=train,
     )
-
-
-def build_optimizer(section: OptimizerSection, params: Iterable[torch.nn.Parameter]) -> Optimizer:
-    """The dense optimizer of the ``optimizer`` section."""
-    params = [p for p in params if p.requires_grad]
-    if section.name in ("adamw", "adam"):
-        optimizer_class = torch.optim.AdamW if section.name == "adamw" else torch.optim.Adam
-        return optimizer_class(
-            params,
-            lr=section.lr,
-            betas=(section.betas[0], section.betas[1]),
-            eps=section.eps,
-            weight_decay=section.weight_decay,
-        )
-    if section.name == "sgd":
-        return torch.optim.SGD(params, lr=section.lr, momentum=section.momentum, weight_decay=section.weight_decay)
-    return torch.optim.Adagrad(params, lr=section.lr, eps=section.eps, weight_decay=section.weight_decay)
-
-
-def build_lr_scheduler(section: LRSchedulerSection, optimizer: Optimizer, max_num_steps: int | None) -> LRScheduler:
-    """Linear warm-up, then constant, cosine or linear decay to ``final_lr_scale`` at the last step."""
-    warmup = section.num_warmup_steps
-    if section.name != "constant" and max_num_steps is None:
-        raise ValueError(f"`lr_scheduler.name: {section.name}` decays over `trainer.max_num_steps`, which must be set.")
-    total = max_num_steps or 1
-
-    def scale(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if section.name == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        final = section.final_lr_scale
-        if section.name == "linear":
-            return 1.0 - (1.0 - final) * progress
-        return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return LambdaLR(optimizer, scale)

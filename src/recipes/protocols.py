@@ -40,6 +40,14 @@ class Predictor(Protocol[BatchT_contra]):
     def predict(self, batch: BatchT_contra) -> Mapping[str, torch.Tensor]: ...
 
 
+@runtime_checkable
+class SparseGradientScaling(Protocol):
+    """An optimizer that also steps gradients outside its ``param_groups`` (sparse tables' rows), which the
+    Trainer must normalise and unscale itself: DDP averages dense gradients over ranks, sparse ones are summed."""
+
+    def scale_sparse_gradients(self, factor: float) -> None: ...
+
+
 class ShardedStateful(Protocol):
     """State split over ranks (sparse embedding tables), which can be reloaded on another layout.
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from recipes.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from components import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
+from recipes.lr_schedules import LR_SCHEDULES, LRScheduleConfig
+from recipes.optimizers import OPTIMIZERS, OptimizerConfig
+from recipes.recorders.base import RECORDERS, RecorderConfig
 
 Seed = Annotated[int, Range(ge=0, le=2**32 - 1)]
 """What ``numpy.random.seed`` takes, which every seed reaches."""
@@ -73,45 +76,16 @@ class TrainerSection:
         )
 
 
-@dataclass
-class OptimizerSection:
-    name: Literal["adamw", "adam", "sgd", "adagrad"] = "adamw"
-    lr: PositiveFloat = 1e-3
-    weight_decay: NonNegativeFloat = 0.0
-    betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
-    eps: NonNegativeFloat = 1e-8
-    momentum: NonNegativeFloat = 0.0
-    """SGD only."""
-
-    def __post_init__(self) -> None:
-        _require(len(self.betas) == 2, f"`betas` must have 2 values, but has {len(self.betas)} instead.")
-
-
-@dataclass
-class LRSchedulerSection:
-    name: Literal["constant", "cosine", "linear"] = "constant"
-    """After warm-up: keep the lr, or decay it to ``final_lr_scale`` x lr by a cosine or a line."""
-    num_warmup_steps: NonNegativeInt = 0
-    final_lr_scale: NonNegativeFloat = 0.0
-
-
-@dataclass
-class WandbSection:
-    enabled: bool = False
-    project: str | None = None
-    """With a project, and ``mode: online``, runs go to the WandB server; else offline under ``OUTPUT_DIR/wandb``."""
-    entity: str | None = None
-    run_name: str | None = None
-    mode: Literal["offline", "online", "disabled"] = "offline"
+def _recorders() -> dict[str, RecorderConfig]:
+    return {name: RECORDERS.get(name).default_config() for name in ("tensorboard", "jsonl", "console", "wandb")}
 
 
 @dataclass
 class MetricsSection:
-    tensorboard: bool = True
-    jsonl: bool = True
-    console: bool = True
-    """A progress bar with step, loss, throughput and ETA, and a line per validation."""
-    wandb: WandbSection = field(default_factory=WandbSection)
+    recorders: Annotated[dict[str, RecorderConfig], RECORDERS] = field(default_factory=_recorders)
+    """Where metrics go, by recorder name: ``tensorboard``, ``jsonl`` and ``console`` (a progress bar with step,
+    loss, throughput and ETA, and a line per validation) are on, ``wandb`` off; ``console: false`` turns one off,
+    ``wandb: {enabled: true, project: P}`` one on with its options."""
 
 
 @dataclass
@@ -170,8 +144,8 @@ class RecipeConfig:
 
     seed: Seed = 2
     trainer: TrainerSection = field(default_factory=TrainerSection)
-    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
-    lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
+    optimizer: Annotated[OptimizerConfig, OPTIMIZERS] = field(default_factory=OPTIMIZERS.default("adamw"))
+    lr_scheduler: Annotated[LRScheduleConfig, LR_SCHEDULES] = field(default_factory=LR_SCHEDULES.default("constant"))
     metrics: MetricsSection = field(default_factory=MetricsSection)
     profiler: ProfilerSection = field(default_factory=ProfilerSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)

@@ -148,10 +148,9 @@ def _layout(table: EmbeddingTableConfig, collection: ShardedEmbeddingCollection)
     if table.kind == "fixed":
         return f"{table.num_rows:,} rows x {table.dim}, {collection.plan[table.name].placement} over {ranks}"
     policy = table.hash_policy
-    ttl = f" after {policy.ttl_steps} steps" if policy.ttl_steps is not None else ""
     return (
         f"hash table of {table.num_rows:,} rows x {table.dim} (min_count {policy.min_count}, admit_probability "
-        f"{policy.admit_probability:g}, eviction {policy.eviction}{ttl}), sharded by id over {ranks}"
+        f"{policy.admit_probability:g}, eviction {policy.eviction}), sharded by id over {ranks}"
     )
 
 

@@ -1,13 +1,13 @@
 """The Trainer: one explicit loop that decides when to step, publish, validate, checkpoint and stop.
 
 Everything model-specific is in the units; everything about where things go (recorders,
-checkpoints) is behind small interfaces. What is left is the loop, readable top to bottom in
-``run()``, in the manner of fairseq2's Trainer.
+checkpoints) is behind small interfaces; validation is the validator's and what a checkpoint
+holds is ``TrainingState``'s. What is left is the loop, readable top to bottom in ``run()``, in
+the manner of fairseq2's Trainer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -20,24 +20,14 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from gang import Gangs, ReduceOperation
 from recipes.data_reader import DataError, DataReader
-from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
-from recipes.errors import UserError, closest
-from recipes.evaluation import evaluate
-from recipes.parallel import (
-    DenseGradients,
-    gradient_sync,
-    load_model_state,
-    load_optimizer_state,
-    model_state,
-    optimizer_state,
-    tensors_changed_by_step,
-)
-from recipes.predictions import PredictionCollector
+from recipes.parallel import DenseGradients, gradient_sync, tensors_changed_by_step
+from recipes.precision import autocast_for
 from recipes.profiler import Profiler
-from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, Validation
+from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, SparseGradientScaling, Validation
 from recipes.recorders import MetricRecorder
-from recipes.rng import rng_state, set_rng_state
 from recipes.sections import TrainerSection
+from recipes.trainer_state import TrainerCounters, TrainingState
+from recipes.validator import NOOP_VALIDATOR, Validator
 from units import Mean, MetricBag, Throughput, TrainUnit
 
 # Validation, Checkpointer and ShardedStateful live in recipes.protocols; importing them from here still works.
@@ -84,10 +74,9 @@ class Trainer(Generic[BatchT]):
         gangs: Gangs,
         device: torch.device,
         config: TrainerSection,
-        validations: Sequence[Validation[Any]] = (),
         recorder: MetricRecorder,
         profiler: Profiler,
-        early_stopper: EarlyStopper = NOOP_EARLY_STOPPER,
+        validator: Validator = NOOP_VALIDATOR,
         sharded_state: Mapping[str, ShardedStateful] | None = None,
         checkpointer: Checkpointer = NOOP_CHECKPOINTER,
         checkpoint_every_n_steps: int | None = None,
@@ -99,19 +88,16 @@ class Trainer(Generic[BatchT]):
         self._optimizer = optimizer
         self._lr_scheduler = lr_scheduler
         self._gangs = gangs
-        self._device = device
         self._config = config
-        self._validations = list(validations)
         self._recorder = recorder
         self._profiler = profiler
-        self._early_stopper = early_stopper
-        self._sharded_state = dict(sharded_state or {})
+        self._validator = validator
         self._checkpointer = checkpointer
         self._checkpoint_every_n_steps = checkpoint_every_n_steps
         self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
         self._state_metrics = state_metrics
 
-        self._autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.mixed_precision]
+        self._autocast = autocast_for(config.mixed_precision, device)
         self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
         self._dense_gradients = DenseGradients(optimizer.param_groups)
 
@@ -123,22 +109,33 @@ class Trainer(Generic[BatchT]):
         self._metrics.register("num_skipped_steps", Mean())
         self._totals = _StepTotals()
 
-        self._step_nr = 0
-        self._data_epoch_nr = 0
-        self._num_consecutive_skipped = 0
-        self._last_score: float | None = None
+        self.state = TrainingState(
+            model=unit.model,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            grad_scaler=self._grad_scaler,
+            counters=TrainerCounters(),
+            validator=validator,
+            reader=data_reader,
+            metrics=self._metrics,
+            unit_metrics=unit.metric_bag,
+            sharded=dict(sharded_state or {}),
+        )
+        """What a checkpoint holds; ``checkpointing.resume`` loads it."""
         self._stop_requested = False
         self._stop_agreed = False
-        self._early_stopped = False
         self._published_step = -1
         self._validated_step = -1
         self._checkpointed_step = -1
         self._last_checkpoint_was_final = False
-        self.check_score_metric()
+
+    @property
+    def _counters(self) -> TrainerCounters:
+        return self.state.counters
 
     @property
     def step_nr(self) -> int:
-        return self._step_nr
+        return self._counters.step_nr
 
     def request_stop(self) -> None:
         """Ask the trainer to stop after the next step's agreement, save a checkpoint and return.
@@ -147,11 +144,21 @@ class Trainer(Generic[BatchT]):
         """
         self._stop_requested = True
 
+    def load_state(
+        self, shared: Mapping[str, Any], own: Mapping[str, Any], all_ranks: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Continue after a checkpoint: its shared state, this rank's, and every saving rank's (for the shards)."""
+        self.state.load_shared(shared)
+        self.state.load_per_rank(own, all_ranks)
+        # The checkpoint's step was published, validated and saved, as a resumable checkpoint.
+        self._published_step = self._validated_step = self._checkpointed_step = self.step_nr
+        self._last_checkpoint_was_final = True
+
     # The loop -------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Train until a stop condition; then publish, validate and checkpoint whatever the last step left."""
-        log.info("Training starts at step %d (data epoch %d).", self._step_nr, self._data_epoch_nr)
+        log.info("Training starts at step %d (data epoch %d).", self.step_nr, self._counters.data_epoch_nr)
         self._unit.model.train()
         with self._profiler, torch.autograd.set_detect_anomaly(self._config.anomaly_detection):
             while not self._should_stop():
@@ -165,33 +172,34 @@ class Trainer(Generic[BatchT]):
     def _should_stop(self) -> bool:
         """Whether the step just taken is the last: the step limit, early stopping or an agreed stop request."""
         max_steps = self._config.max_num_steps
-        return self._early_stopped or self._stop_agreed or (max_steps is not None and self._step_nr >= max_steps)
+        counters = self._counters
+        return counters.early_stopped or self._stop_agreed or (max_steps is not None and counters.step_nr >= max_steps)
 
     def _after_step(self, epoch_ended: bool) -> None:
-        if self._step_nr % self._config.publish_metrics_every_n_steps == 0:
+        if self.step_nr % self._config.publish_metrics_every_n_steps == 0:
             self._publish_metrics()
         every_n = self._config.validate_every_n_steps
-        if every_n is not None and self._step_nr % every_n == 0:
+        if every_n is not None and self.step_nr % every_n == 0:
             self._validate()
         if self._checkpoint_due(epoch_ended):
             self._checkpoint(last=self._should_stop())
 
     def _finish(self) -> None:
-        if self._published_step != self._step_nr:
+        if self._published_step != self.step_nr:
             self._publish_metrics()
-        if self._validations and self._validated_step != self._step_nr:
+        if self._validated_step != self.step_nr:
             self._validate()
         # The last checkpoint is saved as such (a full one, even when others are model-only).
-        if self._checkpointed_step != self._step_nr or not self._last_checkpoint_was_final:
+        if self._checkpointed_step != self.step_nr or not self._last_checkpoint_was_final:
             self._checkpoint(last=True)
-        log.info("Training ends at step %d.", self._step_nr)
+        log.info("Training ends at step %d.", self.step_nr)
 
     def _checkpoint_due(self, epoch_ended: bool) -> bool:
         every_n_steps = self._checkpoint_every_n_steps
         every_n_epochs = self._checkpoint_every_n_data_epochs
-        if every_n_steps is not None and self._step_nr % every_n_steps == 0:
+        if every_n_steps is not None and self.step_nr % every_n_steps == 0:
             return True
-        return epoch_ended and every_n_epochs is not None and self._data_epoch_nr % every_n_epochs == 0
+        return epoch_ended and every_n_epochs is not None and self._counters.data_epoch_nr % every_n_epochs == 0
 
     # One step -------------------------------------------------------------------------------
 
@@ -200,15 +208,15 @@ class Trainer(Generic[BatchT]):
         batches, epoch_ended = self._next_batches()
         if batches is None:
             return None
-        self._step_nr += 1
-        self._unit.set_step_nr(self._step_nr)
+        self._counters.step_nr += 1
+        self._unit.set_step_nr(self.step_nr)
 
         loss_sum, num_targets = self._forward_backward(batches)
         loss_is_finite, total_targets = self._agree_on_step(loss_sum, num_targets)
         if not loss_is_finite:
             self._skip_step(loss_sum)
             return epoch_ended
-        self._num_consecutive_skipped = 0
+        self._counters.num_consecutive_skipped = 0
 
         grad_norm = self._normalize_and_clip_gradients(total_targets)
         self._checkpointer.wait_until_staged()
@@ -230,10 +238,10 @@ class Trainer(Generic[BatchT]):
             return next(self._reader), False
         except StopIteration:
             pass
-        self._data_epoch_nr += 1
-        log.info("Data epoch %d is done.", self._data_epoch_nr)
+        self._counters.data_epoch_nr += 1
+        log.info("Data epoch %d is done.", self._counters.data_epoch_nr)
         max_epochs = self._config.max_num_data_epochs
-        if max_epochs is not None and self._data_epoch_nr >= max_epochs:
+        if max_epochs is not None and self._counters.data_epoch_nr >= max_epochs:
             return None, True
         self._reader.reset()
         try:
@@ -259,11 +267,6 @@ class Trainer(Generic[BatchT]):
         loss_sum = float(losses[0]) if len(losses) == 1 else float(torch.stack(losses).double().sum())
         return loss_sum, num_targets
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self._autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self._device.type, dtype=self._autocast_dtype)
-
     def _agree_on_step(self, loss_sum: float, num_targets: int) -> tuple[bool, float]:
         """One collective for what every rank must agree on after the backward pass.
 
@@ -285,16 +288,16 @@ class Trainer(Generic[BatchT]):
         self._optimizer.zero_grad(set_to_none=True)
         if self._config.nan_policy == "stop":
             raise LossNotFiniteError(
-                f"The loss is {loss_sum} at step {self._step_nr}; stopping (trainer.nan_policy=stop). "
+                f"The loss is {loss_sum} at step {self.step_nr}; stopping (trainer.nan_policy=stop). "
                 "Set trainer.nan_policy=skip to skip such steps."
             )
-        self._num_consecutive_skipped += 1
+        self._counters.num_consecutive_skipped += 1
         self._totals.num_skipped += 1
-        log.warning("The loss is %s at step %d; the step is skipped.", loss_sum, self._step_nr)
+        log.warning("The loss is %s at step %d; the step is skipped.", loss_sum, self.step_nr)
         limit = self._config.max_consecutive_skipped_steps
-        if self._num_consecutive_skipped >= limit:
+        if self._counters.num_consecutive_skipped >= limit:
             raise LossNotFiniteError(
-                f"The loss was not finite for {limit} steps in a row (up to step {self._step_nr}); stopping."
+                f"The loss was not finite for {limit} steps in a row (up to step {self.step_nr}); stopping."
             )
 
     def _normalize_and_clip_gradients(self, total_targets: float) -> float | None:
@@ -304,20 +307,18 @@ class Trainer(Generic[BatchT]):
 
         DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
         over the global number of targets gives the mean. Sparse tables sum their gradients
-        over the ranks instead; an optimizer holding such gradients outside ``param_groups``
-        says so with a ``scale_sparse_gradients(factor)`` method. The fp16 loss scaler unscales
-        (and checks) the dense gradients itself, but not the sparse ones, which are unscaled
-        here. Without it, normalisation and clipping take one pass over the gradients. Like
-        torchtune, the norm is not taken without clipping: on a small model it cost 1.5% of
-        the step, more than the rest of the Trainer's own work.
+        over the ranks instead, outside ``param_groups`` (``SparseGradientScaling``). The fp16
+        loss scaler unscales (and checks) the dense gradients itself, but not the sparse ones,
+        which are unscaled here. Without it, normalisation and clipping take one pass over the
+        gradients. Like torchtune, the norm is not taken without clipping: on a small model it
+        cost 1.5% of the step, more than the rest of the Trainer's own work.
         """
         total = max(total_targets, 1.0)
         factor = self._gangs.dp.size / total
         gradients = self._dense_gradients
-        scale_sparse = getattr(self._optimizer, "scale_sparse_gradients", None)
-        if scale_sparse is not None:
+        if isinstance(self._optimizer, SparseGradientScaling):
             loss_scale = self._grad_scaler.get_scale() if self._grad_scaler.is_enabled() else 1.0
-            scale_sparse(1.0 / (total * loss_scale))
+            self._optimizer.scale_sparse_gradients(1.0 / (total * loss_scale))
         if self._grad_scaler.is_enabled():
             gradients.scale_(factor)
             self._grad_scaler.unscale_(self._optimizer)
@@ -336,13 +337,13 @@ class Trainer(Generic[BatchT]):
         values = self._metrics.compute()
         values.update(self._unit.metric_bag.compute())
         values["lr"] = float(self._lr_scheduler.get_last_lr()[0])
-        values["data_epoch"] = float(self._data_epoch_nr)
+        values["data_epoch"] = float(self._counters.data_epoch_nr)
         values.update(self._state_metrics())
         self._metrics.reset()
         self._unit.metric_bag.reset()
         if self._gangs.root.rank == 0:
-            self._recorder.record("train", self._step_nr, values)
-        self._published_step = self._step_nr
+            self._recorder.record("train", self.step_nr, values)
+        self._published_step = self.step_nr
 
     def _flush_step_totals(self) -> MetricBag:
         """Hand the steps' totals to the metric bag (before publishing or checkpointing it)."""
@@ -358,142 +359,25 @@ class Trainer(Generic[BatchT]):
         return self._metrics
 
     def _validate(self) -> None:
-        """Run every validation, record it, compute the score and consult the early stopper."""
-        if not self._validations:
-            return
-        results = self._run_validations("")
-        scores = {f"{name}/{metric}": value for name, values in results.items() for metric, value in values.items()}
-        self._validated_step = self._step_nr
-        self._last_score = self._score(scores)
-        score = self._last_score
-        if score is not None and self._early_stopper.should_stop(self._step_nr, score):
-            log.info("Early stopping at step %d: the score stopped improving.", self._step_nr)
-            self._early_stopped = True
-
-    def validate_only(
-        self,
-        step_nr: int,
-        validations: Sequence[Validation[Any]] | None = None,
-        predictions: PredictionCollector | None = None,
-    ) -> dict[str, dict[str, float]]:
-        """Score the model as it is (``eval``, ``predict``), recording under ``eval_<name>`` at ``step_nr``.
-
-        ``validations`` default to the trainer's own (the ``valid`` split); ``predictions`` collects
-        what the (single) validation's unit predicts.
-        """
-        self._step_nr = step_nr
-        return self._run_validations("eval_", validations, predictions)
-
-    def _run_validations(
-        self,
-        run_prefix: str,
-        validations: Sequence[Validation[Any]] | None = None,
-        predictions: PredictionCollector | None = None,
-    ) -> dict[str, dict[str, float]]:
-        results: dict[str, dict[str, float]] = {}
-        self._unit.model.eval()
-        for validation in self._validations if validations is None else validations:
-            values = evaluate(validation, self._autocast, predictions)
-            results[validation.unit.name] = values
-            if self._gangs.root.rank == 0:
-                self._recorder.record(run_prefix + validation.unit.name, self._step_nr, values)
-        self._unit.model.train()
-        return results
-
-    def score_metric_names(self) -> list[str]:
-        return [f"{v.unit.name}/{name}" for v in self._validations for name in v.unit.metric_bag]
-
-    def check_score_metric(self) -> None:
-        """Fail before training, not at the first validation, if the score metric does not exist."""
-        name = self._config.score_metric
-        if name is None:
-            return
-        names = self.score_metric_names()
-        if self._resolve_score_name(name) not in names:
-            raise UserError(
-                f"`trainer.score_metric` must name a validation metric (one of {', '.join(names) or 'none'}), "
-                f"but is '{name}' instead.{closest(self._resolve_score_name(name), names)}"
-            )
-
-    def _resolve_score_name(self, name: str) -> str:
-        if "/" in name or not self._validations:
-            return name
-        return f"{self._validations[0].unit.name}/{name}"
-
-    def _score(self, scores: Mapping[str, float]) -> float | None:
-        name = self._config.score_metric
-        return None if name is None else scores.get(self._resolve_score_name(name))
+        """Validate, keep the score for the checkpoint of this step, and stop early if the validator says so."""
+        validated = self._validator.validate(self.step_nr)
+        self._validated_step = self.step_nr
+        self._counters.last_score = validated.score
+        if validated.stop:
+            log.info("Early stopping at step %d: the score stopped improving.", self.step_nr)
+            self._counters.early_stopped = True
 
     def _checkpoint(self, last: bool) -> None:
-        score = self._last_score if self._validated_step == self._step_nr else None
+        score = self._counters.last_score if self._validated_step == self.step_nr else None
         changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
+        self._flush_step_totals()
         self._checkpointer.save(
-            self._step_nr,
+            self.step_nr,
             score,
-            self.shared_state(),
-            self.rank_state(),
+            self.state.shared(),
+            self.state.per_rank(),
             last,
             unchanged_until_staged=lambda tensor: tensor.untyped_storage().data_ptr() in changed_by_step,
         )
-        self._checkpointed_step = self._step_nr
+        self._checkpointed_step = self.step_nr
         self._last_checkpoint_was_final = last
-
-    # State ----------------------------------------------------------------------------------
-
-    def shared_state(self) -> dict[str, Any]:
-        """What is the same on every rank: written once per checkpoint."""
-        return {
-            "model": model_state(self._unit.model),
-            "optimizer": optimizer_state(self._unit.model, self._optimizer),
-            "lr_scheduler": self._lr_scheduler.state_dict(),
-            "grad_scaler": self._grad_scaler.state_dict(),
-            "trainer": {
-                "step_nr": self._step_nr,
-                "data_epoch_nr": self._data_epoch_nr,
-                "num_consecutive_skipped": self._num_consecutive_skipped,
-                "last_score": self._last_score,
-                "early_stopped": self._early_stopped,
-            },
-            "early_stopper": self._early_stopper.state_dict(),
-        }
-
-    def rank_state(self) -> dict[str, Any]:
-        """What differs between ranks: the data position, RNG streams, unreduced metrics and shards."""
-        return {
-            "data_reader": self._reader.state_dict(),
-            "metrics": self._flush_step_totals().state_dict(),
-            "unit_metrics": self._unit.metric_bag.state_dict(),
-            "rng": rng_state(),
-            "sharded": {name: stateful.sharded_state_dict() for name, stateful in self._sharded_state.items()},
-        }
-
-    def load_model_state(self, state: Mapping[str, Any]) -> None:
-        load_model_state(self._unit.model, state)
-
-    def load_shared_state(self, state: Mapping[str, Any]) -> None:
-        self.load_model_state(state["model"])
-        load_optimizer_state(self._unit.model, self._optimizer, state["optimizer"])
-        self._lr_scheduler.load_state_dict(state["lr_scheduler"])
-        self._grad_scaler.load_state_dict(state["grad_scaler"])
-        counters = state["trainer"]
-        self._step_nr = counters["step_nr"]
-        self._data_epoch_nr = counters["data_epoch_nr"]
-        self._num_consecutive_skipped = counters["num_consecutive_skipped"]
-        self._last_score = counters["last_score"]
-        self._early_stopped = counters["early_stopped"]
-        self._published_step = self._validated_step = self._checkpointed_step = self._step_nr
-        self._last_checkpoint_was_final = True  # A resumable checkpoint is what we resumed from.
-        self._early_stopper.load_state_dict(state["early_stopper"])
-
-    def load_rank_state(self, state: Mapping[str, Any], all_ranks: Sequence[Mapping[str, Any]]) -> None:
-        """Load this rank's ``state``; sharded state is rebuilt from the states of ``all_ranks`` that saved."""
-        self._reader.load_state_dict(state["data_reader"])
-        self._metrics.load_state_dict(state["metrics"])
-        self._unit.metric_bag.load_state_dict(state["unit_metrics"])
-        set_rng_state(state["rng"])
-        self.load_sharded_state(all_ranks)
-
-    def load_sharded_state(self, all_ranks: Sequence[Mapping[str, Any]]) -> None:
-        """Rebuild this rank's sharded state (sparse tables) from the rank states of a saving job."""
-        for name, stateful in self._sharded_state.items():
-            stateful.load_sharded_state_dict([rank_state["sharded"][name] for rank_state in all_ranks])

@@ -11,6 +11,7 @@ import torch
 from embedding.config import EmbeddingTableConfig
 from embedding.cuda_hash_index import CudaHashIndex
 from embedding.dynamic_rows import DynamicRows
+from embedding.eviction import EvictionConfig, TtlConfig
 from embedding.hash_index import HashIndex, HashPolicy, TableFullError
 
 # Under the simulator the shared hashing code runs as plain Python, where numpy warns of the
@@ -60,13 +61,13 @@ def assert_same_state(first: HashIndex, second: HashIndex) -> None:
 
 
 ADMISSIONS = {"all": {}, "min_count": {"min_count": 2}, "coin": {"admit_probability": 0.6}}
-EVICTIONS = {"lru": {"eviction": "lru"}, "lfu": {"eviction": "lfu"}, "ttl": {"eviction": "ttl", "ttl_steps": 2}}
+EVICTIONS = {"lru": EvictionConfig("lru"), "lfu": EvictionConfig("lfu"), "ttl": TtlConfig(ttl_steps=2)}
 
 
 @pytest.mark.parametrize("admission", ADMISSIONS)
 @pytest.mark.parametrize("eviction", EVICTIONS)
 def test_gpu_index_assigns_the_slots_of_the_cpu_index(eviction: str, admission: str) -> None:
-    policy = HashPolicy(**EVICTIONS[eviction], **ADMISSIONS[admission])  # type: ignore[arg-type]
+    policy = HashPolicy(eviction=EVICTIONS[eviction], **ADMISSIONS[admission])  # type: ignore[arg-type]
     steps = random_steps(0, num_steps=40, vocabulary=40)
     cpu, gpu = HashIndex(12, policy, seed=3), CudaHashIndex(12, policy, seed=3, device=DEVICE)
     assert feed(gpu, steps) == feed(cpu, steps)
@@ -81,7 +82,7 @@ def test_gpu_index_assigns_the_slots_of_the_cpu_index(eviction: str, admission: 
 def test_gpu_index_evicts_like_the_cpu_index_when_many_new_ids_compete(eviction: str) -> None:
     """Batches of many new ids in a full table: most take their best candidate at once, those whose
     best candidate another id also ranks are resolved in order."""
-    policy = HashPolicy(eviction=eviction)  # type: ignore[arg-type]
+    policy = HashPolicy(eviction=EvictionConfig(eviction))
     steps = random_steps(5, num_steps=12, vocabulary=3000, batch=60)
     cpu, gpu = HashIndex(150, policy, seed=1), CudaHashIndex(150, policy, seed=1, device=DEVICE)
     assert feed(gpu, steps) == feed(cpu, steps)
@@ -130,7 +131,7 @@ def test_the_index_grows_on_the_device_and_keeps_finding_every_id() -> None:
 
 @pytest.mark.parametrize("direction", ["cpu-to-gpu", "gpu-to-cpu"])
 def test_a_state_moves_between_cpu_and_gpu_and_both_continue_alike(direction: str) -> None:
-    policy = HashPolicy(eviction="lru", min_count=2, admit_probability=0.7)
+    policy = HashPolicy(eviction=EvictionConfig("lru"), min_count=2, admit_probability=0.7)
     steps = random_steps(1, num_steps=40, vocabulary=50)
     source = HashIndex(10, policy, seed=4) if direction == "cpu-to-gpu" else CudaHashIndex(10, policy, 4, device=DEVICE)
     feed(source, steps[:20])
@@ -141,7 +142,7 @@ def test_a_state_moves_between_cpu_and_gpu_and_both_continue_alike(direction: st
 
 
 def test_load_keys_and_counts_reach_the_device() -> None:
-    policy = HashPolicy(eviction="lru", min_count=3)
+    policy = HashPolicy(eviction=EvictionConfig("lru"), min_count=3)
     gpu, cpu = CudaHashIndex(6, policy, device=DEVICE), HashIndex(6, policy)
     sketch = np.arange(2 * cpu.sketch.shape[1], dtype=np.int32).reshape(2, -1) % 3
     for index in (gpu, cpu):
@@ -153,7 +154,7 @@ def test_load_keys_and_counts_reach_the_device() -> None:
 
 
 def test_a_full_gpu_index_without_eviction_raises_naming_the_table() -> None:
-    index = CudaHashIndex(2, HashPolicy(eviction="none"), device=DEVICE)
+    index = CudaHashIndex(2, HashPolicy(eviction=EvictionConfig("none")), device=DEVICE)
     index.touch_or_insert(np.array([1, 2], np.int64), "clicks")
     with pytest.raises(TableFullError, match=r"Table 'clicks' is full: all 2 rows.*id 3 finds no row"):
         index.touch_or_insert(np.array([3], np.int64), "clicks")
@@ -161,7 +162,9 @@ def test_a_full_gpu_index_without_eviction_raises_naming_the_table() -> None:
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="rows on a GPU need one")
 def test_rows_on_a_gpu_start_and_map_as_on_the_cpu() -> None:
-    config = EmbeddingTableConfig("t", 16, 4, ("f",), kind="hash", hash_policy=HashPolicy(eviction="lfu"))
+    config = EmbeddingTableConfig(
+        "t", 16, 4, ("f",), kind="hash", hash_policy=HashPolicy(eviction=EvictionConfig("lfu"))
+    )
     ids = torch.from_numpy(np.concatenate([batch for step in random_steps(3, 10, 30) for batch in step]))
     results = []
     for device in (torch.device("cpu"), DEVICE):

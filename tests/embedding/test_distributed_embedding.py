@@ -24,8 +24,10 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
+from embedding.optimizers.adagrad import AdagradConfig
+from embedding.optimizers.adam import AdamConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
 from gloo_jobs import free_port, gloo_gang
 
@@ -33,13 +35,11 @@ GLOBAL_BATCH = 8
 DIM = 4
 TABLES = [
     EmbeddingTableConfig("user", 13, DIM, ("u",), placement="row_wise"),
-    EmbeddingTableConfig(
-        "item", 11, DIM, ("i1", "i2"), pooling="mean", placement="table_wise", optimizer=SparseOptimizerConfig("adam")
-    ),
-    EmbeddingTableConfig("cat", 5, DIM, ("c",), placement="replicated", optimizer=SparseOptimizerConfig("adagrad")),
+    EmbeddingTableConfig("item", 11, DIM, ("i1", "i2"), pooling="mean", placement="table_wise", optimizer=AdamConfig()),
+    EmbeddingTableConfig("cat", 5, DIM, ("c",), placement="replicated", optimizer=AdagradConfig()),
     EmbeddingTableConfig("hist", 9, DIM + 2, ("h",), pooling="none", placement="row_wise"),  # rows of two widths
 ]
-OPTIMIZER = SparseOptimizerConfig("rowwise_adagrad", lr=0.5)
+OPTIMIZER = RowwiseAdagradConfig(lr=0.5)
 UNPOOLED_FEATURES = {name for table in TABLES if table.pooling == "none" for name in table.features}
 PLACEMENTS: list[Placement] = ["table_wise", "row_wise", "replicated"]
 

@@ -16,8 +16,9 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
+from embedding.optimizers.adam import AdamConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
 from gloo_jobs import free_port, gloo_gang
 
@@ -26,9 +27,7 @@ DIM = 4
 TABLES = [
     # Room for every id: no eviction, so slots are the only difference between layouts.
     EmbeddingTableConfig("user", 600, DIM, ("u",), kind="hash", hash_policy=HashPolicy(min_count=2)),
-    EmbeddingTableConfig(
-        "item", 600, DIM, ("i",), pooling="mean", kind="hash", optimizer=SparseOptimizerConfig("adam")
-    ),
+    EmbeddingTableConfig("item", 600, DIM, ("i",), pooling="mean", kind="hash", optimizer=AdamConfig()),
 ]
 
 
@@ -53,7 +52,7 @@ def rank_batch(step: int, rank: int, world_size: int) -> tuple[SparseFeatures, d
 
 def build(gang: Gang) -> tuple[ShardedEmbeddingCollection, SparseOptimizer]:
     collection = ShardedEmbeddingCollection(TABLES, gang, seed=3)
-    return collection, SparseOptimizer(collection, SparseOptimizerConfig("rowwise_adagrad", lr=0.5))
+    return collection, SparseOptimizer(collection, RowwiseAdagradConfig(lr=0.5))
 
 
 def train_step(

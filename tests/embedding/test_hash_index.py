@@ -7,6 +7,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from embedding.eviction import EvictionConfig, TtlConfig
 from embedding.hash_index import HashIndex, HashPolicy, TableFullError, resize_sketch
 from embedding.hash_probing import CANDIDATE_SALT, EVICTION_CANDIDATES
 
@@ -59,7 +60,7 @@ class MapModel:
             resident = key_in[slot]
             if self.last_seen[resident] == step:
                 continue
-            score = self.frequency[resident] if self.policy.eviction == "lfu" else self.last_seen[resident]
+            score = self.frequency[resident] if self.policy.eviction.name == "lfu" else self.last_seen[resident]
             if best is None or (score, resident) < best:
                 best = (score, resident)
         return None if best is None else best[1]
@@ -94,7 +95,7 @@ class MapModel:
             if slot < 0:
                 if self.policy.min_count == 1 and self.policy.admit_probability == 1.0:
                     assert len(self.slot_of) == self.capacity, f"id {key} was refused with free slots"
-                    if self.policy.eviction in ("lru", "lfu"):
+                    if self.policy.eviction.name in ("lru", "lfu"):
                         assert self.expected_victim(key, step) is None, f"id {key} was refused with a victim at hand"
                 self.rejected += 1
                 continue
@@ -103,7 +104,7 @@ class MapModel:
                 assert slot == expected_slot, f"id {key} took slot {slot}, not the next free one {expected_slot}"
                 self.cursor = (slot + 1) % self.capacity
             else:
-                assert self.policy.eviction in ("lru", "lfu"), f"a full {self.policy.eviction} table evicted"
+                assert self.policy.eviction.name in ("lru", "lfu"), f"a full {self.policy.eviction} table evicted"
                 holder = next(resident for resident, held in self.slot_of.items() if held == slot)
                 assert self.last_seen[holder] != step, f"id {holder}, looked up in this step, was evicted"
                 assert holder == self.expected_victim(key, step)
@@ -117,10 +118,9 @@ class MapModel:
 
     def _expire(self, step: int) -> None:
         """Under ttl, free before a step's first lookup the residents not looked up in its last ttl_steps steps."""
-        if self.policy.eviction != "ttl" or self.expired_at == step:
+        if not isinstance(self.policy.eviction, TtlConfig) or self.expired_at == step:
             return
-        assert self.policy.ttl_steps is not None
-        for key in [key for key, last in self.last_seen.items() if step - last > self.policy.ttl_steps]:
+        for key in [key for key, last in self.last_seen.items() if step - last > self.policy.eviction.ttl_steps]:
             self._remove(key)
             self.evicted += 1
         self.expired_at = step
@@ -171,12 +171,12 @@ def random_batches(seed: int, num_steps: int, vocabulary: int) -> list[list[npt.
 @pytest.mark.parametrize(
     "policy",
     [
-        HashPolicy(eviction="lru"),
-        HashPolicy(eviction="lfu"),
-        HashPolicy(eviction="ttl", ttl_steps=2),
-        HashPolicy(eviction="lru", min_count=2),
-        HashPolicy(eviction="lfu", admit_probability=0.5),
-        HashPolicy(eviction="ttl", ttl_steps=1, min_count=2, admit_probability=0.7),
+        HashPolicy(eviction=EvictionConfig("lru")),
+        HashPolicy(eviction=EvictionConfig("lfu")),
+        HashPolicy(eviction=TtlConfig(ttl_steps=2)),
+        HashPolicy(eviction=EvictionConfig("lru"), min_count=2),
+        HashPolicy(eviction=EvictionConfig("lfu"), admit_probability=0.5),
+        HashPolicy(eviction=TtlConfig(ttl_steps=1), min_count=2, admit_probability=0.7),
     ],
     ids=["lru", "lfu", "ttl", "lru-min_count", "lfu-probability", "ttl-both"],
 )
@@ -231,7 +231,7 @@ def test_min_count_counts_occurrences_within_a_step_and_its_micro_batches() -> N
 
 
 def test_min_count_keeps_counting_an_evicted_id_which_then_comes_back_at_once() -> None:
-    index = HashIndex(1, HashPolicy(min_count=2, eviction="lru"))
+    index = HashIndex(1, HashPolicy(min_count=2, eviction=EvictionConfig("lru")))
     index.touch_or_insert(ids(1, 1), "t")
     index.advance()
     index.touch_or_insert(ids(2, 2), "t")  # evicts 1
@@ -328,7 +328,7 @@ def fill_two_slots(policy: HashPolicy) -> HashIndex:
 
 
 def test_lru_evicts_the_least_recently_looked_up_slot() -> None:
-    index = fill_two_slots(HashPolicy(eviction="lru"))
+    index = fill_two_slots(HashPolicy(eviction=EvictionConfig("lru")))
     new_id = next(key for key in range(100, 200) if samples_every_slot(key, 2, 2))
     slots, inserted = index.touch_or_insert(ids(new_id), "t")
     assert slots.tolist() == [0] and inserted.tolist() == [0]  # id 10's slot: seen in step 0, not 1
@@ -337,7 +337,7 @@ def test_lru_evicts_the_least_recently_looked_up_slot() -> None:
 
 
 def test_lfu_evicts_the_least_often_looked_up_slot() -> None:
-    index = fill_two_slots(HashPolicy(eviction="lfu"))
+    index = fill_two_slots(HashPolicy(eviction=EvictionConfig("lfu")))
     new_id = next(key for key in range(100, 200) if samples_every_slot(key, 2, 2))
     slots, _ = index.touch_or_insert(ids(new_id), "t")
     assert slots.tolist() == [1]  # id 20's slot: once, against 3 times for id 10, though more recent
@@ -347,7 +347,7 @@ def test_lfu_evicts_the_least_often_looked_up_slot() -> None:
 
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 def test_ids_looked_up_in_the_current_step_are_never_evicted(eviction: str) -> None:
-    index = HashIndex(4, HashPolicy(eviction=eviction))  # type: ignore[arg-type]
+    index = HashIndex(4, HashPolicy(eviction=EvictionConfig(eviction)))
     index.touch_or_insert(ids(1, 2, 3, 4), "t")
     index.advance()
     for step, new_id in enumerate(range(100, 110)):
@@ -363,7 +363,7 @@ def test_ids_looked_up_in_the_current_step_are_never_evicted(eviction: str) -> N
 
 
 def test_a_full_table_whose_slots_were_all_looked_up_in_this_step_refuses_new_ids() -> None:
-    index = HashIndex(3, HashPolicy(eviction="lru"))
+    index = HashIndex(3, HashPolicy(eviction=EvictionConfig("lru")))
     index.touch_or_insert(ids(1, 2, 3), "t")
     slots, inserted = index.touch_or_insert(ids(4, 5), "t")
     assert slots.tolist() == [-1, -1] and inserted.size == 0
@@ -372,7 +372,7 @@ def test_a_full_table_whose_slots_were_all_looked_up_in_this_step_refuses_new_id
 
 def test_lru_victims_of_a_large_table_are_among_its_oldest_slots() -> None:
     capacity = 64
-    index = HashIndex(capacity, HashPolicy(eviction="lru"))
+    index = HashIndex(capacity, HashPolicy(eviction=EvictionConfig("lru")))
     for key in range(capacity):  # id k takes slot k in step k
         index.touch_or_insert(ids(key), "t")
         index.advance()
@@ -388,7 +388,7 @@ def test_lru_victims_of_a_large_table_are_among_its_oldest_slots() -> None:
 
 
 def test_ttl_frees_ids_not_looked_up_for_more_than_ttl_steps() -> None:
-    index = HashIndex(4, HashPolicy(eviction="ttl", ttl_steps=2))
+    index = HashIndex(4, HashPolicy(eviction=TtlConfig(ttl_steps=2)))
     index.touch_or_insert(ids(1, 2), "t")  # step 0
     index.advance()
     index.touch_or_insert(ids(2), "t")  # step 1
@@ -407,7 +407,7 @@ def test_ttl_frees_ids_not_looked_up_for_more_than_ttl_steps() -> None:
 
 
 def test_a_full_ttl_table_refuses_new_ids_until_some_expire() -> None:
-    index = HashIndex(2, HashPolicy(eviction="ttl", ttl_steps=1))
+    index = HashIndex(2, HashPolicy(eviction=TtlConfig(ttl_steps=1)))
     index.touch_or_insert(ids(1, 2), "t")
     index.advance()
     slots, inserted = index.touch_or_insert(ids(3), "t")  # step 1: both idle for 1 step only
@@ -430,7 +430,7 @@ def test_ttl_expiry_of_an_id_does_not_depend_on_unrelated_new_ids() -> None:
     """
     outcomes = []
     for unrelated in ([], [8]):
-        index = HashIndex(4, HashPolicy(eviction="ttl", ttl_steps=1))
+        index = HashIndex(4, HashPolicy(eviction=TtlConfig(ttl_steps=1)))
         index.touch_or_insert(ids(7), "t")
         index.advance()
         index.advance()
@@ -445,7 +445,7 @@ def test_touch_or_insert_expires_like_find_or_insert() -> None:
     """``touch_or_insert`` is ``find_or_insert`` of the unique ids: under ttl, both expire before looking up."""
     answers = []
     for touch in (True, False):
-        index = HashIndex(4, HashPolicy(eviction="ttl", ttl_steps=1))
+        index = HashIndex(4, HashPolicy(eviction=TtlConfig(ttl_steps=1)))
         index.touch_or_insert(ids(7), "t")
         index.advance()
         index.advance()  # step 2: id 7 idle for 2 steps
@@ -458,7 +458,7 @@ def test_touch_or_insert_expires_like_find_or_insert() -> None:
 
 
 def test_eviction_none_raises_table_full_naming_the_table_and_its_capacity() -> None:
-    index = HashIndex(3, HashPolicy(eviction="none"))
+    index = HashIndex(3, HashPolicy(eviction=EvictionConfig("none")))
     index.touch_or_insert(ids(1, 2, 3), "t")
     index.advance()
     assert index.touch_or_insert(ids(3, 2, 1), "t")[0].tolist() == [2, 1, 0]  # residents are still found
@@ -467,7 +467,7 @@ def test_eviction_none_raises_table_full_naming_the_table_and_its_capacity() -> 
 
 
 def test_eviction_none_refuses_ids_short_of_min_count_without_raising() -> None:
-    index = HashIndex(1, HashPolicy(eviction="none", min_count=2))
+    index = HashIndex(1, HashPolicy(eviction=EvictionConfig("none"), min_count=2))
     index.touch_or_insert(ids(1, 1), "t")
     assert index.touch_or_insert(ids(2), "t")[0].tolist() == [-1]  # not admitted: no slot needed
     with pytest.raises(TableFullError, match="all 1 rows"):
@@ -475,7 +475,7 @@ def test_eviction_none_refuses_ids_short_of_min_count_without_raising() -> None:
 
 
 def test_large_capacities_print_with_thousands_separators() -> None:
-    index = HashIndex(1200, HashPolicy(eviction="none"))
+    index = HashIndex(1200, HashPolicy(eviction=EvictionConfig("none")))
     index.touch_or_insert(np.arange(1200, dtype=np.int64), "big")
     with pytest.raises(TableFullError, match="all 1,200 rows"):
         index.touch_or_insert(ids(-1), "big")
@@ -483,7 +483,7 @@ def test_large_capacities_print_with_thousands_separators() -> None:
 
 # Determinism and state.
 
-POLICY = HashPolicy(eviction="lru", min_count=2, admit_probability=0.7)
+POLICY = HashPolicy(eviction=EvictionConfig("lru"), min_count=2, admit_probability=0.7)
 
 
 def feed(index: HashIndex, steps: list[list[npt.NDArray[np.int64]]]) -> list[tuple[list[int], list[int]]]:
@@ -576,7 +576,7 @@ def _estimate(index: HashIndex, key: int) -> int:
 
 
 def test_load_keys_places_sorted_keys_in_the_first_slots_and_resets_the_counts() -> None:
-    index = HashIndex(4, HashPolicy(eviction="lru"))
+    index = HashIndex(4, HashPolicy(eviction=EvictionConfig("lru")))
     index.touch_or_insert(ids(50, 60, 70), "t")
     slots = index.load_keys(ids(-3, 8, 2**63 - 1), np.array([5, 2, 4], dtype=np.int32), np.ones(3, np.int32), step=6)
     assert slots.tolist() == [0, 1, 2]

@@ -10,6 +10,7 @@ import torch
 from embedding import (
     EmbeddingConfigError,
     EmbeddingTableConfig,
+    EvictionConfig,
     HashPolicy,
     JaggedIds,
     ShardedEmbeddingCollection,
@@ -19,10 +20,13 @@ from embedding import (
     SparseOptimizerConfig,
     TableFullError,
 )
+from embedding.eviction import TtlConfig
 from embedding.hash_index import HashIndex
+from embedding.optimizers.adam import AdamConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 
 DIM = 3
-ROWWISE = SparseOptimizerConfig("rowwise_adagrad", lr=0.5)
+ROWWISE = RowwiseAdagradConfig(lr=0.5)
 
 
 def hash_table(capacity: int = 8, policy: HashPolicy | None = None, **kwargs: Any) -> EmbeddingTableConfig:
@@ -136,15 +140,15 @@ def test_an_id_not_admitted_reads_zeros_and_a_step_leaves_its_default_row_and_st
 @pytest.mark.parametrize(
     "config, fresh",
     [
-        (SparseOptimizerConfig("rowwise_adagrad", lr=0.5, initial_accumulator_value=0.25), {"sum": 0.25}),
-        (SparseOptimizerConfig("adam", lr=0.1), {"exp_avg": 0.0, "exp_avg_sq": 0.0}),
+        (RowwiseAdagradConfig(lr=0.5, initial_accumulator_value=0.25), {"sum": 0.25}),
+        (AdamConfig(lr=0.1), {"exp_avg": 0.0, "exp_avg_sq": 0.0}),
     ],
     ids=["rowwise_adagrad", "adam"],
 )
 def test_a_slot_reused_by_a_new_id_starts_from_its_initial_values_and_fresh_optimizer_state(
     config: SparseOptimizerConfig, fresh: dict[str, float]
 ) -> None:
-    table = hash_table(capacity=1, policy=HashPolicy(eviction="lru"))
+    table = hash_table(capacity=1, policy=HashPolicy(eviction=EvictionConfig("lru")))
     collection, optimizer = build(table, config)
     for _ in range(3):
         train(collection, optimizer, batch(100))
@@ -169,7 +173,9 @@ def test_a_slot_reused_by_a_new_id_starts_from_its_initial_values_and_fresh_opti
 
 def test_an_ids_initial_row_depends_on_the_seed_and_table_alone_not_its_slot_or_history() -> None:
     key = -123_456_789
-    busy, busy_optimizer = build(hash_table(capacity=4, policy=HashPolicy(eviction="lru"), init_scale=0.05))
+    busy, busy_optimizer = build(
+        hash_table(capacity=4, policy=HashPolicy(eviction=EvictionConfig("lru")), init_scale=0.05)
+    )
     for step in range(6):  # fill, then evict, so that the id lands in a reused slot
         train(busy, busy_optimizer, batch(step * 10, step * 10 + 1))
     busy_row = backward(busy, batch(key))["x"]
@@ -209,7 +215,7 @@ def test_eval_mode_inserts_nothing_and_reads_zeros_for_unknown_ids() -> None:
 
 
 def test_gradient_accumulation_never_evicts_a_slot_used_by_an_earlier_micro_batch() -> None:
-    table = hash_table(capacity=2, policy=HashPolicy(eviction="lru"))
+    table = hash_table(capacity=2, policy=HashPolicy(eviction=EvictionConfig("lru")))
     accumulated, optimizer = build(table)
     reference, reference_optimizer = build(table)
     for collection, collection_optimizer in ((accumulated, optimizer), (reference, reference_optimizer)):
@@ -238,7 +244,7 @@ def test_gradient_accumulation_never_evicts_a_slot_used_by_an_earlier_micro_batc
 
 
 def test_eviction_none_raises_table_full_in_forward() -> None:
-    collection, optimizer = build(hash_table(capacity=2, policy=HashPolicy(eviction="none")))
+    collection, optimizer = build(hash_table(capacity=2, policy=HashPolicy(eviction=EvictionConfig("none"))))
     train(collection, optimizer, batch(1, 2))
     with pytest.raises(TableFullError, match="Table 't' is full: all 2 rows"):
         collection(batch(2, 3))
@@ -257,8 +263,8 @@ TABLES = [
         ("i",),
         pooling="mean",
         kind="hash",
-        hash_policy=HashPolicy(eviction="lfu"),
-        optimizer=SparseOptimizerConfig("adam", lr=0.1),
+        hash_policy=HashPolicy(eviction=EvictionConfig("lfu")),
+        optimizer=AdamConfig(lr=0.1),
     ),
     EmbeddingTableConfig("fixed", 10, DIM, ("f",)),
 ]
@@ -338,10 +344,6 @@ def test_a_hash_piece_of_another_capacity_does_not_load() -> None:
             r"`admit_probability` of hash table 't' must be in \(0, 1\]",
         ),
         ({"hash_policy": HashPolicy(admit_probability=1.5)}, r"must be in \(0, 1\], but is 1.5"),
-        ({"hash_policy": HashPolicy(eviction="fifo")}, "`eviction` of table 't' must be one of lru, lfu, ttl, none"),  # type: ignore[arg-type]
-        ({"hash_policy": HashPolicy(eviction="ttl")}, "`ttl_steps` of hash table 't' must be set exactly when"),
-        ({"hash_policy": HashPolicy(ttl_steps=3)}, "eviction is lru and ttl_steps is 3"),
-        ({"hash_policy": HashPolicy(eviction="ttl", ttl_steps=0)}, "`ttl_steps` of hash table 't' must be at least 1"),
         ({"placement": "table_wise"}, "`placement` of hash table 't' must be row_wise"),
         ({"out_of_range": "hash"}, "`out_of_range` of hash table 't' must be error"),
     ],
@@ -354,6 +356,6 @@ def test_invalid_hash_tables_raise_one_line_config_errors(kwargs: dict[str, Any]
 
 
 def test_a_row_wise_hash_table_with_a_ttl_is_valid() -> None:
-    policy = HashPolicy(min_count=3, admit_probability=1.0, eviction="ttl", ttl_steps=1)
+    policy = HashPolicy(min_count=3, admit_probability=1.0, eviction=TtlConfig(ttl_steps=1))
     assert EmbeddingTableConfig("t", 1, DIM, ("x",), kind="hash", hash_policy=policy).hash_policy == policy
     assert EmbeddingTableConfig("t", 8, DIM, ("x",), kind="hash", placement="row_wise").placement == "row_wise"

@@ -11,10 +11,12 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
 from embedding.kernels import reference
-from embedding.optim_config import init_optimizer_state
+from embedding.optimizers import init_optimizer_state, sparse_optimizer_config
+from embedding.optimizers.adagrad import AdagradConfig
+from embedding.optimizers.adam import AdamConfig
+from embedding.optimizers.sgd import SGDConfig
 
 TABLE = EmbeddingTableConfig("t", num_rows=12, dim=4, features=("x", "y"))
 
@@ -59,7 +61,7 @@ def autograd_grad(weight: torch.Tensor, features: SparseFeatures) -> torch.Tenso
 
 @pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adagrad", "adam", "adamw"])
 def test_step_equals_reference_kernel_on_autograd_gradient(name: str) -> None:
-    config = SparseOptimizerConfig(name, lr=0.1, weight_decay=0.01)
+    config = sparse_optimizer_config(name, lr=0.1, weight_decay=0.01)
     collection = ShardedEmbeddingCollection([TABLE])
     optimizer = SparseOptimizer(collection, config)
     weight = collection.shards["t"].weight
@@ -85,7 +87,7 @@ def test_step_equals_reference_kernel_on_autograd_gradient(name: str) -> None:
 
 
 def test_gradient_accumulation_over_micro_batches_equals_one_batch() -> None:
-    config = SparseOptimizerConfig("adam", lr=0.1)
+    config = AdamConfig(lr=0.1)
     accumulated, whole = ShardedEmbeddingCollection([TABLE]), ShardedEmbeddingCollection([TABLE])
     accumulated_optimizer, whole_optimizer = SparseOptimizer(accumulated, config), SparseOptimizer(whole, config)
 
@@ -102,7 +104,7 @@ def test_gradient_accumulation_over_micro_batches_equals_one_batch() -> None:
 
 
 def test_scaled_gradients_equal_a_step_on_the_scaled_loss() -> None:
-    config = SparseOptimizerConfig("adagrad", lr=0.1)
+    config = AdagradConfig(lr=0.1)
     scaled, reference_tables = ShardedEmbeddingCollection([TABLE]), ShardedEmbeddingCollection([TABLE])
     scaled_optimizer = CombinedOptimizer(
         torch.optim.SGD([nn.Parameter(torch.zeros(1))]), SparseOptimizer(scaled, config)
@@ -129,9 +131,9 @@ def test_scaled_gradients_equal_a_step_on_the_scaled_loss() -> None:
 
 
 def test_zero_grad_drops_recorded_gradients_and_table_override_wins() -> None:
-    sgd_table = EmbeddingTableConfig("s", num_rows=12, dim=4, features=("z",), optimizer=SparseOptimizerConfig("sgd"))
+    sgd_table = EmbeddingTableConfig("s", num_rows=12, dim=4, features=("z",), optimizer=SGDConfig())
     collection = ShardedEmbeddingCollection([TABLE, sgd_table])
-    optimizer = SparseOptimizer(collection, SparseOptimizerConfig("adam"))
+    optimizer = SparseOptimizer(collection, AdamConfig())
     assert collection.shards["s"].optimizer_state == {}
     assert set(collection.shards["t"].optimizer_state) == {"exp_avg", "exp_avg_sq"}
 
@@ -145,7 +147,7 @@ def test_zero_grad_drops_recorded_gradients_and_table_override_wins() -> None:
 
 
 def test_lambda_lr_scales_dense_and_sparse_learning_rates() -> None:
-    sgd = SparseOptimizerConfig("sgd", lr=1.0)
+    sgd = SGDConfig(lr=1.0)
     collection = ShardedEmbeddingCollection([TABLE])
     dense = nn.Linear(4, 1)
     optimizer = CombinedOptimizer(torch.optim.SGD(dense.parameters(), lr=0.5), SparseOptimizer(collection, sgd))

@@ -11,10 +11,10 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
 from embedding.kernels import reference
-from embedding.optim_config import init_optimizer_state
+from embedding.optimizers import init_optimizer_state
+from embedding.optimizers.adagrad import AdagradConfig
 
 TABLE = EmbeddingTableConfig("t", num_rows=20, dim=4, features=("x", "y"))
 COEFFICIENT = torch.linspace(-1.0, 1.0, 4)
@@ -81,7 +81,7 @@ def test_concatenated_gradient_buffer_is_reused_only_while_no_gradients_are_pend
 def test_steps_over_a_reused_buffer_equal_steps_on_autograd_gradients() -> None:
     """Batches of changing sizes, an accumulated step and an unused output: each step must
     apply exactly the gradient autograd computes, whatever the buffer held before."""
-    config = SparseOptimizerConfig("adagrad", lr=0.1)
+    config = AdagradConfig(lr=0.1)
     collection = ShardedEmbeddingCollection([TABLE])
     optimizer = SparseOptimizer(collection, config)
     weight = collection.shards["t"].weight

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from embedding import EmbeddingTableConfig, ShardedStateError
-from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import init_optimizer_state
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import TableSharding, replicated, row_wise, table_wise
 from embedding.sharding import INIT_BLOCK_ROWS, TableShard, build_groups, init_rows
 from embedding.state import load_shard_states, shard_states
@@ -20,7 +21,7 @@ def shards_of(sharding: TableSharding, world_size: int, filled: bool) -> list[Ta
     shards = []
     for rank in range(world_size):
         (group,) = build_groups([TABLE], {"t": sharding}, world_size, rank, seed=0, device=torch.device("cpu"))
-        group.set_optimizer_state(init_optimizer_state(SparseOptimizerConfig(), group.weight.size(0), 3), {})
+        group.set_optimizer_state(init_optimizer_state(RowwiseAdagradConfig(), group.weight.size(0), 3), {})
         (shard,) = group.shards
         if filled:
             shard.weight.copy_(FULL_WEIGHT[shard.row_start : shard.row_end])

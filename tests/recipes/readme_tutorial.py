@@ -1,32 +1,35 @@
-"""A README tutorial, read from the README itself: the files it shows and the commands it runs.
+"""The README's tutorials: the files and commands they show, and the folders of ``examples/`` that hold those files.
 
-A fenced block whose info string names a path after the language (```` ```python my_project/mf.py ````) is
-a file of the tutorial; a ``bash`` block holds its commands, one a line. Tests build the tutorial
-from this text, so the README cannot drift from what is tested.
+A fenced block whose info string names a path after the language (```` ```python my_project/linreg.py ````) is
+a file of a tutorial; a ``bash`` block holds its commands, one a line. Each tutorial's files are kept, as they
+are, in ``examples/`` under the same path (``examples/my_project/linreg.py``): the tests run those folders, and
+``test_examples.py`` checks that the README shows them as they are, so neither can drift from what is tested.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+EXAMPLES = ROOT / "examples"
+# The heading of every tutorial: a README section headed `## Tutorial: ...`.
+TUTORIALS = tuple(re.findall(r"^## Tutorial: .+$", README.read_text(), re.MULTILINE))
 BLOCK = re.compile(r"^```(\w+)(?: +(\S+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 VENV_BIN = "RECIPES/.venv/bin/"
+BYTECODE = "__pycache__"  # What importing an example's module leaves in its folder; the README does not show it.
 
 
 @dataclass(frozen=True)
 class Tutorial:
     files: dict[str, str]
+    """The text of each file shown, by its path (``my_project/linreg.py``), which is also its path in ``examples/``."""
     commands: list[str]
-
-    def write(self, root: Path) -> None:
-        for path, text in self.files.items():
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(text)
 
 
 def read_tutorial(heading: str) -> Tutorial:
@@ -43,6 +46,18 @@ def read_tutorial(heading: str) -> Tutorial:
         elif language == "bash":
             commands += [line for line in body.splitlines() if line.strip()]
     return Tutorial(files, commands)
+
+
+def example_files(folder: str) -> dict[str, str]:
+    """The text of each file in ``examples/<folder>``, by its path under ``examples/`` (as ``Tutorial.files``)."""
+    paths = sorted(path for path in (EXAMPLES / folder).rglob("*") if path.is_file() and BYTECODE not in path.parts)
+    return {path.relative_to(EXAMPLES).as_posix(): path.read_text() for path in paths}
+
+
+def copy_example(folder: str, destination: Path) -> Path:
+    """``examples/<folder>`` copied into ``destination``, as a user's own folder outside the checkout (so a run
+    writes its output there, not into the checkout); the copy's path."""
+    return Path(shutil.copytree(EXAMPLES / folder, destination / folder, ignore=shutil.ignore_patterns(BYTECODE)))
 
 
 def command_args(command: str) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 from torch.nn.functional import binary_cross_entropy_with_logits
 
 from recipes.cli import main
-from recipes.run import JobSpec, resolve_job
+from recipes.job import JobSpec, resolve_job
 from recsys.click.batch import CTRBatch
 from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
@@ -20,7 +20,7 @@ from units import BinaryAUC
 
 pytestmark = pytest.mark.slow
 
-QUIET = ["metrics.console=false", "metrics.tensorboard=false", "checkpoint.every_n_steps=null"]
+QUIET = ["metrics.recorders.console=false", "metrics.recorders.tensorboard=false", "checkpoint.every_n_steps=null"]
 
 
 def final_auc(output_dir: Path) -> float:
@@ -122,7 +122,7 @@ CTR_METRICS = {"auc", "log_loss", "ne", "calibration", "pr_auc", "positive_rate"
 def test_the_click_recipes_record_every_ctr_metric_to_tensorboard_and_jsonl(tmp_path: Path, preset: str) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.console=false"]
+    short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.recorders.console=false"]
     assert main(["train", preset, "-o", str(tmp_path), *short]) == 0
 
     lines = [json.loads(line) for line in (tmp_path / "metrics" / "valid.jsonl").read_text().splitlines()]

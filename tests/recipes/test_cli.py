@@ -12,7 +12,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from recipes.cli import main
-from recipes.run import JobSpec, resolve_job
+from recipes.job import JobSpec, resolve_job
 
 COMMANDS = ["list", "show", "train", "eval", "checkpoints"]
 
@@ -106,7 +106,7 @@ def test_train_from_the_written_config_file(
     config_path = str(trained_run[0] / "config.yaml")
 
     code, _, err = run_main(
-        capsys, "train", config_path, "-o", "again", "trainer.max_num_steps=4", "metrics.console=false"
+        capsys, "train", config_path, "-o", "again", "trainer.max_num_steps=4", "metrics.recorders.console=false"
     )
 
     assert code == 0, err
@@ -269,7 +269,7 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory, run_cli: Any) -> Any:
     cwd = tmp_path_factory.mktemp("boom")
     (cwd / "boom.py").write_text(BOOM_PY)
     (cwd / "recipes.yaml").write_text("boom:\n  recipe: boom\n  imports: [boom]\n")
-    return run_cli("train", "boom", "-o", "out", "metrics.console=false", cwd=cwd)
+    return run_cli("train", "boom", "-o", "out", "metrics.recorders.console=false", cwd=cwd)
 
 
 def test_a_runtime_failure_exits_1_naming_the_cause(failed_run: Any) -> None:
@@ -306,7 +306,8 @@ def test_a_user_error_in_a_real_process_exits_2_with_one_line(tmp_path: Path, ru
         ("trainer.early_stopping.min_delta=nan", "`trainer.early_stopping.min_delta` must be a finite number >= 0"),
         (
             "optimizer.learning_rate=0.1",
-            "Unknown config key 'optimizer.learning_rate' (from the command line). Did you mean 'optimizer.lr'?",
+            "Unknown config key 'optimizer.learning_rate' for optimizer 'adamw' (from the command line). "
+            "Did you mean 'optimizer.lr'?",
         ),
     ],
 )
@@ -377,7 +378,7 @@ def test_a_user_recipe_missing_a_data_file_is_a_user_error(
     (isolated_presets / f"{name}.py").write_text(MISSING_DATA_PY.format(name=name, read=read))
     (isolated_presets / "recipes.yaml").write_text(f"mine:\n  recipe: reads_{name}\n  imports: [{name}]\n")
 
-    code, _, err = run_main(capsys, "train", "mine", "-o", "out", "metrics.console=false")
+    code, _, err = run_main(capsys, "train", "mine", "-o", "out", "metrics.recorders.console=false")
 
     assert code == 2
     assert_one_line_error(err, f"Recipe 'reads_{name}' {fragment}")
@@ -391,7 +392,7 @@ def test_a_runtime_file_error_outside_the_build_stays_a_failure(
 
     monkeypatch.setattr("recipes.run.Trainer.run", vanish)
 
-    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.console=false")
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.recorders.console=false")
 
     assert code == 1
     assert_one_line_error(err, "FileNotFoundError")

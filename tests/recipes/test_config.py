@@ -6,7 +6,7 @@ import importlib.metadata
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pytest
 
@@ -25,8 +25,8 @@ from recipes.config import (
     valid_keys,
 )
 from recipes.errors import UserError
+from recipes.job import JobSpec, config_document, resolve_job
 from recipes.registry import RECIPE_ENTRY_POINTS, get_recipe
-from recipes.run import JobSpec, config_document, resolve_job
 from recipes.sections import RecipeConfig
 from recsys.builtin.ctr.recipe import CTRConfig
 
@@ -81,7 +81,7 @@ def test_later_layers_win_key_by_key_and_keep_the_rest() -> None:
         ("toy.tags=[a, b]", {"toy": {"tags": ["a", "b"]}}),
         ("toy.note=null", {"toy": {"note": None}}),
         ("toy.note=", {"toy": {"note": None}}),
-        ("metrics.jsonl=false", {"metrics": {"jsonl": False}}),
+        ("metrics.recorders.jsonl=false", {"metrics": {"recorders": {"jsonl": False}}}),
         ("trainer.early_stopping.patience=3", {"trainer": {"early_stopping": {"patience": 3}}}),
         ("toy.note=a=b", {"toy": {"note": "a=b"}}),
     ],
@@ -91,12 +91,12 @@ def test_override_values_parse_as_yaml(override: str, expected: dict[str, object
 
 
 def test_overrides_build_typed_values() -> None:
-    config = resolve_overrides("toy.width=12", "toy.scale=3", "toy.tags=[x]", "metrics.console=false")
+    config = resolve_overrides("toy.width=12", "toy.scale=3", "toy.tags=[x]", "metrics.recorders.console=false")
 
     assert config.toy.width == 12
     assert config.toy.scale == 3.0 and type(config.toy.scale) is float
     assert config.toy.tags == ["x"]
-    assert config.metrics.console is False
+    assert config.metrics.recorders["console"].enabled is False
 
 
 def test_an_exponent_without_a_dot_is_a_float() -> None:
@@ -162,7 +162,10 @@ def test_an_unknown_key_far_from_any_valid_key_suggests_nothing() -> None:
             {"trainer": {"mixed_precision": "fp32"}},
             "Config key 'trainer.mixed_precision' must be one of 'none', 'bf16', 'fp16', but is 'fp32' (str)",
         ),
-        ({"metrics": {"jsonl": "yes please"}}, "Config key 'metrics.jsonl' must be bool"),
+        (
+            {"metrics": {"recorders": {"jsonl": "yes please"}}},
+            "Config key 'metrics.recorders.jsonl' must be true, false",
+        ),
     ],
 )
 def test_a_wrong_type_names_the_key_and_the_expected_type(layer: dict[str, object], message: str) -> None:
@@ -202,7 +205,7 @@ def test_both_step_and_epoch_limits_null_is_an_error() -> None:
 def test_valid_keys_lists_nested_keys_with_dots() -> None:
     keys = valid_keys(ToyConfig)
 
-    assert {"seed", "toy", "toy.width", "trainer.early_stopping.patience", "metrics.wandb.mode"} <= set(keys)
+    assert {"seed", "toy", "toy.width", "trainer.early_stopping.patience", "metrics.recorders.wandb.mode"} <= set(keys)
 
 
 # Through presets and files (resolve_job) -------------------------------------------------------
@@ -303,7 +306,24 @@ def test_an_unknown_key_suggests_its_synonym_or_the_same_name_elsewhere(key: str
     with pytest.raises(ConfigError) as info:
         resolve_overrides(f"{key}=1")
 
-    assert f"Unknown config key '{key}' (from layer 0). Did you mean {suggestion}" in str(info.value)
+    message = str(info.value)
+    assert message.startswith(f"Unknown config key '{key}' ") and "(from layer 0)." in message
+    assert message.endswith(f" Did you mean {suggestion}?")
+
+
+def test_an_option_of_another_component_names_the_components_that_take_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_overrides("optimizer.momentum=0.9")
+
+    assert str(info.value) == (
+        "Unknown config key 'optimizer.momentum' for optimizer 'adamw' (from layer 0). It is an option of sgd."
+    )
+
+
+def test_choosing_another_component_keeps_the_options_it_shares_and_drops_the_others() -> None:
+    config = resolve({"optimizer": {"name": "adam", "lr": 0.01, "betas": [0.5, 0.6]}}, {"optimizer": "sgd"})
+
+    assert to_dict(config.optimizer) == {"name": "sgd", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.0}
 
 
 # Declared ranges -------------------------------------------------------------------------------
@@ -366,7 +386,7 @@ def test_numeric_fields_lists_nested_list_and_optional_fields_with_their_ranges(
     assert fields["toy.limit"] == NumericField("toy.limit", int, Range(ge=-3, lt=10), False, True)
     assert fields["toy.width"].range is None
     assert fields["trainer.early_stopping.patience"].range == Range(ge=1)
-    assert "toy.tags" not in fields and "metrics.jsonl" not in fields
+    assert "toy.tags" not in fields and "metrics.recorders.jsonl" not in fields
 
 
 # Every numeric field of every built-in recipe: a declared range, enforced with one line -------------
@@ -398,26 +418,50 @@ def test_the_walk_covers_every_built_in_recipe_and_nested_and_list_fields() -> N
     assert {"ctr", "dlrm", "tabular"} <= set(RECIPE_NAMES)
     assert ("ctr", "model.hidden_dims") in keys
     assert ("tabular", "model.embeddings.sparse_optimizer.lr") in keys
+    assert ("ctr", "model.embeddings.sparse_optimizer.beta1") in keys  # an option of adam and adamw only
     assert ("dlrm", "trainer.early_stopping.min_delta") in keys
 
 
-@pytest.mark.parametrize(("recipe", "numeric"), RECIPE_FIELDS, ids=[f"{n}:{f.key}" for n, f in RECIPE_FIELDS])
+def default_of(recipe: str, chosen: list[str], key: str) -> Any:
+    """The default value of the dotted ``key`` of ``recipe``'s config, with the components ``chosen``."""
+    value = to_dict(resolve_config(get_recipe(recipe).config_class, [("the choices", overrides_to_dict(chosen))]))
+    for part in key.split("."):
+        value = value[part]
+    return value or []
+
+
+@pytest.mark.parametrize(
+    ("recipe", "numeric"),
+    RECIPE_FIELDS,
+    ids=[f"{n}:{f.key}" + "".join(f"[{name}]" for _, name in f.choices) for n, f in RECIPE_FIELDS],
+)
 def test_every_numeric_field_declares_a_range_and_rejects_what_lies_outside_it(
     recipe: str, numeric: NumericField, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert numeric.range is not None, f"{recipe}: `{numeric.key}` must declare its range (recipes.config.Range)"
     preset = write(isolated_presets / f"{recipe}.yaml", f"recipe: {recipe}\n")
-    default = to_dict(get_recipe(recipe).config_class())
-    for part in numeric.key.split("."):
-        default = default[part]
+    chosen = [f"{key}={name}" for key, name in numeric.choices]  # The component the field belongs to.
+    # A list's other elements keep their defaults. (Only then is the config resolved with just the choices: a
+    # component may need an option set first, as `libffm` its `num_fields`.)
+    others = default_of(recipe, chosen, numeric.key)[1:] if numeric.element else []
 
     for value in outside(numeric.range, numeric.kind):  # None for an int declared unbounded, `Range()`.
         text = repr(value)
         if numeric.element:
-            text = "[" + ", ".join([text, *map(repr, (default or [])[1:])]) + "]"
-        code = main(["show", preset, f"{numeric.key}={text}"])
+            text = "[" + ", ".join([text, *map(repr, others)]) + "]"
+        code = main(["show", preset, *chosen, f"{numeric.key}={text}"])
         lines = capsys.readouterr().err.strip().splitlines()
 
         assert code == 2, (numeric.key, text)
         assert len(lines) == 1 and lines[0].startswith(f"error: `{numeric.key}"), lines
         assert lines[0].endswith(f"but is {value!r} instead (from the command line)."), lines[0]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["optimizer=sgd", "optimizer.momentum=0.9"], ["optimizer.momentum=0.9", "optimizer=sgd"]],
+)
+def test_a_component_named_alone_takes_options_from_other_overrides(overrides: list[str]) -> None:
+    config = resolve_overrides(*overrides)
+
+    assert (config.optimizer.name, config.optimizer.momentum) == ("sgd", 0.9)  # type: ignore[attr-defined]

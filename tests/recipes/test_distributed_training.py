@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 # Small enough for a 2-core machine; the global batch of 64 splits over 1, 2 or 4 ranks.
 COMMON = [
-    "metrics.console=false",
+    "metrics.recorders.console=false",
     "trainer.validate_every_n_steps=10",
     "dataset.num_train_samples=4096",
     "dataset.num_valid_samples=1024",

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pa_parquet
 import pytest
 import torch
-from resume_helpers import check_ok, run_recipes
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
 from recipes.cli import main
-from recipes.run import JobSpec, resolve_job
+from recipes.job import JobSpec, resolve_job
+from resume_helpers import check_ok, run_recipes
 
 # Checkpoints at steps 3 and 6, all kept, so that `best` and `last` can differ.
 SHORT = [
@@ -28,7 +28,7 @@ SHORT = [
     "checkpoint.every_n_steps=3",
     "checkpoint.keep_last_n=null",
     "checkpoint.keep_best_n=null",
-    "metrics.console=false",
+    "metrics.recorders.console=false",
 ]
 SMALL_CRITEO = ["dataset.synthetic_rows=4000", "dataset.batch_size=64"]
 

@@ -7,17 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from embedding.eviction import EvictionConfig, TtlConfig
+from recipes.cli import main
+from recipes.job import JobSpec, resolve_job
 from resume_helpers import committed_steps, tensorboard_scalars
 
-from recipes.cli import main
-
-CTR_HASH = ["model.embeddings.kind=hash", "trainer.max_num_steps=4", "metrics.console=false"]
+CTR_HASH = ["model.embeddings.kind=hash", "trainer.max_num_steps=4", "metrics.recorders.console=false"]
 # 300 rows per table for about 1000 values a feature (C1-C26): the tables fill within a few dozen steps.
 SMALL_DYNAMIC = [
     "dataset.synthetic_rows=6000",
     "dataset.batch_size=64",
     "dataset.num_embeddings_per_feature=[300]",
-    "metrics.console=false",
+    "metrics.recorders.console=false",
 ]
 STATISTICS = ("rows_used", "load_factor", "admitted", "rejected", "evicted")
 
@@ -33,8 +35,16 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         ("model.embeddings.hash.min_count=0", "`model.embeddings.hash.min_count` must be an integer >= 1, but is 0"),
         ("model.embeddings.hash.admit_probability=0", "`model.embeddings.hash.admit_probability` must be a finite"),
         ("model.embeddings.hash.admit_probability=1.5", "must be a finite number in (0, 1], but is 1.5 instead"),
-        ("model.embeddings.hash.eviction=fifo", "must be one of 'lru', 'lfu', 'ttl', 'none', but is 'fifo'"),
-        ("model.embeddings.hash.eviction=ttl", "`ttl_steps` of hash table 'cat_0' must be set exactly when"),
+        (
+            "model.embeddings.hash.eviction=fifo",
+            "`model.embeddings.hash.eviction.name` must be one of lfu, lru, none, ttl, but is 'fifo' instead",
+        ),
+        ("model.embeddings.hash.eviction.ttl_steps=5", "Unknown config key 'model.embeddings.hash.eviction.ttl_steps'"),
+        (  # as a run's config.yaml had it before eviction policies had options of their own
+            "model.embeddings.hash.ttl_steps=null",
+            "Unknown config key 'model.embeddings.hash.ttl_steps' (from the command line). Did you mean "
+            "'model.embeddings.hash.eviction.ttl_steps'?",
+        ),
         ("dataset.vocab_size=0", "`dataset.vocab_size` must be an integer >= 1, but is 0 instead"),
     ],
 )
@@ -46,6 +56,19 @@ def test_a_bad_hash_table_config_is_one_line_and_exit_2(
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "eviction"),
+    [
+        ("model.embeddings.hash.eviction=lfu", EvictionConfig("lfu")),
+        ("model.embeddings.hash.eviction={name: ttl, ttl_steps: 100}", TtlConfig(ttl_steps=100)),
+    ],
+)
+def test_an_eviction_policy_is_named_alone_or_with_its_options(override: str, eviction: EvictionConfig) -> None:
+    config = resolve_job(JobSpec("ctr_tiny", overrides=[override])).config
+
+    assert config.model.embeddings.hash.to_policy().eviction == eviction  # type: ignore[attr-defined]
 
 
 def test_tables_larger_than_memory_stop_at_start_up_naming_the_bytes(

@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from recipes import launch
+from recipes.run_lock import LOCK_FILE_NAME, RunLock
 from resume_helpers import (
     checkpoints_dir,
     committed_steps,
@@ -28,16 +32,12 @@ from resume_helpers import (
     run_recipes,
     wait_until,
 )
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-
-from recipes import launch
-from recipes.run_lock import LOCK_FILE_NAME, RunLock
 
 # Far more steps than the tests let run; small enough for a 2-core machine.
 LONG_RUN = (
     "trainer.max_num_steps=100000",
     "trainer.validate_every_n_steps=null",
-    "metrics.console=false",
+    "metrics.recorders.console=false",
     "dataset.num_train_samples=4096",
     "dataset.batch_size=64",
     "checkpoint.every_n_steps=10",

@@ -7,8 +7,8 @@ from embedding import (
     EmbeddingTableConfig,
     ShardedEmbeddingCollection,
     SparseOptimizer,
-    SparseOptimizerConfig,
 )
+from embedding.optimizers.adam import AdamConfig
 from recipes.parallel import DenseGradients, tensors_changed_by_step
 
 
@@ -67,7 +67,7 @@ def test_tensors_changed_by_step_are_parameters_dense_state_and_sparse_tables_wi
     dense = torch.optim.Adam(model.parameters())
     dense.step()
     collection = ShardedEmbeddingCollection([EmbeddingTableConfig("t", num_rows=12, dim=4, features=("x",))])
-    sparse = SparseOptimizer(collection, SparseOptimizerConfig("adam", lr=0.1))
+    sparse = SparseOptimizer(collection, AdamConfig(lr=0.1))
 
     changed = tensors_changed_by_step(CombinedOptimizer(dense, sparse))
 

@@ -180,7 +180,7 @@ FINAL_STEP = 60
 RUN = (
     *DLRM_60_STEPS,
     "model.embeddings.placement=row_wise",  # every table's ids travel to their owners
-    "metrics.console=false",
+    "metrics.recorders.console=false",
 )
 
 

@@ -10,12 +10,12 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pa_parquet
 import pytest
 import torch
-from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
+from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 from units import BinaryAUC
 
 MOVIELENS_VALID_ROWS = 20_001
-TINY = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=20", "metrics.console=false"]
+TINY = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=20", "metrics.recorders.console=false"]
 
 
 def read_table(path: Path) -> dict[str, np.ndarray]:

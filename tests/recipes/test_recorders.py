@@ -199,10 +199,10 @@ def test_wandb_offline_writes_a_run_under_the_output_dir(tmp_path: Path, run_cli
         "ctr_tiny",
         "-o",
         "out",
-        "metrics.wandb.enabled=true",
-        "metrics.console=false",
+        "metrics.recorders.wandb.enabled=true",
+        "metrics.recorders.console=false",
         "trainer.max_num_steps=10",
-        "metrics.tensorboard=false",
+        "metrics.recorders.tensorboard=false",
         cwd=tmp_path,
         env=env,
     )

@@ -11,8 +11,8 @@ import yaml
 from recipes import registry
 from recipes.config import dump_yaml, to_dict
 from recipes.errors import UserError
+from recipes.job import JobSpec, config_document, resolve_job
 from recipes.registry import all_presets, find_preset, get_recipe, register_preset, resolve_preset
-from recipes.run import JobSpec, config_document, resolve_job
 
 pytestmark = pytest.mark.usefixtures("isolated_presets")
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from recipes.job import list_checkpoints
 from resume_helpers import (
     FINAL_STEP,
     assert_same_training,
@@ -35,9 +38,6 @@ from resume_helpers import (
     wait_and_kill_at_stall,
     wait_for_checkpoint,
 )
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from recipes.run import list_checkpoints
 
 KEEP_ALL = ("checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null")
 

@@ -14,7 +14,8 @@ from embedding import CombinedOptimizer, EmbeddingTableConfig, ShardedEmbeddingC
 from embedding.features import JaggedIds, SparseFeatures
 from gang import FakeGang
 from recipes.cli import main
-from recipes.parts import RecipeContext, RecipeParts, build_optimizer
+from recipes.optimizers import build_optimizer
+from recipes.parts import RecipeContext, RecipeParts
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables

@@ -9,9 +9,9 @@ from pathlib import Path
 import numba
 import pytest
 import torch
-from resume_helpers import check_ok, run_recipes
 
 from recipes.threads import size_numba_pool, threads_per_rank, use_threads
+from resume_helpers import check_ok, run_recipes
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def test_numba_never_gets_more_threads_than_its_pool(monkeypatch: pytest.MonkeyP
 @pytest.mark.slow
 def test_two_ranks_split_the_cores_and_the_start_up_line_says_how(tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
-    args = ["train", "ctr_tiny", "-o", str(output_dir), "trainer.max_num_steps=5", "metrics.console=false"]
+    args = ["train", "ctr_tiny", "-o", str(output_dir), "trainer.max_num_steps=5", "metrics.recorders.console=false"]
     result = check_ok(run_recipes(tmp_path, *args, "--nproc", "2"))
 
     share = max(1, len(os.sched_getaffinity(0)) // 2)

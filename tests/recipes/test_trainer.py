@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from recipes.recorders import MetricRecorder
 from recipes.registry import register_preset, register_recipe
 from recipes.sections import RecipeConfig, TrainerSection
 from recipes.trainer import LossNotFiniteError, Trainer
+from recipes.validator import ScoreMetric, make_validator
 from recsys.data.memory import InMemoryReader
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
@@ -96,6 +98,11 @@ def make_trainer(
 ) -> Trainer[Batch]:
     unit = unit or SquaredErrorUnit(linear_model())
     optimizer = optimizer or torch.optim.SGD(unit.model.parameters(), lr=0.05)
+    recorder = recorder or ListRecorder()
+    score = None if config.score_metric is None else ScoreMetric(config.score_metric, config.lower_better)
+    validator = make_validator(
+        validations or [], unit.model, recorder, 0, nullcontext, score, early_stopper or NOOP_EARLY_STOPPER
+    )
     gang = FakeGang()
     return Trainer(
         unit=unit,
@@ -105,10 +112,9 @@ def make_trainer(
         gangs=Gangs(root=gang, dp=gang, tp=gang),
         device=torch.device("cpu"),
         config=config,
-        validations=validations or [],
-        recorder=recorder or ListRecorder(),
+        recorder=recorder,
         profiler=Profiler(False, 0, 1, "unused", 0),
-        early_stopper=early_stopper or NOOP_EARLY_STOPPER,
+        validator=validator,
         checkpointer=checkpointer or NOOP_CHECKPOINTER,
         checkpoint_every_n_steps=None if checkpointer is None else 2,
     )
@@ -386,7 +392,7 @@ def test_trainer_early_stopping_patience_in_the_config_stops_training(
         {
             "trainer": {"max_num_steps": 40, "validate_every_n_steps": 5, "score_metric": "score"},
             "optimizer": {"name": "sgd", "lr": 0.01},
-            "metrics": {"console": False, "tensorboard": False},
+            "metrics": {"recorders": {"console": False, "tensorboard": False}},
         },
     )
 

@@ -1,5 +1,8 @@
-"""The README's second tutorial, run from the README's own text: a recommender of one's own with sparse
-tables and no wiring trains, resumes, reshards from 2 processes to 1, and resumes bit-exact after kill -9."""
+"""The README's second tutorial, run as the README's text has it: a recommender of one's own with sparse
+tables and no wiring trains, resumes, reshards from 2 processes to 1, and resumes bit-exact after kill -9.
+
+The commands are read from the README; the folder they run in is ``examples/my_recommender`` copied out of
+the checkout (its files are the README's: ``test_examples.py`` checks it)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from readme_tutorial import Tutorial, command_args, read_tutorial
+from readme_tutorial import EXAMPLES, Tutorial, command_args, copy_example, read_tutorial
+
 from resume_helpers import (
     assert_same_training,
     check_ok,
@@ -24,6 +28,7 @@ from resume_helpers import (
 pytestmark = pytest.mark.slow
 
 HEADING = "## Tutorial: your own recommender with sparse tables"
+FOLDER = "my_recommender"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,7 @@ def ran(
 ) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
     """The tutorial's folder after every command it shows has run, in order (the TensorBoard server aside)."""
     root = tmp_path_factory.mktemp("tutorial_tables")
-    tutorial.write(root)
+    copy_example(FOLDER, root)
     cwd, results = root, []
     for command in tutorial.commands:
         args = command_args(command)
@@ -52,9 +57,10 @@ def ran(
     return cwd, results
 
 
-def test_the_tutorial_shows_its_files_and_commands(tutorial: Tutorial) -> None:
-    assert set(tutorial.files) == {"my_recommender/mf.py", "my_recommender/recipes.yaml"}
-    assert command_args(tutorial.commands[0]) == ["cd", "my_recommender"]
+def test_the_tutorials_commands_run_in_its_example_folder(tutorial: Tutorial) -> None:
+    assert set(tutorial.files) == {f"{FOLDER}/mf.py", f"{FOLDER}/recipes.yaml"}
+    assert command_args(tutorial.commands[0]) == ["cd", FOLDER]
+    assert (EXAMPLES / FOLDER).is_dir()
 
 
 def test_the_tables_are_reported_trained_and_resumed(ran: tuple[Path, list[subprocess.CompletedProcess[str]]]) -> None:
@@ -83,8 +89,7 @@ def test_a_two_process_run_resumes_on_one(ran: tuple[Path, list[subprocess.Compl
 
 
 def test_kill_9_mid_run_then_the_same_command_resumes_bit_exact(tutorial: Tutorial, tmp_path: Path) -> None:
-    tutorial.write(tmp_path)
-    project = tmp_path / "my_recommender"
+    project = copy_example(FOLDER, tmp_path)
     first_train = next(command_args(c) for c in tutorial.commands if "train" in c)
     args = first_train[3:]  # after `python -m recipes`
     assert args[:2] == ["train", "mf_movielens"] and args[2:] == ["-o", "out"]

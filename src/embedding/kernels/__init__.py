@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError, init_optimizer_state
+from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
 BACKENDS = ("reference", "cpu", "cuda")
 
@@ -146,19 +146,21 @@ def _check_tensor(
 
 
 def _check_state(config: SparseOptimizerConfig, state: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
-    expected = init_optimizer_state(config, 0, weight.size(1))
-    if state.keys() != expected.keys():
+    """``state`` is laid out as the optimizer's spec says: its tensors by name, per row or per element."""
+    layout = spec_of(config).states
+    if state.keys() != {tensor.name for tensor in layout}:
         raise SparseOptimizerError(
-            f"`state` of optimizer '{config.name}' must have the keys {sorted(expected)}, but has "
-            f"{sorted(state)} instead."
+            f"`state` of optimizer '{config.name}' must have the keys {sorted(tensor.name for tensor in layout)}, "
+            f"but has {sorted(state)} instead."
         )
-    for key, template in expected.items():
-        tensor = state[key]
-        _check_tensor(f"state['{key}']", tensor, dim=template.dim(), dtype=torch.float32, device=weight.device)
-        expected_shape = weight.shape[: template.dim()]
+    for declared in layout:
+        tensor = state[declared.name]
+        expected_shape = weight.shape[:1] if declared.per_row else weight.shape
+        name = f"state['{declared.name}']"
+        _check_tensor(name, tensor, dim=len(expected_shape), dtype=torch.float32, device=weight.device)
         if tensor.shape != expected_shape:
             raise SparseOptimizerError(
-                f"`state['{key}']` must have shape {tuple(expected_shape)}, but has {tuple(tensor.shape)} instead."
+                f"`{name}` must have shape {tuple(expected_shape)}, but has {tuple(tensor.shape)} instead."
             )
 
 

@@ -1,48 +1,35 @@
-"""What the kernels share: the optimizer codes they branch on, which state each optimizer keeps,
-the scalar factors of an update (rounded to float32 once, as torch does), and the gradient
-rows as one tensor for the backends that take them so."""
+"""What the kernels share: an optimizer's state as the tuples its update functions take, the
+factors of a step, the gradient rows as one tensor for the backends that take them so, and the
+compiled loads and stores of a tuple of state arrays."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from numba.extending import overload
 
-from embedding.optim_config import SparseOptimizerConfig
-
-SGD, ROWWISE_ADAGRAD, ADAGRAD, ADAM, ADAMW = range(5)
-
-OPTIMIZER_CODES = {"sgd": SGD, "rowwise_adagrad": ROWWISE_ADAGRAD, "adagrad": ADAGRAD, "adam": ADAM, "adamw": ADAMW}
+from embedding.optimizers import SparseOptimizerConfig
+from embedding.optimizers.spec import SparseOptimizerSpec
 
 
 def state_tensors(
-    config: SparseOptimizerConfig, state: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """The per-row state, and the first and second per-element states, of ``config``'s optimizer."""
-    if config.name == "rowwise_adagrad":
-        return state["sum"], None, None
-    if config.name == "adagrad":
-        return None, state["sum"], None
-    if config.name in ("adam", "adamw"):
-        return None, state["exp_avg"], state["exp_avg_sq"]
-    return None, None, None
+    spec: SparseOptimizerSpec, state: dict[str, torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The per-row and the per-element state tensors, each in the order the spec's updates take them."""
+    return tuple(state[name] for name in spec.row_states), tuple(state[name] for name in spec.element_states)
 
 
-def update_factors(config: SparseOptimizerConfig, step: int, lr: float) -> tuple[np.float32, ...]:
-    """``lr``, weight decay, the decoupled decay factor, eps, 1 - beta1, 1 - beta2, Adam's step size."""
-    bias_correction1 = 1.0 - config.beta1**step
-    bias_correction2 = 1.0 - config.beta2**step
-    return (
-        np.float32(lr),
-        np.float32(config.weight_decay),
-        np.float32(1.0 - lr * config.weight_decay),
-        np.float32(config.eps),
-        np.float32(1.0 - config.beta1),
-        np.float32(1.0 - config.beta2),
-        np.float32(lr * math.sqrt(bias_correction2) / bias_correction1),
-    )
+def step_factors(
+    spec: SparseOptimizerSpec, config: SparseOptimizerConfig, step: int, lr: float
+) -> tuple[bool, np.float32, tuple[np.float32, ...]]:
+    """Whether weights decay at all, the weight decay's factor and the update's factors for
+    ``step``, each rounded to float32 once, here, so that every kernel computes in float32 as
+    torch does. Without weight decay the kernels skip it, which leaves every bit as it is."""
+    decay = np.float32(spec.weight_decay.factor(lr, config.weight_decay))
+    return config.weight_decay != 0, decay, tuple(np.float32(factor) for factor in spec.factors(step, lr))
 
 
 def concatenated(grad_rows: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -50,3 +37,39 @@ def concatenated(grad_rows: Sequence[torch.Tensor]) -> torch.Tensor:
     if len(grad_rows) == 1 and grad_rows[0].is_contiguous():
         return grad_rows[0]
     return torch.cat([piece.contiguous() for piece in grad_rows])
+
+
+# The values of a tuple of state arrays at one index (an element, a row; the reference's rows):
+# what an update function takes and returns. The compiled versions peel the tuple one array at a
+# time, as numba builds no tuple in a loop; they are inlined, so that a kernel's parallel loop
+# does not count references to the arrays at every call.
+
+
+def gather(arrays: tuple[Any, ...], index: Any) -> tuple[Any, ...]:
+    """``(arrays[0][index], arrays[1][index], ...)``."""
+    return tuple(array[index] for array in arrays)
+
+
+def scatter(arrays: tuple[Any, ...], index: Any, values: tuple[Any, ...]) -> None:
+    """``arrays[k][index] = values[k]`` for every ``k``."""
+    for array, value in zip(arrays, values):
+        array[index] = value
+
+
+@overload(gather, inline="always")
+def _compiled_gather(arrays, index):  # type: ignore[no-untyped-def]
+    if len(arrays) == 0:
+        return lambda arrays, index: ()
+    return lambda arrays, index: (arrays[0][index], *gather(arrays[1:], index))
+
+
+@overload(scatter, inline="always")
+def _compiled_scatter(arrays, index, values):  # type: ignore[no-untyped-def]
+    if len(arrays) == 0:
+        return lambda arrays, index, values: None
+
+    def scatter_first_then_rest(arrays, index, values):  # type: ignore[no-untyped-def]
+        arrays[0][index] = values[0]
+        scatter(arrays[1:], index, values[1:])
+
+    return scatter_first_then_rest

@@ -16,12 +16,17 @@ them where they are, through their addresses, rather than from a concatenated co
 in parallel, the address of each occurrence's gradient row in sorted order, so that the loop over
 rows reads its next addresses one after the other instead of through three dependent lookups.
 
+The kernel is compiled once per optimizer around its update functions (see
+:class:`embedding.optimizers.SparseOptimizerSpec`), which it calls for each element and row with
+scalars: a call that took arrays would count their references, as the helpers below explain.
+
 It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
@@ -31,18 +36,12 @@ import torch
 from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from embedding.kernels.common import (
-    ADAGRAD,
-    ADAMW,
-    OPTIMIZER_CODES,
-    ROWWISE_ADAGRAD,
-    SGD,
-    state_tensors,
-    update_factors,
-)
-from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
+from embedding import compiled_source
+from embedding.kernels.common import gather, scatter, state_tensors, step_factors
+from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
+from embedding.optimizers.spec import UpdateFunction
 
 # A row's update costs about as much as summing this many of its occurrences; used to give
 # every thread the same amount of work although Zipf ids make a few rows very long.
@@ -61,8 +60,6 @@ _OCCURRENCE_PREFETCH_DISTANCE = 8
 # Floats per 64-byte cache line: a row is prefetched one line at a time.
 _FLOATS_PER_CACHE_LINE = 16
 
-_NO_ROW_STATE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
-_NO_ELEMENT_STATE: npt.NDArray[np.float32] = np.empty((0, 0), dtype=np.float32)
 _NO_GRAD_SCALE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
 
 
@@ -83,6 +80,7 @@ def fused_step(
         raise SparseOptimizerError(f"`weight` must be on the CPU, but is on {weight.device} instead.")
     if ids.numel() == 0:
         return
+    spec = spec_of(config)
     lr = config.lr if lr is None else lr
 
     # torch's stable sort is a radix sort, several times faster than numba's, and three times
@@ -90,25 +88,19 @@ def fused_step(
     keys = ids.to(torch.int32) if weight.size(0) <= torch.iinfo(torch.int32).max else ids
     sorted_ids, order = torch.sort(keys, stable=True)
 
-    row, element_1, element_2 = state_tensors(config, state)
-    row_state = _NO_ROW_STATE if row is None else _as_numpy(row)
-    element_state_1 = _NO_ELEMENT_STATE if element_1 is None else _as_numpy(element_1)
-    element_state_2 = _NO_ELEMENT_STATE if element_2 is None else _as_numpy(element_2)
-
-    # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
-    _fused_step_kernel(
-        OPTIMIZER_CODES[config.name],
+    row_states, element_states = state_tensors(spec, state)
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply)
+    kernel(
         _as_numpy(weight),
-        row_state,
-        element_state_1,
-        element_state_2,
+        tuple(_as_numpy(tensor) for tensor in row_states),
+        tuple(_as_numpy(tensor) for tensor in element_states),
         _as_numpy(sorted_ids),
         _as_numpy(order),
         *_piece_layout(grad_rows),
         _as_numpy(grad_index),
         _NO_GRAD_SCALE if grad_scale is None else _as_numpy(grad_scale),
         grad_scale is not None,
-        *update_factors(config, step, lr),
+        *step_factors(spec, config, step, lr),
         numba.get_num_threads() * _CHUNKS_PER_THREAD,
     )
 
@@ -131,90 +123,91 @@ def _as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
     return tensor.detach().numpy()
 
 
-@njit(parallel=True, cache=True, fastmath=False)
-def _fused_step_kernel(  # type: ignore[no-untyped-def]
-    optimizer,
-    weight,
-    row_state,
-    element_state_1,
-    element_state_2,
-    sorted_ids,
-    order,
-    piece_addresses,
-    piece_row_strides,
-    piece_rows,
-    grad_index,
-    grad_scale,
-    has_grad_scale,
-    lr,
-    weight_decay,
-    decoupled_decay_factor,
-    eps,
-    one_minus_beta1,
-    one_minus_beta2,
-    adam_step_size,
-    num_chunks,
-):
-    """Each chunk of rows goes to one thread; each row is summed, updated and written once."""
-    segment_starts = _segment_starts(sorted_ids)
-    chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
-    grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
-    dim = weight.shape[1]
+@functools.cache
+def _step_kernel(
+    update_element: UpdateFunction, update_row: UpdateFunction | None, weight_decay: UpdateFunction
+) -> Callable[..., None]:
+    """The fused step compiled around one optimizer's update functions (see
+    :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
+    it between processes, keyed by the functions the kernel captures."""
+    has_row_step = update_row is not None
+    # numba checks only this file for changes to the cached kernel: a digest of the files that
+    # define the functions it compiles in, captured too, makes an edited optimizer compile anew.
+    source_digest = compiled_source.source_digest(update_element, update_row, weight_decay, gather)
 
-    # Each occurrence's gradient row address and scale, in sorted order.
-    num_occurrences = order.size
-    sorted_addresses = np.empty(num_occurrences, dtype=np.int64)
-    sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
-    for chunk in prange(num_chunks):
-        for position in range(chunk * num_occurrences // num_chunks, (chunk + 1) * num_occurrences // num_chunks):
-            occurrence = order[position]
-            sorted_addresses[position] = grad_row_addresses[grad_index[occurrence]]
-            if has_grad_scale:
-                sorted_scales[position] = grad_scale[occurrence]
+    @njit(parallel=True, cache=True, fastmath=False)
+    def fused_step_kernel(  # type: ignore[no-untyped-def]
+        weight,
+        row_states,
+        element_states,
+        sorted_ids,
+        order,
+        piece_addresses,
+        piece_row_strides,
+        piece_rows,
+        grad_index,
+        grad_scale,
+        has_grad_scale,
+        decays,
+        decay,
+        factors,
+        num_chunks,
+    ):
+        """Each chunk of rows goes to one thread; each row is summed, updated and written once."""
+        source_digest  # noqa: B018 (named, so that the kernel captures it)
+        segment_starts = _segment_starts(sorted_ids)
+        chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
+        grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
+        dim = weight.shape[1]
 
-    for chunk in prange(num_chunks):
-        grad = np.empty(dim, dtype=np.float32)
-        first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
-        end_position = segment_starts[end_segment]
-        for segment in range(first_segment, end_segment):
-            if segment + _ROW_PREFETCH_DISTANCE < end_segment:
-                coming_row = np.intp(sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]])
-                _prefetch_row_for_write(weight, coming_row)
-                _prefetch_row_for_write(element_state_1, coming_row)
-                _prefetch_row_for_write(element_state_2, coming_row)
-                if row_state.size > 0:
-                    _prefetch_for_write(row_state, (coming_row,))
+        # Each occurrence's gradient row address and scale, in sorted order.
+        num_occurrences = order.size
+        sorted_addresses = np.empty(num_occurrences, dtype=np.int64)
+        sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
+        for chunk in prange(num_chunks):
+            for position in range(chunk * num_occurrences // num_chunks, (chunk + 1) * num_occurrences // num_chunks):
+                occurrence = order[position]
+                sorted_addresses[position] = grad_row_addresses[grad_index[occurrence]]
+                if has_grad_scale:
+                    sorted_scales[position] = grad_scale[occurrence]
 
-            begin, end = segment_starts[segment], segment_starts[segment + 1]
-            row = np.intp(sorted_ids[begin])
-            _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
+        for chunk in prange(num_chunks):
+            grad = np.empty(dim, dtype=np.float32)
+            first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
+            end_position = segment_starts[end_segment]
+            for segment in range(first_segment, end_segment):
+                if segment + _ROW_PREFETCH_DISTANCE < end_segment:
+                    coming_row = np.intp(sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]])
+                    _prefetch_row_for_write(weight, coming_row)
+                    _prefetch_rows_for_write(row_states, coming_row)
+                    _prefetch_rows_for_write(element_states, coming_row)
 
-            if optimizer == ADAMW:
+                begin, end = segment_starts[segment], segment_starts[segment + 1]
+                row = np.intp(sorted_ids[begin])
+                _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
+
+                multiplier = np.float32(1)
+                if has_row_step:  # It takes the whole row's gradient, decayed first.
+                    if decays:
+                        for d in range(dim):
+                            weight[row, d], grad[d] = weight_decay(weight[row, d], grad[d], decay)
+                    squared = np.float32(0)
+                    for d in range(dim):
+                        squared += grad[d] * grad[d]
+                    row_values = gather(row_states, (row,))
+                    row_values, multiplier = update_row(row_values, squared / np.float32(dim), factors)  # type: ignore[misc]
+                    scatter(row_states, (row,), row_values)
                 for d in range(dim):
-                    weight[row, d] = decoupled_decay_factor * weight[row, d]
-            elif weight_decay != 0:
-                for d in range(dim):
-                    grad[d] = grad[d] + weight_decay * weight[row, d]
+                    new_weight, new_grad = weight[row, d], grad[d]
+                    if decays and not has_row_step:
+                        new_weight, new_grad = weight_decay(new_weight, new_grad, decay)
+                    element_values = gather(element_states, (row, d))
+                    weight[row, d], element_values = update_element(
+                        new_weight, new_grad, multiplier, element_values, factors
+                    )
+                    scatter(element_states, (row, d), element_values)
 
-            if optimizer == SGD:
-                for d in range(dim):
-                    weight[row, d] = weight[row, d] - lr * grad[d]
-            elif optimizer == ROWWISE_ADAGRAD:
-                _rowwise_adagrad_row(weight, row_state, row, grad, lr, eps)
-            elif optimizer == ADAGRAD:
-                _adagrad_row(weight, element_state_1, row, grad, lr, eps)
-            else:
-                _adam_row(
-                    weight,
-                    element_state_1,
-                    element_state_2,
-                    row,
-                    grad,
-                    one_minus_beta1,
-                    one_minus_beta2,
-                    eps,
-                    adam_step_size,
-                )
+    return fused_step_kernel  # type: ignore[no-any-return]
 
 
 # The helpers below are inlined (``inline="always"``): a call to a compiled helper from the
@@ -283,10 +276,33 @@ def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scale
 
 @njit(cache=True, inline="always")
 def _prefetch_row_for_write(matrix, row):  # type: ignore[no-untyped-def]
-    """Prefetch every cache line of ``matrix[row]``; nothing when ``matrix`` is an empty state."""
-    if matrix.shape[0] > 0:
-        for column in range(0, matrix.shape[1], _FLOATS_PER_CACHE_LINE):
-            _prefetch_for_write(matrix, (row, column))
+    """Prefetch every cache line of ``matrix[row]``."""
+    for column in range(0, matrix.shape[1], _FLOATS_PER_CACHE_LINE):
+        _prefetch_for_write(matrix, (row, column))
+
+
+@njit(cache=True, inline="always")
+def _prefetch_value_for_write(vector, row):  # type: ignore[no-untyped-def]
+    """Prefetch the cache line of ``vector[row]``."""
+    _prefetch_for_write(vector, (row,))
+
+
+def _prefetch_rows_for_write(states: tuple[Any, ...], row: Any) -> None:
+    """Prefetch row ``row`` of every array of ``states``, per-row or per-element; compiled only
+    (a prefetch is a hint: in Python, where nothing would use it, this does nothing)."""
+
+
+@overload(_prefetch_rows_for_write, inline="always")
+def _compiled_prefetch_rows_for_write(states, row):  # type: ignore[no-untyped-def]
+    if len(states) == 0:
+        return lambda states, row: None
+    prefetch_first = _prefetch_row_for_write if states[0].ndim == 2 else _prefetch_value_for_write
+
+    def prefetch_first_then_rest(states, row):  # type: ignore[no-untyped-def]
+        prefetch_first(states[0], row)
+        _prefetch_rows_for_write(states[1:], row)
+
+    return prefetch_first_then_rest
 
 
 def _call_prefetch(builder: Any, byte_pointer: Any, for_write: bool) -> None:
@@ -333,31 +349,3 @@ def _float32_pointer(typingctx: Any, address: Any) -> Any:
         return builder.inttoptr(args[0], ir.FloatType().as_pointer())
 
     return types.CPointer(types.float32)(types.int64), codegen
-
-
-@njit(cache=True, inline="always")
-def _rowwise_adagrad_row(weight, row_sum, row, grad, lr, eps):  # type: ignore[no-untyped-def]
-    """FBGEMM's row-wise Adagrad: one accumulator per row, fed the mean squared gradient."""
-    squared = np.float32(0)
-    for d in range(grad.size):
-        squared += grad[d] * grad[d]
-    row_sum[row] = row_sum[row] + squared / np.float32(grad.size)
-    multiplier = lr / (np.sqrt(row_sum[row]) + eps)
-    for d in range(grad.size):
-        weight[row, d] = weight[row, d] - multiplier * grad[d]
-
-
-@njit(cache=True, inline="always")
-def _adagrad_row(weight, element_sum, row, grad, lr, eps):  # type: ignore[no-untyped-def]
-    for d in range(grad.size):
-        element_sum[row, d] = element_sum[row, d] + grad[d] * grad[d]
-        weight[row, d] = weight[row, d] - lr * (grad[d] / (np.sqrt(element_sum[row, d]) + eps))
-
-
-@njit(cache=True, inline="always")
-def _adam_row(weight, exp_avg, exp_avg_sq, row, grad, one_minus_beta1, one_minus_beta2, eps, step_size):  # type: ignore[no-untyped-def]
-    """Adam as ``torch.optim.SparseAdam`` computes it (see :mod:`embedding.kernels.reference`)."""
-    for d in range(grad.size):
-        exp_avg[row, d] = exp_avg[row, d] + one_minus_beta1 * (grad[d] - exp_avg[row, d])
-        exp_avg_sq[row, d] = exp_avg_sq[row, d] + one_minus_beta2 * (grad[d] * grad[d] - exp_avg_sq[row, d])
-        weight[row, d] = weight[row, d] - step_size * (exp_avg[row, d] / (np.sqrt(exp_avg_sq[row, d]) + eps))

@@ -6,9 +6,12 @@ elements' gradient over the row's occurrences in sorted order: no atomics, and t
 on every run. A row looked up more than ``_CHUNK`` times (the head of a Zipf batch: one id can
 take a tenth of it) would hold its block for all of them while the rest of the GPU idles, so its
 occurrences are first summed in chunks, one block each, and its block then sums the chunks'
-sums in order: still the same result on every run. Row-wise Adagrad needs the whole row's
-squared gradient, so the row's gradient is kept in shared memory and one thread sums it in a
-fixed order.
+sums in order: still the same result on every run. An optimizer with a row step (row-wise
+Adagrad) needs the whole row's squared gradient, so the row's gradient is kept in shared memory
+and one thread sums it in a fixed order.
+
+The kernel is compiled once per optimizer around its update functions (see
+:class:`embedding.optimizers.SparseOptimizerSpec`), which it calls for each element and row.
 
 Without a GPU, numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) runs the same kernel on CPU
 tensors; it is how the tests run it.
@@ -18,32 +21,25 @@ It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
 import torch
 from numba import cuda
 
-from embedding.kernels.common import (
-    ADAGRAD,
-    ADAMW,
-    OPTIMIZER_CODES,
-    ROWWISE_ADAGRAD,
-    SGD,
-    concatenated,
-    state_tensors,
-    update_factors,
-)
-from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError
+from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
+from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
+from embedding.optimizers.spec import UpdateFunction
 
 # One thread per element up to this many: a narrower block still fills whole warps on the GPU,
 # and is faster in the simulator.
 _MAX_THREADS_PER_ROW = 256
 
-# Stands for the state and scales an optimizer does not use; one element, not zero, so that no
-# device array is ever a null pointer.
+# Stands for the scales of a step without them; one element, not zero, so that no device array is
+# ever a null pointer.
 _UNUSED = torch.zeros(1)
 
 _CHUNK = 256
@@ -69,6 +65,7 @@ def fused_step(
         )
     if ids.numel() == 0:
         return
+    spec = spec_of(config)
     lr = config.lr if lr is None else lr
 
     sorted_ids, order = torch.sort(ids, stable=True)
@@ -77,17 +74,13 @@ def fused_step(
     torch.cumsum(counts, dim=0, out=segment_starts[1:])
     chunk_bounds, first_chunk = _chunks(counts, segment_starts)
 
-    unused = _UNUSED.to(weight.device)
-    row, element_1, element_2 = state_tensors(config, state)
-    row_state = unused if row is None else row
-    element_state_1 = unused.view(1, 1) if element_1 is None else element_1
-    element_state_2 = unused.view(1, 1) if element_2 is None else element_2
+    row_states, element_states = state_tensors(spec, state)
 
     dim = weight.size(1)
     threads_per_row = min(_MAX_THREADS_PER_ROW, dim)
     shared_bytes = dim * np.dtype(np.float32).itemsize
     gradient = as_device_array(concatenated(grad_rows))
-    scale = as_device_array(unused if grad_scale is None else grad_scale)
+    scale = as_device_array(_UNUSED.to(weight.device) if grad_scale is None else grad_scale)
 
     num_chunks = chunk_bounds.size(0)
     chunk_sums = torch.empty((max(num_chunks, 1), dim), dtype=torch.float32, device=weight.device)
@@ -97,14 +90,11 @@ def fused_step(
             as_device_array(grad_index), scale, grad_scale is not None, as_device_array(chunk_sums),
         )  # fmt: skip
 
-    launch = _fused_step_kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes]
-    # Every factor is rounded to float32 once, here, so the kernel computes in float32 as torch does.
-    launch(
-        OPTIMIZER_CODES[config.name],
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply)
+    kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes](
         as_device_array(weight),
-        as_device_array(row_state),
-        as_device_array(element_state_1),
-        as_device_array(element_state_2),
+        tuple(as_device_array(tensor) for tensor in row_states),
+        tuple(as_device_array(tensor) for tensor in element_states),
         as_device_array(sorted_ids),
         as_device_array(order),
         as_device_array(segment_starts),
@@ -114,7 +104,7 @@ def fused_step(
         as_device_array(grad_index),
         scale,
         grad_scale is not None,
-        *update_factors(config, step, lr),
+        *step_factors(spec, config, step, lr),
     )
 
 
@@ -170,77 +160,78 @@ def _chunk_sum_kernel(order, chunk_bounds, grad_rows, grad_index, grad_scale, ha
         chunk_sums[chunk, d] = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
 
 
-@cuda.jit
-def _fused_step_kernel(  # type: ignore[no-untyped-def]
-    optimizer,
-    weight,
-    row_state,
-    element_state_1,
-    element_state_2,
-    sorted_ids,
-    order,
-    segment_starts,
-    first_chunk,
-    chunk_sums,
-    grad_rows,
-    grad_index,
-    grad_scale,
-    has_grad_scale,
-    lr,
-    weight_decay,
-    decoupled_decay_factor,
-    eps,
-    one_minus_beta1,
-    one_minus_beta2,
-    adam_step_size,
-):
-    row_grad = cuda.shared.array(0, dtype=numba.float32)
-    row_multiplier = cuda.shared.array(1, dtype=numba.float32)
+@functools.cache
+def _step_kernel(
+    update_element: UpdateFunction, update_row: UpdateFunction | None, weight_decay: UpdateFunction
+) -> Any:
+    """The fused step compiled around one optimizer's update functions (see
+    :class:`embedding.optimizers.SparseOptimizerSpec`), once per process."""
+    has_row_step = update_row is not None
 
-    segment = cuda.blockIdx.x
-    begin, end = segment_starts[segment], segment_starts[segment + 1]
-    chunks_begin, chunks_end = first_chunk[segment], first_chunk[segment + 1]
-    row = sorted_ids[begin]
-    dim = weight.shape[1]
+    @cuda.jit
+    def fused_step_kernel(  # type: ignore[no-untyped-def]
+        weight,
+        row_states,
+        element_states,
+        sorted_ids,
+        order,
+        segment_starts,
+        first_chunk,
+        chunk_sums,
+        grad_rows,
+        grad_index,
+        grad_scale,
+        has_grad_scale,
+        decays,
+        decay,
+        factors,
+    ):
+        row_grad = cuda.shared.array(0, dtype=numba.float32)
+        row_multiplier = cuda.shared.array(1, dtype=numba.float32)
 
-    for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-        if chunks_end > chunks_begin:
-            grad = numba.float32(0)
-            for chunk in range(chunks_begin, chunks_end):
-                grad += chunk_sums[chunk, d]
-        else:
-            grad = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        segment = cuda.blockIdx.x
+        begin, end = segment_starts[segment], segment_starts[segment + 1]
+        chunks_begin, chunks_end = first_chunk[segment], first_chunk[segment + 1]
+        row = sorted_ids[begin]
+        dim = weight.shape[1]
 
-        if optimizer == ADAMW:
-            weight[row, d] = decoupled_decay_factor * weight[row, d]
-        elif weight_decay != 0:
-            grad = grad + weight_decay * weight[row, d]
-
-        if optimizer == SGD:
-            weight[row, d] = weight[row, d] - lr * grad
-        elif optimizer == ROWWISE_ADAGRAD:
-            row_grad[d] = grad  # applied below, once the whole row's gradient is known
-        elif optimizer == ADAGRAD:
-            element_sum = element_state_1[row, d] + grad * grad
-            element_state_1[row, d] = element_sum
-            weight[row, d] = weight[row, d] - lr * (grad / (math.sqrt(element_sum) + eps))
-        else:
-            # Adam as torch.optim.SparseAdam computes it (see embedding.kernels.reference).
-            exp_avg = element_state_1[row, d] + one_minus_beta1 * (grad - element_state_1[row, d])
-            exp_avg_sq = element_state_2[row, d] + one_minus_beta2 * (grad * grad - element_state_2[row, d])
-            element_state_1[row, d] = exp_avg
-            element_state_2[row, d] = exp_avg_sq
-            weight[row, d] = weight[row, d] - adam_step_size * (exp_avg / (math.sqrt(exp_avg_sq) + eps))
-
-    if optimizer == ROWWISE_ADAGRAD:
-        cuda.syncthreads()
-        if cuda.threadIdx.x == 0:
-            squared = numba.float32(0)
-            for d in range(dim):
-                squared += row_grad[d] * row_grad[d]
-            row_sum = row_state[row] + squared / numba.float32(dim)
-            row_state[row] = row_sum
-            row_multiplier[0] = lr / (math.sqrt(row_sum) + eps)
-        cuda.syncthreads()
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            weight[row, d] = weight[row, d] - row_multiplier[0] * row_grad[d]
+            if chunks_end > chunks_begin:
+                grad = numba.float32(0)
+                for chunk in range(chunks_begin, chunks_end):
+                    grad += chunk_sums[chunk, d]
+            else:
+                grad = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+
+            new_weight = weight[row, d]
+            if decays:
+                new_weight, grad = weight_decay(new_weight, grad, decay)
+            if has_row_step:
+                weight[row, d] = new_weight
+                row_grad[d] = grad  # updated below, once the whole row's gradient is known
+            else:
+                element_values = gather(element_states, (row, d))
+                weight[row, d], element_values = update_element(
+                    new_weight, grad, numba.float32(1), element_values, factors
+                )
+                scatter(element_states, (row, d), element_values)
+
+        if has_row_step:
+            cuda.syncthreads()
+            if cuda.threadIdx.x == 0:
+                squared = numba.float32(0)
+                for d in range(dim):
+                    squared += row_grad[d] * row_grad[d]
+                row_values = gather(row_states, (row,))
+                row_values, multiplier = update_row(row_values, squared / numba.float32(dim), factors)  # type: ignore[misc]
+                scatter(row_states, (row,), row_values)
+                row_multiplier[0] = multiplier
+            cuda.syncthreads()
+            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                element_values = gather(element_states, (row, d))
+                weight[row, d], element_values = update_element(
+                    weight[row, d], row_grad[d], row_multiplier[0], element_values, factors
+                )
+                scatter(element_states, (row, d), element_values)
+
+    return fused_step_kernel

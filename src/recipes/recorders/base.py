@@ -1,10 +1,18 @@
-"""Where published metrics go: one interface, several destinations."""
+"""Where published metrics go: one interface, several destinations, each a named component.
+
+The ``metrics.recorders`` section maps recorder names to their options
+(``{tensorboard: true, wandb: {enabled: true, project: P}}``); a package adds a recorder by
+registering it in ``RECORDERS`` (by decorator, or through the ``recipes.recorders`` entry points).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from components import Registry
 
 
 class MetricRecorder(ABC):
@@ -21,6 +29,32 @@ class MetricRecorder(ABC):
 
     def close(self) -> None:
         """Flush and release; called once at the end, also after a failure."""
+
+
+@dataclass
+class RecorderConfig:
+    """What every recorder takes: whether the run uses it (``metrics.recorders.console=false``)."""
+
+    name: str = ""
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class RecorderContext:
+    """What a recorder may need to know of the run it records."""
+
+    output_dir: str
+    resume_step: int | None
+    """The step a resumed run continues after (its records of later steps are stale); ``None``: a fresh run."""
+    max_num_steps: int | None
+    training: bool
+    """``False`` for ``eval`` and ``predict``, which print their own results."""
+
+
+RecorderFactory = Callable[[Any, RecorderContext], "MetricRecorder"]
+"""``factory(config, context)``: the recorder, configured by its own config dataclass."""
+
+RECORDERS: Registry[RecorderFactory] = Registry("recorder", "recipes.recorders", RecorderConfig)
 
 
 class CompositeRecorder(MetricRecorder):
@@ -40,6 +74,13 @@ class CompositeRecorder(MetricRecorder):
     def close(self) -> None:
         for recorder in self._recorders:
             recorder.close()
+
+
+def build_recorder(configs: Mapping[str, RecorderConfig], context: RecorderContext) -> MetricRecorder:
+    """The enabled recorders of ``metrics.recorders``, as one."""
+    return CompositeRecorder(
+        [RECORDERS.get(name).value(config, context) for name, config in configs.items() if config.enabled]
+    )
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from tqdm import tqdm
 
-from recipes.recorders.base import MetricRecorder
+from recipes.recorders.base import RECORDERS, CompositeRecorder, MetricRecorder, RecorderConfig, RecorderContext
 
 
 class ConsoleRecorder(MetricRecorder):
@@ -31,3 +31,10 @@ class ConsoleRecorder(MetricRecorder):
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+@RECORDERS.register("console")
+def console(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    if not context.training:
+        return CompositeRecorder([])  # eval and predict print their results themselves.
+    return ConsoleRecorder(context.max_num_steps, initial_step=context.resume_step or 0)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import fsspec
 
 from recipes.errors import UserError
-from recipes.recorders.base import MetricRecorder
+from recipes.recorders.base import RECORDERS, MetricRecorder, RecorderConfig, RecorderContext
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +64,8 @@ class JsonlRecorder(MetricRecorder):
         line = json.dumps({"step": step_nr, **values}, allow_nan=True)
         with self._fs.open(f"{self._root}/{run}.jsonl", "a") as f:
             f.write(line + "\n")
+
+
+@RECORDERS.register("jsonl")
+def jsonl(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    return JsonlRecorder(f"{context.output_dir}/metrics", resume_step=context.resume_step)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch.utils.tensorboard import SummaryWriter
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
-from recipes.recorders.base import MetricRecorder, flatten
+from recipes.recorders.base import RECORDERS, MetricRecorder, RecorderConfig, RecorderContext, flatten
 
 
 class TensorBoardRecorder(MetricRecorder):
@@ -24,6 +25,8 @@ class TensorBoardRecorder(MetricRecorder):
         self._writers: dict[str, SummaryWriter] = {}
 
     def _writer(self, run: str) -> SummaryWriter:
+        from torch.utils.tensorboard import SummaryWriter  # Slow to import; a run that records none never does.
+
         if run not in self._writers:
             self._writers[run] = SummaryWriter(f"{self._log_dir}/{run}", purge_step=self._purge_step)
         return self._writers[run]
@@ -41,3 +44,9 @@ class TensorBoardRecorder(MetricRecorder):
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
+
+
+@RECORDERS.register("tensorboard")
+def tensorboard(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    purge_step = None if context.resume_step is None else context.resume_step + 1
+    return TensorBoardRecorder(f"{context.output_dir}/tb", purge_step=purge_step)

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from recipes.recorders.base import MetricRecorder
+from recipes.recorders.base import RECORDERS, CompositeRecorder, MetricRecorder, RecorderConfig, RecorderContext
+
+
+@dataclass
+class WandbConfig(RecorderConfig):
+    enabled: bool = False
+    project: str | None = None
+    """With a project, and ``mode: online``, runs go to the WandB server; else offline under ``OUTPUT_DIR/wandb``."""
+    entity: str | None = None
+    run_name: str | None = None
+    mode: Literal["offline", "online", "disabled"] = "offline"
 
 
 class WandbRecorder(MetricRecorder):
@@ -42,3 +53,10 @@ class WandbRecorder(MetricRecorder):
 
     def close(self) -> None:
         self._run.finish()
+
+
+@RECORDERS.register("wandb", WandbConfig)
+def wandb(config: WandbConfig, context: RecorderContext) -> MetricRecorder:
+    if config.mode == "disabled":
+        return CompositeRecorder([])
+    return WandbRecorder(context.output_dir, config.project, config.entity, config.run_name, config.mode)

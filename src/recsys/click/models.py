@@ -2,13 +2,15 @@
 
 Both take ``embeddings``, a module mapping a batch's sparse features to ``[B, dim]`` per feature:
 sparse sharded tables or dense embedding bags (see ``recsys.models.embeddings``). More models, by
-name, are in ``recsys.click.zoo``."""
+name, are in ``recsys.zoo``."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
 
+from recipes import megatron_mlp_plan
 from recsys.click.batch import CTRBatch
 from recsys.models.mlp import mlp
 
@@ -49,6 +51,9 @@ class CTRModel(nn.Module):
         self.feature_names = feature_names
         self.mlp = mlp_with_dropout(num_dense + embedding_dim * len(feature_names), hidden_dims, 1, dropout)
 
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        return megatron_mlp_plan(self.mlp, "mlp")
+
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         """The click logit of every sample, ``[B]``."""
         pooled = self.embeddings(batch.sparse)
@@ -84,6 +89,9 @@ class DLRM(nn.Module):
         num_interactions = num_vectors * (num_vectors - 1) // 2
         self.top_mlp = mlp_with_dropout(embedding_dim + num_interactions, top_dims, 1, dropout)
         self._pair_rows, self._pair_cols = torch.triu_indices(num_vectors, num_vectors, offset=1)
+
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        return megatron_mlp_plan(self.top_mlp, "top_mlp")  # The bottom MLP sees a handful of dense features.
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         """The click logit of every sample, ``[B]``."""

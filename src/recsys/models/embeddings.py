@@ -15,39 +15,19 @@ import torch
 from torch import nn
 
 from embedding import (
+    EVICTION_POLICIES,
+    SPARSE_OPTIMIZERS,
     EmbeddingTableConfig,
-    EvictionPolicy,
+    EvictionConfig,
     HashPolicy,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizerConfig,
 )
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.sharding import init_rows
 from gang import Gang
-from recipes import ConfigError, NonNegativeFloat, PositiveFloat, PositiveInt, Range
-
-
-@dataclass
-class SparseOptimizerSection:
-    """The fused optimizer of the sparse tables (the dense layers use the ``optimizer`` section)."""
-
-    name: Literal["sgd", "rowwise_adagrad", "adagrad", "adam", "adamw"] = "rowwise_adagrad"
-    lr: NonNegativeFloat = 0.05
-    """0 freezes the tables."""
-    weight_decay: NonNegativeFloat = 0.0
-    eps: PositiveFloat = 1e-8
-    beta1: Annotated[float, Range(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Range(ge=0, lt=1)] = 0.999
-
-    def to_config(self) -> SparseOptimizerConfig:
-        return SparseOptimizerConfig(
-            name=self.name,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            eps=self.eps,
-            beta1=self.beta1,
-            beta2=self.beta2,
-        )
+from recipes import ConfigError, PositiveInt, Range
 
 
 @dataclass
@@ -58,14 +38,13 @@ class HashTableSection:
     """An id gets a row once looked up this many times in training; until then it reads zeros."""
     admit_probability: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Each training step that looks up an id without a row admits it with this probability (seeded)."""
-    eviction: EvictionPolicy = "lru"
+    eviction: Annotated[EvictionConfig, EVICTION_POLICIES] = field(default_factory=EVICTION_POLICIES.default("lru"))
     """When a table is full: ``lru`` evicts the least recently looked-up id, ``lfu`` the least often (both
-    among sampled rows), ``ttl`` frees ids not looked up in the last ``ttl_steps`` steps and admits no more while
-    full, ``none`` stops the run."""
-    ttl_steps: PositiveInt | None = None
+    among sampled rows), ``{name: ttl, ttl_steps: N}`` frees ids not looked up in the last N steps and admits no
+    more while full, ``none`` stops the run; or a policy an installed package registers (``embedding.eviction``)."""
 
     def to_policy(self) -> HashPolicy:
-        return HashPolicy(self.min_count, self.admit_probability, self.eviction, self.ttl_steps)
+        return HashPolicy(self.min_count, self.admit_probability, self.eviction)
 
 
 @dataclass
@@ -75,7 +54,12 @@ class EmbeddingSection:
     """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
     """Where the sparse tables' rows live; ``auto`` lets the planner balance bytes and lookups."""
-    sparse_optimizer: SparseOptimizerSection = field(default_factory=SparseOptimizerSection)
+    sparse_optimizer: Annotated[SparseOptimizerConfig, SPARSE_OPTIMIZERS] = field(
+        default_factory=lambda: RowwiseAdagradConfig(lr=0.05)
+    )
+    """The fused optimizer of the sparse tables (the dense layers use the ``optimizer`` section), by name with
+    its own options (``{name: adam, beta1: 0.8}``): a module of ``embedding.optimizers``, or one an installed
+    package registers. ``lr: 0`` freezes the tables."""
     kind: Literal["fixed", "hash"] = "fixed"
     """``fixed``: the data reader maps each value to one of a table's rows (hashing modulo its rows, so values
     may share one); ``hash``: a value keeps its full 64-bit id and gets a row of its own when admitted, the
@@ -159,4 +143,4 @@ def build_embeddings(
         )
         for t in tables
     ]
-    return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer.to_config())
+    return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer)

@@ -1,10 +1,11 @@
-"""Click-prediction batches from libSVM/libFM (``label idx:val ...``) and libFFM (``label field:idx:val ...``) lines.
+"""The ``libsvm`` (also libFM: ``label idx:val ...``) and ``libffm`` (``label field:idx:val ...``) data formats.
 
-numba tokenises a whole chunk of lines in one pass (no Python loop per row). Features become
+Their lines bring features of their own, so a schema of these formats declares no columns but the
+label. numba tokenises a whole chunk of lines in one pass (no Python loop per row). Features become
 sparse features with weights (the ``val``s, which embedding bags multiply their rows by):
 
 - libFFM: one feature per field, ``field<F>`` (``field0``, ``field1``, ...), a bag of its tokens;
-- libSVM/libFM with ``positional_fields: N``: the k-th token is field ``field<k>`` (the layout of
+- libSVM/libFM with ``num_fields: N``: the k-th token is field ``field<k>`` (the layout of
   one-hot data such as Frappe's, whose every line has one token per field); without it, one bag
   ``features`` of all the tokens.
 
@@ -14,17 +15,73 @@ An ``idx`` is hashed like a categorical value (its text, keyed by the feature's 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
+from recipes import PositiveInt, Range
 from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import ParsedLines, StreamingLineReader
+from recsys.models.embeddings import TableSpec
+from recsys.tabular.data_format import DataFormat
 from recsys.tabular.hashing import bucket_ids, span_keys
-from recsys.tabular.schema import TabularDataSection
+from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection
 from recsys.tabular.tokens import number
+from recsys.tabular.vocabulary import Encodings
+
+
+@dataclass
+class LibSVMConfig(DataFormatConfig):
+    """``format: libsvm``: a label, then ``idx:val`` tokens."""
+
+    name: str = "libsvm"
+    num_fields: PositiveInt | None = None
+    """The k-th token of a line is field k (``field0``...), at most this many (one-hot data such as Frappe's);
+    ``null``: one bag ``features`` of all tokens. libFFM: the number of fields (required)."""
+    num_buckets: Annotated[int, Range(ge=2)] = 1_000_000
+    """Rows of each field's table (an ``idx`` is hashed like a categorical value)."""
+
+    def check(self, schema: TabularDataSection) -> None:
+        if schema.dense or schema.categorical or schema.joins or schema.derived or schema.split.column:
+            raise ValueError(
+                f"`format: {self.name}` takes its features from the tokens: `dense`, `categorical`, `joins`, "
+                "`derived` and `split` must be empty, but are not."
+            )
+
+    def with_full_keys(self) -> LibSVMConfig:
+        return replace(self, num_buckets=0)
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [f"field{k}" for k in range(self.num_fields)] if self.num_fields else ["features"]
+
+    @property
+    def with_fields(self) -> bool:
+        """Whether each token names its field (``field:idx:val``)."""
+        return False
+
+
+@dataclass
+class LibFFMConfig(LibSVMConfig):
+    """``format: libffm``: a label, then ``field:idx:val`` tokens."""
+
+    name: str = "libffm"
+
+    def check(self, schema: TabularDataSection) -> None:
+        """Also: ``num_fields`` is required; checked here rather than as the options are built, since a config
+        that names ``libffm`` starts from its default options, which lack it."""
+        if self.num_fields is None:
+            raise ValueError("`num_fields` must be set for `format: libffm`, but is not.")
+        super().check(schema)
+
+    @property
+    def with_fields(self) -> bool:
+        return True
+
 
 # Problem codes of the tokenizer, turned into sentences here.
 _OK, _NO_LABEL, _NO_COLON, _BAD_VALUE, _BAD_FIELD, _TOO_MANY = range(6)
@@ -132,14 +189,15 @@ def _tokenize(data, with_fields, num_fields):  # type: ignore[no-untyped-def]
 
 
 class LibSVMReader(StreamingLineReader[CTRBatch]):
-    """Reads libSVM/libFM or libFFM files as ``schema`` says (``format``, ``positional_fields``, ``label``,
-    ``libsvm_buckets``); the other arguments are ``StreamingLineReader``'s."""
+    """Reads libSVM/libFM or libFFM files as ``schema`` says (its ``label``, and its ``format``'s options); the
+    other arguments are ``StreamingLineReader``'s."""
 
-    def __init__(self, paths: Any, schema: TabularDataSection, **kwargs: Any) -> None:
+    def __init__(self, paths: str | Sequence[str], schema: TabularDataSection, **kwargs: Any) -> None:
         self._schema = schema
-        self._with_fields = schema.format == "libffm"
-        self._num_fields = schema.num_fields or 0
-        self.feature_names = [f"field{k}" for k in range(self._num_fields)] if self._num_fields else ["features"]
+        self._tokens = schema.format_options(LibSVMConfig)
+        self._with_fields = self._tokens.with_fields
+        self._num_fields = self._tokens.num_fields or 0
+        self.feature_names = self._tokens.feature_names
         super().__init__(paths, **kwargs)
 
     def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
@@ -155,7 +213,7 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
         for field in range(max(self._num_fields, 1)):
             mine = token_field == field if self._num_fields else np.ones(len(token_field), dtype=np.bool_)
             keys = span_keys(data, starts[mine], ends[mine], self.feature_names[field])
-            ids = bucket_ids(keys, self._schema.libsvm_buckets)
+            ids = bucket_ids(keys, self._tokens.num_buckets)
             bags.append(_per_line_bags(token_line[mine], ids, values[mine], num_lines))
         valid = codes == _OK
         return ParsedLines(line_ends, valid, (clicks, *(b for pair in bags for b in pair)), problems)
@@ -191,6 +249,26 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
             return f"the label must be one of {allowed}, but is {label:g} instead"
         token = "field:idx:val" if self._with_fields else "idx:val"
         return _PROBLEMS[code].format(token=token, num_fields=self._num_fields)
+
+
+@DATA_FORMATS.register("libffm", LibFFMConfig)
+@DATA_FORMATS.register("libsvm", LibSVMConfig)
+class LibSVMFormat(DataFormat):
+    """libSVM/libFM and libFFM files, read by ``LibSVMReader``: a weighted sparse feature per field."""
+
+    def reader(
+        self, paths: str | Sequence[str], *, split: str, encodings: Encodings | None, **options: Any
+    ) -> LibSVMReader:
+        """Every line is a row of every split (a split needs a column to cut by), and no column is encoded."""
+        return LibSVMReader(paths, self.schema, **options)
+
+    def sparse_features(self) -> list[str]:
+        return self.schema.format_options(LibSVMConfig).feature_names
+
+    def tables(self) -> list[TableSpec]:
+        """One table per field, which sums the rows of its tokens weighted by their values."""
+        num_buckets = self.schema.format_options(LibSVMConfig).num_buckets
+        return [TableSpec(name, num_buckets, (name,)) for name in self.sparse_features()]
 
 
 def _object_array(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:

@@ -1,7 +1,7 @@
-"""Click-prediction batches from delimited text files (CSV, TSV), as a ``dataset`` schema declares them.
+"""The ``csv`` and ``tsv`` data formats: their options, and click-prediction batches from their files.
 
 ``recsys.tabular.delimited``'s kernel turns each chunk of whole lines into columns in one pass
-(the streaming, shuffling, sharding and resume are ``recsys.data.stream``'s); this class plans
+(the streaming, shuffling, sharding and resume are ``recsys.data.stream``'s); ``TabularReader`` plans
 what each column is to the kernel, adds the schema's joined and derived columns
 (``recsys.tabular.added_columns``), turns keys into ids, and says in a sentence what is wrong
 with a line that does not fit. CRLF line ends, quoted fields (without newlines inside) and gzip
@@ -23,15 +23,54 @@ from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import START, ParsedLines, StreamingLineReader
 from recsys.tabular import delimited
 from recsys.tabular.added_columns import AddedColumns, dense_column
+from recsys.tabular.data_format import ColumnFormat, ColumnReader
 from recsys.tabular.delimited import ColumnPlan, TokenizedLines
 from recsys.tabular.hashing import bucket_ids, column_basis
 from recsys.tabular.history import History
 from recsys.tabular.joins import Bags
-from recsys.tabular.schema import TabularDataSection
+from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection, expand_names
 from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 
 
-class TabularReader(StreamingLineReader[CTRBatch]):
+@dataclass
+class CsvConfig(DataFormatConfig):
+    """``format: csv``: lines of fields split by a delimiter, a comma unless ``delimiter`` says otherwise."""
+
+    name: str = "csv"
+    delimiter: str | None = None
+    """The field separator; ``null``: the format's (``,`` for csv, a tab for tsv)."""
+    quote_char: str | None = '"'
+    """Fields may be quoted with this (``null``: no quoting); a quoted field must not hold a newline."""
+    header: bool = True
+    """Whether each file's first line names the columns."""
+    column_names: list[str] | None = None
+    """The columns' names in file order, for files without a header (brace ranges allowed)."""
+
+    def __post_init__(self) -> None:
+        if self.column_names is not None:
+            self.column_names = expand_names(self.column_names)
+        if not self.header and self.column_names is None:
+            raise ValueError("`column_names` must name the columns of files without a header, but is not set.")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
+
+    @property
+    def field_delimiter(self) -> str:
+        return self.delimiter or ","
+
+
+@dataclass
+class TsvConfig(CsvConfig):
+    """``format: tsv``: CSV's options, with fields split by a tab unless ``delimiter`` says otherwise."""
+
+    name: str = "tsv"
+
+    @property
+    def field_delimiter(self) -> str:
+        return self.delimiter or "\t"
+
+
+class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
     """Reads the files of ``paths`` as ``schema`` says, keeping the rows of ``split`` (``train``, ``valid`` or
     ``test``: the schema's ``split`` says which rows each keeps); ``encodings`` are the vocabularies and value
     counts the schema needs (``recsys.tabular.vocabulary``). The other arguments are ``StreamingLineReader``'s.
@@ -50,6 +89,7 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         **kwargs: Any,
     ) -> None:
         self._schema = schema
+        self._text = schema.format_options(CsvConfig)
         self._encodings = encodings or Encodings({}, {})
         super().__init__(paths, **kwargs)
         self._names = self._column_names()
@@ -87,9 +127,6 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         self._plan = self._column_plan()
 
     def count_values(self) -> dict[str, ValueCounts]:
-        """The counts of the values of the vocabulary columns and of the sources of ``count`` and ``count_before``
-        columns in the kept, well-formed rows of every file: one pass over the data, for
-        ``recsys.tabular.vocabulary``."""
         counters = {name: KeyCounter() for name in self._vocabulary_columns}
         counters.update(self._added.counters())
         for start, buffer in self.line_chunks(START):
@@ -105,8 +142,6 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         return {name: counter.totals() for name, counter in counters.items()}
 
     def histories(self) -> dict[str, History]:
-        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
-        ``all``): one pass over the data, for ``recsys.tabular.history``."""
         chunks = (
             (chunk.file_keys, chunk.file_numbers, chunk.valid)
             for chunk in (
@@ -135,15 +170,15 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         data = np.frombuffer(buffer, dtype=np.uint8)
         line_starts = delimited.line_starts(data)
         line_ends = line_starts[1:]
-        skip = 1 if self._schema.header and at_file_start else 0
+        skip = 1 if self._text.header and at_file_start else 0
         if skip:
             self._check_header(buffer[: line_ends[0]], file_index)
         lines = delimited.tokenize(
             data,
             line_starts,
             skip,
-            self._schema.field_delimiter,
-            self._schema.quote_char,
+            self._text.field_delimiter,
+            self._text.quote_char,
             self._plan,
             (len(self._schema.dense_columns), len(self._key_slots), len(self._file_bags), len(self._number_slots)),
         )
@@ -151,7 +186,7 @@ class TabularReader(StreamingLineReader[CTRBatch]):
             int(line): self._problem(lines, int(line), buffer[line_starts[line] : line_ends[line]])
             for line in np.flatnonzero(lines.codes > delimited.HEADER)
         }
-        quote = self._schema.quote_char
+        quote = self._text.quote_char
         bags = {
             name: delimited.bag_keys(data, lines.bag_spans[:, k], self._separator(name), column_basis(name), quote)
             for k, name in enumerate(self._file_bags)
@@ -253,9 +288,9 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         )
 
     def _column_names(self) -> list[str]:
-        if not self._schema.header:
-            assert self._schema.column_names is not None
-            return list(self._schema.column_names)
+        if not self._text.header:
+            assert self._text.column_names is not None
+            return list(self._text.column_names)
         with self._files[0] as file:
             first = file.readline()
         if not first:
@@ -263,8 +298,8 @@ class TabularReader(StreamingLineReader[CTRBatch]):
         return self._split_line(first.decode("utf-8-sig", errors="replace"))
 
     def _split_line(self, text: str) -> list[str]:
-        quoting = {"quotechar": self._schema.quote_char} if self._schema.quote_char else {"quoting": csv.QUOTE_NONE}
-        row = next(csv.reader([text.rstrip("\r\n")], delimiter=self._schema.field_delimiter, **quoting), [])
+        quoting = {"quotechar": self._text.quote_char} if self._text.quote_char else {"quoting": csv.QUOTE_NONE}
+        row = next(csv.reader([text.rstrip("\r\n")], delimiter=self._text.field_delimiter, **quoting), [])
         return [field.strip() for field in row]
 
     def _check_header(self, line: bytes, file_index: int) -> None:
@@ -315,3 +350,11 @@ def _object_array(parts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[Any]:
     for index, part in enumerate(parts):
         bags[index] = part
     return bags
+
+
+@DATA_FORMATS.register("tsv", TsvConfig)
+@DATA_FORMATS.register("csv", CsvConfig)
+class DelimitedText(ColumnFormat):
+    """CSV and TSV files, read by ``TabularReader``."""
+
+    reader_class = TabularReader

@@ -5,6 +5,10 @@ column (the label, dense numbers, categorical values, multi-hot bags), and the r
 into click-prediction batches. Column lists accept brace ranges: ``"I{1..13}"`` stands for
 ``I1`` ... ``I13``.
 
+The format is a component chosen by name from ``DATA_FORMATS`` (``format: parquet``, or
+``format: {name: csv, delimiter: ";"}``), each with its own options; ``recsys.tabular.data_format``
+says what a format is, and the built-in ones register as ``recsys.tabular`` loads.
+
 Besides a file's own columns, a role may name a column of a side table joined by key (the genres
 of a movie, from ``movies.csv``) or a column derived from another (the hour of a timestamp, the
 number of training rows holding a value); ``split`` cuts the rows of one file into training,
@@ -16,16 +20,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from importlib.resources import files
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
+from components import Registry
 from recipes import NonNegativeInt, PositiveInt, Range
 
-FORMATS = ("csv", "tsv", "libsvm", "libffm", "parquet")
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
 HISTORY = "history"
 PACKAGE_SCHEME = "package://"
-LIBSVM_FORMATS = ("libsvm", "libffm")
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
 
@@ -229,6 +232,31 @@ class DerivedColumn:
 
 
 @dataclass
+class DataFormatConfig:
+    """The ``format`` section: which format the files are in, by ``name``; each format's own dataclass, derived
+    from this one, adds its options (CSV's ``delimiter``, libSVM's ``num_fields``) and says in ``check`` what it
+    cannot read."""
+
+    name: str = "csv"
+
+    def check(self, schema: TabularDataSection) -> None:
+        """Raise a ``ValueError`` (one line) for what the format cannot read in ``schema``: called as the schema is
+        built, so that the config is refused before any file is opened."""
+
+    def with_full_keys(self) -> DataFormatConfig:
+        """These options for a reader feeding hash tables (``with_full_keys``): the same, unless the format hashes
+        values into buckets of its own."""
+        return self
+
+
+DATA_FORMATS: Registry[type] = Registry("data format", "recipes.data_formats", DataFormatConfig)
+"""The data formats by name, each with its config dataclass; the value is the format's class, a
+``recsys.tabular.data_format.DataFormat`` (not named here, as it is built over a schema)."""
+
+FormatT = TypeVar("FormatT", bound=DataFormatConfig)
+
+
+@dataclass
 class TabularDataSection:
     train_path: str | None = None
     """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
@@ -236,31 +264,19 @@ class TabularDataSection:
     valid_path: str | None = None
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
-    format: Literal["csv", "tsv", "libsvm", "libffm", "parquet"] = "csv"
-    """``csv`` (``delimiter``, default ``,``), ``tsv`` (tab), ``libsvm`` (also libFM: ``label idx:val ...``),
-    ``libffm`` (``label field:idx:val ...``) or ``parquet`` (typed columns named by the file, so ``delimiter``,
-    ``quote_char``, ``header`` and ``column_names`` do not apply; a list column can be a multi-hot bag)."""
-    delimiter: str | None = None
-    """The field separator; ``null``: the format's."""
-    quote_char: str | None = '"'
-    """Fields may be quoted with this (``null``: no quoting); a quoted field must not hold a newline."""
-    header: bool = True
-    """Whether each file's first line names the columns."""
-    column_names: list[str] | None = None
-    """The columns' names in file order, for files without a header (brace ranges allowed)."""
+    format: Annotated[DataFormatConfig, DATA_FORMATS] = field(default_factory=DATA_FORMATS.default("csv"))
+    """The files' format and its options: ``csv`` and ``tsv`` (``delimiter``, ``quote_char``, ``header``,
+    ``column_names``), ``libsvm`` (also libFM: ``label idx:val ...``) and ``libffm`` (``label field:idx:val ...``;
+    ``num_fields``, ``num_buckets``), ``parquet`` (typed columns named by the file; a list column can be a
+    multi-hot bag), or one an installed package adds."""
     label: LabelColumn = field(default_factory=LabelColumn)
     dense: list[DenseColumns] = field(default_factory=list)
     categorical: list[CategoricalColumns] = field(default_factory=list)
     joins: list[JoinedTable] = field(default_factory=list)
-    """Side tables whose columns the rows take by key (CSV/TSV and Parquet files)."""
+    """Side tables whose columns the rows take by key (a format that reads the schema's columns: CSV/TSV, Parquet)."""
     derived: list[DerivedColumn] = field(default_factory=list)
-    """Columns computed from others (CSV/TSV and Parquet files)."""
+    """Columns computed from others (a format that reads the schema's columns)."""
     split: SplitByValue = field(default_factory=SplitByValue)
-    num_fields: PositiveInt | None = None
-    """libSVM: the k-th token of a line is field k (``field0``...), at most this many (one-hot data such as
-    Frappe's); ``null``: one bag ``features`` of all tokens. libFFM: the number of fields (required)."""
-    libsvm_buckets: Annotated[int, Range(ge=2)] = 1_000_000
-    """libSVM/libFFM: rows of each field's table (an ``idx`` is hashed like a categorical value)."""
     batch_size: PositiveInt = 1024
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
@@ -272,21 +288,7 @@ class TabularDataSection:
     bottleneck, on a machine with cores to spare (the rows and their order are the same)."""
 
     def __post_init__(self) -> None:
-        if self.column_names is not None:
-            self.column_names = expand_names(self.column_names)
-        if not self.header and self.column_names is None and self.format not in (*LIBSVM_FORMATS, "parquet"):
-            raise ValueError("`column_names` must name the columns of files without a header, but is not set.")
-        if self.delimiter is not None and len(self.delimiter) != 1:
-            raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
-        if self.format == "libffm" and self.num_fields is None:
-            raise ValueError("`num_fields` must be set for `format: libffm`, but is not.")
-        if self.format in LIBSVM_FORMATS:
-            if self.dense or self.categorical or self.joins or self.derived or self.split.column:
-                raise ValueError(
-                    f"`format: {self.format}` takes its features from the tokens: `dense`, `categorical`, `joins`, "
-                    "`derived` and `split` must be empty, but are not."
-                )
-            return
+        self.format.check(self)
         used = [self.label.column, *self.dense_columns, *self.categorical_columns]
         repeated = sorted({name for name in used if used.count(name) > 1})
         if repeated:
@@ -327,17 +329,6 @@ class TabularDataSection:
         return [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
 
     @property
-    def field_delimiter(self) -> str:
-        return self.delimiter or ("\t" if self.format == "tsv" else ",")
-
-    @property
-    def sparse_features(self) -> list[str]:
-        """The names of the batches' sparse features, in order."""
-        if self.format in LIBSVM_FORMATS:
-            return [f"field{k}" for k in range(self.num_fields)] if self.num_fields else ["features"]
-        return self.categorical_columns
-
-    @property
     def dense_columns(self) -> list[str]:
         return [name for group in self.dense for name in group.columns]
 
@@ -345,10 +336,19 @@ class TabularDataSection:
     def categorical_columns(self) -> list[str]:
         return [name for group in self.categorical for name in group.columns]
 
+    def format_options(self, config_class: type[FormatT]) -> FormatT:
+        """``format`` as the options of the format a reader reads (a ``CsvConfig`` for CSV files, say): a reader of
+        one format given a schema of another stops here."""
+        if not isinstance(self.format, config_class):
+            raise TypeError(
+                f"`format` must be configured by a {config_class.__name__}, but is {self.format!r} instead."
+            )
+        return self.format
+
 
 def with_full_keys(schema: TabularDataSection) -> TabularDataSection:
-    """``schema`` as a reader feeding hash tables needs it: every hashed categorical value (and libSVM
-    ``idx``) keeps its full 64-bit key instead of a row among ``num_buckets``, which then only sizes the
-    tables (their capacity). Vocabulary columns keep their ids, already rows of their own."""
+    """``schema`` as a reader feeding hash tables needs it: every hashed categorical value (and any value a format
+    hashes, such as a libSVM ``idx``) keeps its full 64-bit key instead of a row among ``num_buckets``, which then
+    only sizes the tables (their capacity). Vocabulary columns keep their ids, already rows of their own."""
     categorical = [group if group.vocabulary else replace(group, num_buckets=0) for group in schema.categorical]
-    return replace(schema, categorical=categorical, libsvm_buckets=0)
+    return replace(schema, categorical=categorical, format=schema.format.with_full_keys())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import SparseOptimizerConfig, init_optimizer_state
 
 
 @dataclass
@@ -110,6 +110,26 @@ def assert_matches_reference(
     assert touched.any() == (not torch.equal(actual.weight, initial.weight))
 
 
+def assert_bitwise_same_across_threads(config: SparseOptimizerConfig, initial: Table, steps: list[StepInputs]) -> None:
+    """Run ``steps`` with the CPU kernel on copies of ``initial``, twice with numba's threads and
+    once with one thread: every run must end with the very same bits."""
+    results = []
+    threads_before = numba.get_num_threads()
+    try:
+        for num_threads in (threads_before, threads_before, 1):
+            numba.set_num_threads(num_threads)
+            table = initial.clone()
+            run_steps(config, table, steps, "cpu")
+            results.append(table)
+    finally:
+        numba.set_num_threads(threads_before)
+
+    for table in results[1:]:
+        assert torch.equal(table.weight, results[0].weight)
+        for key in table.state:
+            assert torch.equal(table.state[key], results[0].state[key])
+
+
 # Test modules reach these helpers through fixtures: test directories are not packages.
 
 
@@ -126,6 +146,11 @@ def make_table() -> Callable[..., Table]:
 @pytest.fixture
 def steps_runner() -> Callable[[SparseOptimizerConfig, Table, list[StepInputs], str], None]:
     return run_steps
+
+
+@pytest.fixture
+def determinism_check() -> Callable[[SparseOptimizerConfig, Table, list[StepInputs]], None]:
+    return assert_bitwise_same_across_threads
 
 
 @pytest.fixture

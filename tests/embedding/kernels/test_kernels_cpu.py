@@ -1,16 +1,16 @@
 """The numba CPU kernel against the torch reference."""
 
-import numba
 import pytest
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+from embedding.optimizers import SPARSE_OPTIMIZERS, sparse_optimizer_config
+from embedding.optimizers.sgd import SGDConfig
 
 NUM_ROWS = 200
 
 
-@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 @pytest.mark.parametrize("dim", [1, 3, 16, 64])
 @pytest.mark.parametrize("duplicates", [True, False])
 @pytest.mark.parametrize("with_scale", [True, False])
@@ -18,30 +18,30 @@ NUM_ROWS = 200
 def test_matches_reference_over_steps(
     name, dim, duplicates, with_scale, weight_decay, make_step_inputs, reference_check
 ):
-    config = SparseOptimizerConfig(name, lr=0.05, weight_decay=weight_decay)
+    config = sparse_optimizer_config(name, lr=0.05, weight_decay=weight_decay)
     steps = [make_step_inputs(seed, NUM_ROWS, dim, 80, duplicates, with_scale) for seed in range(3)]
 
     reference_check(config, NUM_ROWS, dim, steps, "cpu")
 
 
-@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 @pytest.mark.parametrize("num_ids", [0, 1])
 def test_matches_reference_on_empty_and_single_id_batches(name, num_ids, make_step_inputs, reference_check):
-    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    config = sparse_optimizer_config(name, weight_decay=0.01)
     steps = [make_step_inputs(seed, NUM_ROWS, 8, num_ids, False, True) for seed in range(2)]
 
     reference_check(config, NUM_ROWS, 8, steps, "cpu")
 
 
-@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 def test_lr_argument_overrides_config(name, make_step_inputs, make_table):
     inputs = make_step_inputs(0, NUM_ROWS, 4, 50, True, False)
-    overridden = make_table(SparseOptimizerConfig(name), NUM_ROWS, 4)
+    overridden = make_table(sparse_optimizer_config(name), NUM_ROWS, 4)
     configured = overridden.clone()
     args = (inputs.ids, inputs.grad_rows, inputs.grad_index, None, 1)
 
-    fused_step(SparseOptimizerConfig(name, lr=0.01), overridden.weight, overridden.state, *args, lr=0.3)
-    fused_step(SparseOptimizerConfig(name, lr=0.3), configured.weight, configured.state, *args, backend="reference")
+    fused_step(sparse_optimizer_config(name, lr=0.01), overridden.weight, overridden.state, *args, lr=0.3)
+    fused_step(sparse_optimizer_config(name, lr=0.3), configured.weight, configured.state, *args, backend="reference")
 
     torch.testing.assert_close(overridden.weight, configured.weight, rtol=1e-5, atol=1e-6)
 
@@ -57,30 +57,14 @@ def zipf_steps(make_step_inputs):
 
 
 @pytest.mark.parametrize("name", ["rowwise_adagrad", "adam"])
-def test_is_bitwise_deterministic_across_runs_and_thread_counts(name, make_step_inputs, make_table, steps_runner):
-    config = SparseOptimizerConfig(name, weight_decay=0.01)
-    steps = zipf_steps(make_step_inputs)
-    initial = make_table(config, 2000, 16)
+def test_is_bitwise_deterministic_across_runs_and_thread_counts(name, make_step_inputs, make_table, determinism_check):
+    config = sparse_optimizer_config(name, weight_decay=0.01)
 
-    results = []
-    threads_before = numba.get_num_threads()
-    try:
-        for num_threads in (threads_before, threads_before, 1):
-            numba.set_num_threads(num_threads)
-            table = initial.clone()
-            steps_runner(config, table, steps, "cpu")
-            results.append(table)
-    finally:
-        numba.set_num_threads(threads_before)
-
-    for table in results[1:]:
-        assert torch.equal(table.weight, results[0].weight)
-        for key in table.state:
-            assert torch.equal(table.state[key], results[0].state[key])
+    determinism_check(config, make_table(config, 2000, 16), zipf_steps(make_step_inputs))
 
 
 def test_updates_a_parameter_that_requires_grad():
-    config = SparseOptimizerConfig("sgd", lr=1.0)
+    config = SGDConfig(lr=1.0)
     weight = torch.nn.Parameter(torch.zeros(4, 2))
 
     fused_step(config, weight, {}, torch.tensor([1, 1]), torch.ones(1, 2), torch.tensor([0, 0]), None, 1)
@@ -88,7 +72,7 @@ def test_updates_a_parameter_that_requires_grad():
     assert torch.equal(weight.detach(), torch.tensor([[0.0, 0.0], [-2.0, -2.0], [0.0, 0.0], [0.0, 0.0]]))
 
 
-@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 def test_gradient_rows_in_pieces_are_read_in_place_as_their_concatenation(name, make_table):
     """Pieces as autograd hands them: contiguous, rows strided inside a wider tensor, one row
     expanded (row stride 0), and empty; the reference gets their concatenation."""
@@ -104,7 +88,7 @@ def test_gradient_rows_in_pieces_are_read_in_place_as_their_concatenation(name, 
     ids = torch.randint(0, NUM_ROWS, (40,), generator=generator)
     grad_index = torch.randint(0, num_rows, (40,), generator=generator)
     grad_scale = torch.rand(40, generator=generator)
-    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    config = sparse_optimizer_config(name, weight_decay=0.01)
     in_pieces = make_table(config, NUM_ROWS, dim)
     concatenated = in_pieces.clone()
 

@@ -5,19 +5,20 @@ the simulator runs every GPU thread as a Python thread), or on a GPU with
 import pytest
 import torch
 
-from embedding.optim_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+from embedding.optimizers import SPARSE_OPTIMIZERS, sparse_optimizer_config
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 
 NUM_ROWS = 50
 
 
-@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 @pytest.mark.parametrize(
     ("dim", "duplicates", "with_scale", "weight_decay"), [(3, True, True, 0.05), (5, False, False, 0.0)]
 )
 def test_matches_reference_over_steps(
     name, dim, duplicates, with_scale, weight_decay, make_step_inputs, reference_check
 ):
-    config = SparseOptimizerConfig(name, lr=0.05, weight_decay=weight_decay)
+    config = sparse_optimizer_config(name, lr=0.05, weight_decay=weight_decay)
     steps = [make_step_inputs(seed, NUM_ROWS, dim, 20, duplicates, with_scale) for seed in range(2)]
 
     reference_check(config, NUM_ROWS, dim, steps, "cuda")
@@ -25,7 +26,7 @@ def test_matches_reference_over_steps(
 
 @pytest.mark.parametrize("name", ["rowwise_adagrad", "adam"])
 def test_matches_reference_on_empty_and_single_id_batches(name, make_step_inputs, reference_check):
-    config = SparseOptimizerConfig(name, weight_decay=0.01)
+    config = sparse_optimizer_config(name, weight_decay=0.01)
     steps = [make_step_inputs(0, NUM_ROWS, 4, 0, False, True), make_step_inputs(1, NUM_ROWS, 4, 1, False, True)]
 
     reference_check(config, NUM_ROWS, 4, steps, "cuda")
@@ -42,10 +43,10 @@ def test_a_row_looked_up_more_than_a_chunk_sums_its_chunks_like_the_reference(na
         inputs.grad_index = torch.cat([inputs.grad_index, torch.randint(0, inputs.grad_rows.size(0), (extra,))])
         inputs.grad_scale = torch.cat([inputs.grad_scale, torch.rand(extra)])
 
-    reference_check(SparseOptimizerConfig(name, lr=0.05), NUM_ROWS, 4, steps, "cuda")
+    reference_check(sparse_optimizer_config(name, lr=0.05), NUM_ROWS, 4, steps, "cuda")
 
 
 def test_rowwise_adagrad_sums_a_row_wider_than_a_block_like_the_reference(make_step_inputs, reference_check):
     """300 elements over 256 threads: some threads square two elements before the tree sums them."""
     steps = [make_step_inputs(0, NUM_ROWS, 300, 6, True, True)]
-    reference_check(SparseOptimizerConfig("rowwise_adagrad", lr=0.05), NUM_ROWS, 300, steps, "cuda")
+    reference_check(RowwiseAdagradConfig(lr=0.05), NUM_ROWS, 300, steps, "cuda")

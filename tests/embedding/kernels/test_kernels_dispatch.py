@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SparseOptimizerConfig, SparseOptimizerError, init_optimizer_state
+from embedding.optimizers import SparseOptimizerError, init_optimizer_state
+from embedding.optimizers.adam import AdamConfig
 
-ADAM = SparseOptimizerConfig("adam")
+ADAM = AdamConfig()
 
 
 def valid_args():

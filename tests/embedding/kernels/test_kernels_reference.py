@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from embedding.kernels import fused_step
-from embedding.optim_config import SparseOptimizerConfig, init_optimizer_state
+from embedding.optimizers import init_optimizer_state, sparse_optimizer_config
+from embedding.optimizers.adagrad import AdagradConfig
+from embedding.optimizers.adam import AdamConfig, AdamWConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
+from embedding.optimizers.sgd import SGDConfig
 
 NUM_ROWS, DIM = 30, 6
 
@@ -30,7 +34,7 @@ def summed_grad(ids, grad_rows, grad_index, grad_scale):
 
 
 def test_adam_matches_sparse_adam_over_steps():
-    config = SparseOptimizerConfig("adam", lr=0.05, beta1=0.8, beta2=0.95, eps=1e-6)
+    config = AdamConfig(lr=0.05, beta1=0.8, beta2=0.95, eps=1e-6)
     weight = torch.randn(NUM_ROWS, DIM)
     state = init_optimizer_state(config, NUM_ROWS, DIM)
     param = torch.nn.Parameter(weight.clone())
@@ -50,7 +54,7 @@ def test_adam_matches_sparse_adam_over_steps():
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_sgd_matches_torch_sgd(weight_decay):
-    config = SparseOptimizerConfig("sgd", lr=0.1, weight_decay=weight_decay)
+    config = SGDConfig(lr=0.1, weight_decay=weight_decay)
     weight = torch.randn(NUM_ROWS, DIM)
     param = torch.nn.Parameter(weight.clone())
     optimizer = torch.optim.SGD([param], lr=0.1, weight_decay=weight_decay)
@@ -68,7 +72,7 @@ def test_sgd_matches_torch_sgd(weight_decay):
 
 
 def test_adagrad_matches_torch_adagrad():
-    config = SparseOptimizerConfig("adagrad", lr=0.1, eps=1e-6, initial_accumulator_value=0.2)
+    config = AdagradConfig(lr=0.1, eps=1e-6, initial_accumulator_value=0.2)
     weight = torch.randn(NUM_ROWS, DIM)
     state = init_optimizer_state(config, NUM_ROWS, DIM)
     param = torch.nn.Parameter(weight.clone())
@@ -84,7 +88,7 @@ def test_adagrad_matches_torch_adagrad():
 
 
 def test_rowwise_adagrad_keeps_the_mean_squared_gradient_per_row():
-    config = SparseOptimizerConfig("rowwise_adagrad", lr=0.5, eps=1e-3, initial_accumulator_value=1.0)
+    config = RowwiseAdagradConfig(lr=0.5, eps=1e-3, initial_accumulator_value=1.0)
     weight = torch.zeros(3, 2)
     state = init_optimizer_state(config, 3, 2)
     ids, grad_rows = torch.tensor([2, 0, 2]), torch.tensor([[1.0, 2.0], [3.0, 4.0]])
@@ -102,7 +106,7 @@ def test_rowwise_adagrad_of_one_column_is_adagrad():
     batches = random_batches(3)
     tables = {}
     for name in ("rowwise_adagrad", "adagrad"):
-        config = SparseOptimizerConfig(name, lr=0.1, initial_accumulator_value=0.1)
+        config = sparse_optimizer_config(name, lr=0.1, initial_accumulator_value=0.1)
         weight = torch.ones(NUM_ROWS, 1)
         state = init_optimizer_state(config, NUM_ROWS, 1)
         for step, (ids, grad_rows, grad_index, grad_scale) in enumerate(batches, start=1):
@@ -115,8 +119,8 @@ def test_rowwise_adagrad_of_one_column_is_adagrad():
 
 def test_adamw_decays_the_weight_apart_from_the_gradient():
     batch = random_batches(1)[0]
-    adamw = SparseOptimizerConfig("adamw", lr=0.1, weight_decay=0.5)
-    adam = SparseOptimizerConfig("adam", lr=0.1)
+    adamw = AdamWConfig(lr=0.1, weight_decay=0.5)
+    adam = AdamConfig(lr=0.1)
     weight = torch.randn(NUM_ROWS, DIM)
     decayed_then_adam = weight.clone()
     touched = batch[0].unique()

@@ -1,55 +1,80 @@
-"""The sparse optimizer config's checks, and the state each optimizer starts with."""
+"""The sparse optimizer configs' checks, and the state each optimizer starts with."""
 
 import pytest
 import torch
 
-from embedding.optim_config import (
+from embedding.optimizers import (
     SparseOptimizerConfig,
     SparseOptimizerError,
     init_optimizer_state,
+    sparse_optimizer_config,
 )
+from embedding.optimizers.adagrad import AdagradConfig
+from embedding.optimizers.adam import AdamConfig, AdamWConfig
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
+from embedding.optimizers.sgd import SGDConfig
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"),
+    ("make", "message"),
     [
-        ({"name": "lamb"}, r"`name` must be one of sgd, rowwise_adagrad, adagrad, adam, adamw, but is 'lamb'"),
-        ({"lr": -0.1}, r"`lr` must be greater than or equal to 0, but is -0.1"),
-        ({"weight_decay": -1.0}, r"`weight_decay` must be greater than or equal to 0"),
-        ({"eps": 0.0}, r"`eps` must be greater than 0, but is 0.0"),
-        ({"beta1": 1.0}, r"`beta1` must be in \[0, 1\), but is 1.0"),
-        ({"beta2": -0.5}, r"`beta2` must be in \[0, 1\), but is -0.5"),
-        ({"initial_accumulator_value": -1.0}, r"`initial_accumulator_value` must be greater than or equal to 0"),
+        (
+            lambda: SparseOptimizerConfig(name="lamb"),
+            r"The sparse optimizer must be one of adagrad, adam, adamw, rowwise_adagrad, sgd, but is 'lamb'",
+        ),
+        (lambda: SGDConfig(lr=-0.1), r"`lr` of sparse optimizer '\w+' must be a finite number >= 0, but is -0.1"),
+        (lambda: AdamWConfig(weight_decay=-1.0), r"`weight_decay` of sparse optimizer '\w+' must be a finite number >= 0"),
+        (lambda: AdagradConfig(eps=0.0), r"`eps` of sparse optimizer '\w+' must be a finite number > 0, but is 0.0"),
+        (lambda: AdamConfig(beta1=1.0), r"`beta1` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is 1.0"),
+        (lambda: AdamConfig(beta2=-0.5), r"`beta2` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is -0.5"),
+        (lambda: RowwiseAdagradConfig(initial_accumulator_value=-1.0), r"`initial_accumulator_value` of sparse optimizer '\w+' must be a"),
+        (lambda: SGDConfig(lr=float("nan")), r"`lr` of sparse optimizer '\w+' must be a finite number >= 0, but is nan"),
+        (
+            lambda: AdamConfig(name="adamw"),
+            r"The config of sparse optimizer 'adamw' must be of class AdamWConfig, but is of class AdamConfig",
+        ),
+        (
+            lambda: SparseOptimizerConfig(name="sgd"),
+            r"must be of class SGDConfig, but is of class SparseOptimizerConfig",
+        ),
     ],
 )
-def test_rejects_invalid_fields(fields, message):
+def test_rejects_invalid_fields(make, message):
     with pytest.raises(SparseOptimizerError, match=message):
-        SparseOptimizerConfig(**fields)
+        make()
 
 
 def test_config_error_is_a_value_error():
     assert issubclass(SparseOptimizerError, ValueError)
 
 
+def test_a_config_by_name_takes_only_its_optimizers_options():
+    assert sparse_optimizer_config("adamw", beta1=0.8) == AdamWConfig(beta1=0.8)
+    with pytest.raises(TypeError, match="beta1"):
+        sparse_optimizer_config("sgd", beta1=0.8)
+    with pytest.raises(SparseOptimizerError, match="`name` must be one of"):
+        sparse_optimizer_config("lamb")
+
+
 @pytest.mark.parametrize(
-    ("name", "shapes"),
+    ("config", "shapes", "initial"),
     [
-        ("sgd", {}),
-        ("rowwise_adagrad", {"sum": (7,)}),
-        ("adagrad", {"sum": (7, 3)}),
-        ("adam", {"exp_avg": (7, 3), "exp_avg_sq": (7, 3)}),
-        ("adamw", {"exp_avg": (7, 3), "exp_avg_sq": (7, 3)}),
+        (SGDConfig(), {}, 0.0),
+        (RowwiseAdagradConfig(initial_accumulator_value=0.5), {"sum": (7,)}, 0.5),
+        (AdagradConfig(initial_accumulator_value=0.5), {"sum": (7, 3)}, 0.5),
+        (AdamConfig(), {"exp_avg": (7, 3), "exp_avg_sq": (7, 3)}, 0.0),
+        (AdamWConfig(), {"exp_avg": (7, 3), "exp_avg_sq": (7, 3)}, 0.0),
     ],
 )
-def test_state_has_one_tensor_per_statistic(name, shapes):
-    state = init_optimizer_state(SparseOptimizerConfig(name, initial_accumulator_value=0.5), 7, 3)
+def test_state_has_one_tensor_per_statistic(config, shapes, initial):
+    state = init_optimizer_state(config, 7, 3)
 
     assert {key: tuple(t.shape) for key, t in state.items()} == shapes
-    for key, tensor in state.items():
+    for tensor in state.values():
         assert tensor.dtype == torch.float32
-        assert tensor.eq(0.5 if key == "sum" else 0.0).all()
+        assert tensor.eq(initial).all()
 
 
 def test_rejects_negative_sizes():
     with pytest.raises(SparseOptimizerError, match=r"`num_rows` and `dim` must be greater than or equal to 0"):
-        init_optimizer_state(SparseOptimizerConfig(), -1, 3)
+        init_optimizer_state(RowwiseAdagradConfig(), -1, 3)

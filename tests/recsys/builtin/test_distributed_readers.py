@@ -16,7 +16,7 @@ from torch.multiprocessing.spawn import spawn
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
 from gloo_jobs import free_port, gloo_gang
-from recipes.run import JobSpec, resolve_job
+from recipes.job import JobSpec, resolve_job
 from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.click.batch import CTRBatch
 from recsys.tabular.hashing import hash_value

@@ -31,7 +31,7 @@ FINAL_STEP = 60
 SMALL = (
     *DLRM_60_STEPS,
     "dataset.num_embeddings_per_feature=[300]",
-    "metrics.console=false",
+    "metrics.recorders.console=false",
 )
 # Every id admitted at once and none evicted, so that a run moved to another number of ranks does the same
 # arithmetic as one that stays, up to the order of float sums. (Counts of ids short of min_count carry over

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.csv as pa_csv
 import pytest
 
-from recipes.run import JobSpec, resolve_job
+from recipes.job import JobSpec, resolve_job
 from recsys.click.batch import CTRBatch
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.reader import TabularReader
@@ -148,7 +148,7 @@ def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(tmp_p
     test_from = times[NUM_RATINGS * 9 // 10]  # The latest tenth tests; the tenth before it validates.
     ratings_path = "package://recsys.builtin.movielens/ml-latest-small/ratings.csv"
     cut = [f"dataset.test_path={ratings_path}", f"dataset.split.test_from={test_from}"]
-    short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.console=false"]
+    short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.recorders.console=false"]
 
     check_ok(run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *cut, *short, timeout=600))
     predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
 import torch
@@ -22,16 +23,11 @@ from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
 from recsys.click.units import click_prediction_parts
-from recsys.click.zoo import (
-    FM,
-    ZOO_MODEL_NAMES,
-    CrossLayer,
-    ZooModelSection,
-    build_zoo_model,
-    fm_interaction,
-)
 from recsys.data.memory import InMemoryReader
 from recsys.models.embeddings import EmbeddingSection, TableSpec
+from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
+from recsys.zoo.deep import CrossLayer
+from recsys.zoo.linear import FM, fm_interaction
 from units import BinaryAUC
 
 NUM_IDS, NUM_TAGS, NUM_DENSE = 20, 6, 2
@@ -42,6 +38,7 @@ TABLES = [
 ]
 FEATURES = ["a", "b", "tags"]
 Backend = Literal["sparse", "dense"]
+ZOO_MODEL_NAMES = ZOO_MODELS.names()
 INTERACTING = [name for name in ZOO_MODEL_NAMES if name != "logistic_regression"]
 
 
@@ -86,14 +83,16 @@ class XorData:
         return CTRBatch(self.dense[rows], sparse, self.labels[rows])
 
 
-def small_section(name: str, backend: Backend = "sparse", **kwargs: Any) -> ZooModelSection:
-    return ZooModelSection(
-        name=name,  # type: ignore[arg-type]
-        embeddings=EmbeddingSection(dim=4, backend=backend),
-        hidden_dims=[16, 8],
-        bottom_dims=[8],
-        **kwargs,
+def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs: Any) -> ZooModelConfig:
+    """Model ``name``'s config, small: narrow MLPs (where it has them) and dim-4 tables."""
+    config_class = ZOO_MODELS.get(name).config_class
+    options = {"hidden_dims": [16, 8], "bottom_dims": [8], **kwargs}
+    takes = {f.name for f in dataclasses.fields(config_class)}
+    embeddings = EmbeddingSection(dim=dim, backend=backend)
+    config: ZooModelConfig = config_class(
+        name=name, embeddings=embeddings, **{key: value for key, value in options.items() if key in takes}
     )
+    return config
 
 
 def build(name: str, backend: Backend = "sparse", num_dense: int = NUM_DENSE, **kwargs: Any) -> nn.Module:
@@ -120,7 +119,7 @@ def table_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @dataclass
 class ZooHolder(RecipeConfig):
-    model: ZooModelSection = field(default_factory=ZooModelSection)
+    model: Annotated[ZooModelConfig, ZOO_MODELS] = field(default_factory=ZOO_MODELS.default("dcn_v2"))
 
 
 @pytest.mark.parametrize(
@@ -131,9 +130,11 @@ class ZooHolder(RecipeConfig):
         ({"cross_layers": 0}, "`model.cross_layers`"),
         ({"cross_rank": 0}, "`model.cross_rank`"),
         ({"hidden_dims": [16, 0]}, "`model.hidden_dims[1]`"),
-        ({"bottom_dims": [-1]}, "`model.bottom_dims[0]`"),
+        ({"name": "dlrm", "bottom_dims": [-1]}, "`model.bottom_dims[0]`"),
+        ({"name": "fm", "cross_rank": 4}, "Unknown config key 'model.cross_rank'"),
+        ({"name": "fm", "hidden_dims": [8]}, "Unknown config key 'model.hidden_dims'"),
         ({"embeddings": {"dim": 0}}, "`model.embeddings.dim`"),
-        ({"name": "xgboost"}, "'model.name' must be one of"),
+        ({"name": "xgboost"}, "`model.name` must be one of"),
     ],
 )
 def test_the_section_refuses_values_out_of_range(changes: dict[str, Any], key: str) -> None:
@@ -143,7 +144,7 @@ def test_the_section_refuses_values_out_of_range(changes: dict[str, Any], key: s
 
 @pytest.mark.parametrize("name", ZOO_MODEL_NAMES)
 def test_the_default_section_builds_every_model(name: str) -> None:
-    section = ZooModelSection(name=name)  # type: ignore[arg-type]
+    section = ZOO_MODELS.get(name).default_config()
     model = build_zoo_model(section, TABLES, FEATURES, NUM_DENSE, FakeGang(), seed=0)
 
     assert model(XorData.make(5, seed=0).batch(torch.arange(5))).shape == (5,)
@@ -303,7 +304,7 @@ def test_every_model_learns_what_its_form_can_represent(name: str) -> None:
     """An interaction of two categorical features: the models that model interactions learn it in 100
     steps (they reach an AUC near 1); logistic regression, a weight per id, cannot (it stays near 0.5)."""
     train, test = XorData.make(4096, seed=10), XorData.make(1024, seed=11)
-    section = ZooModelSection(name=name, embeddings=EmbeddingSection(dim=8), hidden_dims=[32, 16])  # type: ignore[arg-type]
+    section = small_section(name, dim=8, hidden_dims=[32, 16], bottom_dims=[64])
     model = build_zoo_model(section, TABLES, FEATURES, NUM_DENSE, FakeGang(), seed=0)
 
     auc = train_and_score(model, train, test, steps=100)
@@ -319,7 +320,7 @@ def test_every_model_learns_what_its_form_can_represent(name: str) -> None:
 
 @dataclass
 class ZooTestConfig(RecipeConfig):
-    model: ZooModelSection = field(default_factory=ZooModelSection)
+    model: Annotated[ZooModelConfig, ZOO_MODELS] = field(default_factory=ZOO_MODELS.default("dcn_v2"))
 
 
 def build_zoo_recipe(context: RecipeContext[ZooTestConfig]) -> RecipeParts:
@@ -341,7 +342,7 @@ def zoo_recipe(isolated_presets: Path) -> Path:
         "zoo_test",
         {
             "trainer": {"max_num_steps": 6, "publish_metrics_every_n_steps": 3, "score_metric": "auc"},
-            "model": {"embeddings": {"dim": 4}, "hidden_dims": [16], "bottom_dims": [8]},
+            "model": {"embeddings": {"dim": 4}, "hidden_dims": [16]},  # fm and logistic_regression drop it
             "checkpoint": {"every_n_steps": 3},
         },
     )

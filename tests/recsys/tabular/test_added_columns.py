@@ -16,9 +16,10 @@ import pytest
 
 from recipes.data_reader import DataError
 from recsys.tabular.added_columns import time_part
+from recsys.tabular.arrow import ArrowFormatConfig
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.reader import CsvConfig, TabularReader
 from recsys.tabular.schema import (
     CategoricalColumns,
     DenseColumns,
@@ -68,7 +69,7 @@ def write_ratings(directory: Path, file_format: str, ratings: dict[str, list[str
 
 def movie_schema(directory: Path, file_format: str, **overrides: Any) -> TabularDataSection:
     values: dict[str, Any] = {
-        "format": file_format,
+        "format": ArrowFormatConfig() if file_format == "parquet" else CsvConfig(),
         "label": LabelColumn(column="rating", threshold=4.0),
         "joins": [
             JoinedTable(path=write_table(directory / "movies.csv", MOVIES), key="movie", columns=["genres", "year"]),
@@ -91,7 +92,7 @@ def movie_schema(directory: Path, file_format: str, **overrides: Any) -> Tabular
 
 
 def rows(path: str, data: TabularDataSection, split: str, encodings: Encodings | None = None) -> list[Any]:
-    reader_class = ParquetReader if data.format == "parquet" else TabularReader
+    reader_class = ParquetReader if data.format.name == "parquet" else TabularReader
     reader = reader_class(
         path, data, split=split, encodings=encodings, batch_size=1, shuffle=False, drop_last=False, max_malformed_rows=0
     )
@@ -100,7 +101,7 @@ def rows(path: str, data: TabularDataSection, split: str, encodings: Encodings |
 
 def train_and_valid_rows(tmp_path: Path, path: str, data: TabularDataSection) -> tuple[list[Any], list[Any]]:
     """The rows of both splits, with the counts of a first pass over the training rows."""
-    reader_class = ParquetReader if data.format == "parquet" else TabularReader
+    reader_class = ParquetReader if data.format.name == "parquet" else TabularReader
     encodings = load_or_build_encodings(
         str(tmp_path / "encodings.npz"), data, reader_class(path, data, split="train", batch_size=1).count_values
     )

@@ -8,7 +8,7 @@ import pytest
 
 from recipes.data_reader import DataError
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.libsvm import LibSVMReader
+from recsys.tabular.libsvm import LibFFMConfig, LibSVMConfig, LibSVMReader
 from recsys.tabular.schema import LabelColumn, TabularDataSection
 
 MINUS_ONE_ONE = LabelColumn(positive=["1"], negative=["-1"])
@@ -23,7 +23,7 @@ def read(path: Path, data: TabularDataSection, **kwargs: object) -> list[object]
 def test_libfm_positional_fields_with_crlf_and_weights(tmp_path: Path) -> None:
     path = tmp_path / "frappe.libfm"
     path.write_bytes(b"1 3:1 17:1 40:0.5\r\n-1 2:1 18:1 41:1\n")
-    data = TabularDataSection(format="libsvm", num_fields=3, label=MINUS_ONE_ONE, libsvm_buckets=100)
+    data = TabularDataSection(format=LibSVMConfig(num_fields=3, num_buckets=100), label=MINUS_ONE_ONE)
 
     first, second = read(path, data)
 
@@ -37,7 +37,7 @@ def test_libfm_positional_fields_with_crlf_and_weights(tmp_path: Path) -> None:
 def test_libsvm_without_fields_is_one_weighted_bag(tmp_path: Path) -> None:
     path = tmp_path / "a.svm"
     path.write_text("1 5:0.25 9:2\n0\n")
-    data = TabularDataSection(format="libsvm", libsvm_buckets=100)
+    data = TabularDataSection(format=LibSVMConfig(num_buckets=100))
 
     first, second = read(path, data)
 
@@ -50,7 +50,7 @@ def test_libsvm_without_fields_is_one_weighted_bag(tmp_path: Path) -> None:
 def test_libffm_fields_come_from_the_tokens(tmp_path: Path) -> None:
     path = tmp_path / "a.ffm"
     path.write_text("1 0:5:1 2:9:1\n")
-    data = TabularDataSection(format="libffm", num_fields=3, libsvm_buckets=100)
+    data = TabularDataSection(format=LibFFMConfig(num_fields=3, num_buckets=100))
 
     (batch,) = read(path, data)
 
@@ -61,22 +61,22 @@ def test_libffm_fields_come_from_the_tokens(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "data", "problem"),
+    ("line", "tokens", "problem"),
     [
-        ("1 3 4:1", {"num_fields": 3}, "every feature token must look like idx:val"),
-        ("1 3:x", {"num_fields": 3}, "every feature's value must be a finite number"),
-        ("1 3:inf", {"num_fields": 3}, "every feature's value must be a finite number"),
-        ("1 1:1 2:1 3:1 4:1", {"num_fields": 3}, "it must have at most 3 feature tokens"),
-        ("2 3:1", {"num_fields": 3}, "the label must be one of 1, -1, but is 2 instead"),
-        ("abc 3:1", {"num_fields": 3}, "it must start with a numeric label"),
-        ("1 7:5:1", {"format": "libffm", "num_fields": 3}, "every field must be an integer in [0, 3)"),
+        ("1 3 4:1", LibSVMConfig(num_fields=3), "every feature token must look like idx:val"),
+        ("1 3:x", LibSVMConfig(num_fields=3), "every feature's value must be a finite number"),
+        ("1 3:inf", LibSVMConfig(num_fields=3), "every feature's value must be a finite number"),
+        ("1 1:1 2:1 3:1 4:1", LibSVMConfig(num_fields=3), "it must have at most 3 feature tokens"),
+        ("2 3:1", LibSVMConfig(num_fields=3), "the label must be one of 1, -1, but is 2 instead"),
+        ("abc 3:1", LibSVMConfig(num_fields=3), "it must start with a numeric label"),
+        ("1 7:5:1", LibFFMConfig(num_fields=3), "every field must be an integer in [0, 3)"),
     ],
 )
-def test_a_bad_line_names_its_file_and_line(tmp_path: Path, line: str, data: dict[str, object], problem: str) -> None:
+def test_a_bad_line_names_its_file_and_line(tmp_path: Path, line: str, tokens: LibSVMConfig, problem: str) -> None:
     path = tmp_path / "bad.libfm"
-    good = "1 0:1:1" if data.get("format") == "libffm" else "1 1:1"
+    good = "1 0:1:1" if tokens.with_fields else "1 1:1"
     path.write_text(f"{good}\n{line}\n")
-    schema = TabularDataSection(**{"format": "libsvm", "label": MINUS_ONE_ONE, **data})  # type: ignore[arg-type]
+    schema = TabularDataSection(format=tokens, label=MINUS_ONE_ONE)
 
     with pytest.raises(DataError) as error:
         read(path, schema)

@@ -17,13 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 from test_tabular_presets import SMALL, criteo_line
 
-from recipes.config import ConfigError
 from recipes.data_reader import DataError
 from recsys.click.batch import CTRBatch
 from recsys.tabular.added_columns import AddedColumns
+from recsys.tabular.arrow import ArrowFormatConfig
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.reader import CsvConfig, TabularReader
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
 from recsys.tabular.typed_columns import TypedRows
 from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
@@ -39,7 +39,7 @@ ROWS = {
 
 def schema(**overrides: Any) -> TabularDataSection:
     values: dict[str, Any] = {
-        "format": "parquet",
+        "format": ArrowFormatConfig(),
         "label": LabelColumn(column="click", positive=["1"], negative=["-1"]),
         "dense": [DenseColumns(columns=["age"], log=True), DenseColumns(columns=["score"], fill=-1.0)],
         "categorical": [CategoricalColumns(columns=["city", "zip"], num_buckets=1000)],
@@ -80,7 +80,7 @@ def test_roles_and_values_match_the_csv_reader_on_the_same_rows(tmp_path: Path) 
     parquet = write(tmp_path / "rows.parquet", ROWS)
     csv = tmp_path / "rows.csv"
     pa_csv.write_csv(pa.table(ROWS), csv, pa_csv.WriteOptions(quoting_style="none"))
-    csv_schema = schema(format="csv")
+    csv_schema = schema(format=CsvConfig())
 
     from_parquet = flat(read(parquet, schema()))
     from_csv = flat([b for step in TabularReader(str(csv), csv_schema, batch_size=1, shuffle=False) for b in step])
@@ -286,15 +286,13 @@ def test_a_file_whose_columns_do_not_fit_the_schema_fails_at_construction(
         ParquetReader([good, bad], data, batch_size=1)
 
 
-def test_a_missing_file_a_non_parquet_file_a_vocabulary_and_bad_first_rows_stop_the_reader(tmp_path: Path) -> None:
+def test_a_vocabulary_a_missing_file_a_non_parquet_file_and_bad_first_rows_are_refused(tmp_path: Path) -> None:
     data = schema(label=LabelColumn(column="click"), dense=[DenseColumns(columns=["age"])], categorical=[])
     (tmp_path / "text.parquet").write_text("click,age\n1,2\n")
     bad_rows = write(tmp_path / "bad.parquet", {"click": [5, 1, 6], "age": [1, 2, 3]})
 
-    with pytest.raises(ConfigError, match=r"`vocabulary` must be false with `format: parquet`.*\['age'\]"):
-        ParquetReader(
-            bad_rows, replace(data, dense=[], categorical=[CategoricalColumns(["age"], vocabulary=True)]), batch_size=1
-        )
+    with pytest.raises(ValueError, match=r"`vocabulary` must be false with `format: parquet`.*\['age'\]"):
+        replace(data, dense=[], categorical=[CategoricalColumns(["age"], vocabulary=True)])
     with pytest.raises(DataError, match=r"must name existing files, but .*missing.parquet does not exist"):
         ParquetReader(str(tmp_path / "missing.parquet"), data, batch_size=1)
     with pytest.raises(DataError, match=r"text.parquet must be a Parquet file, but is not"):

@@ -17,7 +17,7 @@ from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["dataset.batch_size=64", "metrics.console=false", "trainer.validate_every_n_steps=10"]
+SMALL = ["dataset.batch_size=64", "metrics.recorders.console=false", "trainer.validate_every_n_steps=10"]
 
 
 def criteo_line(rng: random.Random) -> str:

@@ -13,7 +13,7 @@ import torch
 
 from recipes.data_reader import DataError
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.reader import CsvConfig, TabularReader, TsvConfig
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection, expand_names
 
 
@@ -54,7 +54,7 @@ def test_gzip_and_a_headerless_tsv_with_given_names(tmp_path: Path) -> None:
     path = tmp_path / "day.tsv.gz"
     with gzip.open(path, "wb") as file:
         file.write(b"1\t5\tab\n0\t\tcd\n")
-    data = schema(format="tsv", header=False, column_names=["click", "age", "city"], quote_char=None)
+    data = schema(format=TsvConfig(header=False, column_names=["click", "age", "city"], quote_char=None))
 
     batches = read(path, data)
 
@@ -186,7 +186,9 @@ def test_the_first_rows_of_a_file_are_checked_up_front(tmp_path: Path) -> None:
     path = tmp_path / "rows.tsv"
     path.write_text("click\tage\tcity\n1\t1\ta\n")  # a TSV read as CSV: one field per line
 
-    reader = TabularReader(str(path), schema(header=False, column_names=["click", "age", "city"]), batch_size=1)
+    reader = TabularReader(
+        str(path), schema(format=CsvConfig(header=False, column_names=["click", "age", "city"])), batch_size=1
+    )
 
     with pytest.raises(DataError, match=r"Line 1 of .*rows.tsv does not fit the schema: it must have 3 fields"):
         reader.check_first_rows()

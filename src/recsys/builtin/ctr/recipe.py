@@ -12,7 +12,6 @@ from recipes import (
     Seed,
     reader_options,
     register_recipe,
-    tensor_parallel_mlp,
 )
 from recsys.builtin.ctr.synthetic import SyntheticCTRData
 from recsys.click.models import CTRModel
@@ -66,7 +65,6 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
     embeddings = build_embeddings(section, tables, dp, config.seed)
     model = CTRModel(embeddings, features, section.dim, data.num_dense, config.model.hidden_dims)
     model.to(context.device)
-    tensor_parallel_mlp(model.mlp, context.gangs)
     train_reader = InMemoryReader(train.batch, len(train), **reader_options(context, data.batch_size, train=True))
     valid_reader = InMemoryReader(valid.batch, len(valid), **reader_options(context, data.batch_size, train=False))
     return click_prediction_parts(context, model, train_reader, valid_reader)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from recsys.tabular.reader import TsvConfig
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
 
 NUM_DENSE_FEATURES = 13
@@ -53,10 +54,7 @@ def criteo_schema(num_embeddings_per_feature: int | Sequence[int]) -> TabularDat
             CategoricalColumns(columns=[name], num_buckets=n) for name, n in zip(SPARSE_FEATURE_NAMES, sizes)
         ]
     return TabularDataSection(
-        format="tsv",
-        header=False,
-        quote_char=None,
-        column_names=list(COLUMN_NAMES),
+        format=TsvConfig(header=False, quote_char=None, column_names=list(COLUMN_NAMES)),
         label=LabelColumn(column="label"),
         dense=[DenseColumns(columns=list(DENSE_FEATURE_NAMES), log=True)],
         categorical=categorical,

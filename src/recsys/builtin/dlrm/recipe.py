@@ -16,7 +16,6 @@ from recipes import (
     RecipeParts,
     reader_options,
     register_recipe,
-    tensor_parallel_mlp,
 )
 from recsys.builtin.dlrm.criteo import NUM_DENSE_FEATURES, SPARSE_FEATURE_NAMES, criteo_schema, table_sizes
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
@@ -111,7 +110,6 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
         config.model.bottom_dims,
         config.model.top_dims,
     ).to(context.device)
-    tensor_parallel_mlp(model.top_mlp, gangs)
     return click_prediction_parts(context, model, train_reader, valid_reader, splits)
 
 

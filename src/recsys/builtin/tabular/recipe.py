@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from recipes import (
     ConfigError,
@@ -15,18 +13,14 @@ from recipes import (
     RecipeParts,
     reader_options,
     register_recipe,
-    tensor_parallel_mlp,
 )
 from recsys.click.batch import CTRBatch
 from recsys.click.units import click_prediction_parts
-from recsys.click.zoo import ZooModelSection, build_zoo_model
 from recsys.data.stream import StreamingReader
-from recsys.models.embeddings import TableSpec
-from recsys.tabular.libsvm import LibSVMReader
-from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import TabularReader
-from recsys.tabular.schema import HISTORY, LIBSVM_FORMATS, TabularDataSection, resolve_path, with_full_keys
-from recsys.tabular.vocabulary import load_or_build_encodings
+from recsys.tabular.data_format import ColumnFormat, ColumnReader, data_format
+from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
+from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
+from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
 
 ENCODINGS_FILE = "vocabularies.npz"
 """The vocabularies and value counts counted at the first start (named before counts joined them)."""
@@ -34,70 +28,62 @@ ENCODINGS_FILE = "vocabularies.npz"
 
 @dataclass
 class TabularConfig(RecipeConfig):
-    model: ZooModelSection = field(default_factory=ZooModelSection)
+    model: Annotated[ZooModelConfig, ZOO_MODELS] = field(default_factory=ZOO_MODELS.default("dcn_v2"))
     dataset: TabularDataSection = field(default_factory=TabularDataSection)
 
 
-@register_recipe("tabular", TabularConfig, "Click prediction on CSV/TSV files declared by a schema, with a zoo model.")
+@register_recipe("tabular", TabularConfig, "Click prediction on files declared by a schema, with a zoo model.")
 def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     config, gangs = context.config, context.gangs
     data = config.dataset
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
 
-    # Hash tables take each value's full 64-bit key; `num_buckets` then sizes them (see `_tables`).
-    read_as = with_full_keys(data) if config.model.embeddings.kind == "hash" else data
+    # Hash tables take each value's full 64-bit key; `num_buckets` then sizes them (the format's `tables`).
+    files = data_format(with_full_keys(data) if config.model.embeddings.kind == "hash" else data)
     options: dict[str, Any] = {
         "shuffle_buffer_size": data.shuffle_buffer_size,
         "max_malformed_rows": data.max_malformed_rows,
         "parse_threads": data.parse_threads,
     }
-    train_path, valid_path = resolve_path(data.train_path), resolve_path(data.valid_path)
-    if data.format in LIBSVM_FORMATS:
-        make_reader: Callable[..., StreamingReader[CTRBatch]] = partial(LibSVMReader, schema=read_as, **options)
-    else:
-        reader_class = ParquetReader if data.format == "parquet" else TabularReader
-        encodings = load_or_build_encodings(
-            os.path.join(context.output_dir, ENCODINGS_FILE),
-            read_as,
-            lambda: reader_class(train_path, read_as, split="train", batch_size=1, **options).count_values(),
-        )
-        if any(derived.transform == HISTORY for derived in data.derived):
-            # Every configured file, each once, every row: a validation row's history holds its earlier
-            # validation rows too, as a deployed model's would.
-            paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
-            every_row = reader_class(list(dict.fromkeys(paths)), read_as, split="all", batch_size=1, **options)
-            encodings = replace(encodings, histories=every_row.histories())
-        make_reader = partial(reader_class, schema=read_as, encodings=encodings, **options)
+    # Vocabularies, counts and histories are of the schema's columns, which a format of its own features lacks.
+    train_path = resolve_path(data.train_path)
+    encodings = _encodings(context, files, train_path, options) if isinstance(files, ColumnFormat) else None
 
     def reader(path: str, split: str) -> StreamingReader[CTRBatch]:
-        by_split = {} if data.format in LIBSVM_FORMATS else {"split": split}
-        tabular = make_reader(path, **by_split, **reader_options(context, data.batch_size, split == "train"))
+        options_of_split = {**options, **reader_options(context, data.batch_size, split == "train")}
+        tabular = files.reader(path, split=split, encodings=encodings, **options_of_split)
         tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
         return tabular
 
-    train_reader, valid_reader = reader(train_path, "train"), reader(valid_path, "valid")
+    train_reader, valid_reader = reader(train_path, "train"), reader(resolve_path(data.valid_path), "valid")
     splits = {} if data.test_path is None else {"test": reader(resolve_path(data.test_path), "test")}
 
+    features = data_format(data)
     model = build_zoo_model(
-        config.model, _tables(data), data.sparse_features, len(data.dense_columns), gangs.dp, config.seed
+        config.model, features.tables(), features.sparse_features(), len(data.dense_columns), gangs.dp, config.seed
     )
-    for mlp in (getattr(model, name, None) for name in ("mlp", "top_mlp")):
-        if mlp is not None:
-            tensor_parallel_mlp(mlp, gangs)
     return click_prediction_parts(context, model, train_reader, valid_reader, splits)
 
 
-def _tables(data: TabularDataSection) -> list[TableSpec]:
-    """One table per categorical column, or one per group with a ``shared_table``; multi-hot bags pool by mean.
-    libSVM/libFFM: one table per field (weighted sums of the tokens' rows)."""
-    if data.format in LIBSVM_FORMATS:
-        return [TableSpec(name, data.libsvm_buckets, (name,)) for name in data.sparse_features]
-    tables = []
-    for group in data.categorical:
-        pooling: Literal["sum", "mean"] = "mean" if group.multi_hot else "sum"
-        if group.shared_table is not None:
-            tables.append(TableSpec(group.shared_table, group.num_buckets, tuple(group.columns), pooling))
-        else:
-            tables += [TableSpec(name, group.num_buckets, (name,), pooling) for name in group.columns]
-    return tables
+def _encodings(
+    context: RecipeContext[TabularConfig], files: ColumnFormat, train_path: str, options: dict[str, Any]
+) -> Encodings:
+    """The vocabularies and value counts of the schema's columns (counted in one pass over the training files at the
+    first start, and saved in the output directory), and their histories (gathered at every start)."""
+    data = context.config.dataset
+
+    def one_pass(paths: str | list[str], split: str) -> ColumnReader:
+        return files.reader(paths, split=split, encodings=None, batch_size=1, **options)
+
+    encodings = load_or_build_encodings(
+        os.path.join(context.output_dir, ENCODINGS_FILE),
+        files.schema,
+        lambda: one_pass(train_path, "train").count_values(),
+    )
+    if any(derived.transform == HISTORY for derived in data.derived):
+        # Every configured file, each once, every row: a validation row's history holds its earlier
+        # validation rows too, as a deployed model's would.
+        paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
+        encodings = replace(encodings, histories=one_pass(list(dict.fromkeys(paths)), "all").histories())
+    return encodings

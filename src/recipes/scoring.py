@@ -1,0 +1,99 @@
+"""``eval`` and ``predict``: the model of a checkpoint scored on a split, and what it predicts for every row.
+
+Nothing of training is built: no optimizer, no data parallelism, no train pipeline. The recipe's
+parts are built as for training (the same readers and units), the checkpoint's model and sparse
+tables are loaded, and the split's reader goes through ``evaluation.evaluate``, the pass that
+validation during training takes, so the metrics agree to the last bit on the same model and rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gang import Gangs
+from recipes.checkpointing import checkpoint_manager, rank_states_to_load
+from recipes.errors import UserError
+from recipes.evaluation import evaluate
+from recipes.job import BuiltParts, JobSpec, build_parts, checkpoint_step, default_output_dir, job_gangs, resolve_job
+from recipes.parallel import load_model_state
+from recipes.parts import RecipeParts
+from recipes.precision import autocast_for
+from recipes.predictions import PredictionCollector, check_writable, write_predictions
+from recipes.protocols import Validation
+from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
+from recipes.sections import RecipeConfig
+from recipes.trainer_state import load_sharded_state
+
+
+def score(
+    spec: JobSpec, checkpoint: str, split: str = "valid", predictions_path: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Score the model of a checkpoint of the output directory (``last``, ``best`` or a step) on ``split``;
+    the metrics by eval unit name.
+
+    With ``predictions_path``, also write what the model predicts for every row of the split,
+    in input order, as CSV or Parquet.
+    """
+    job = resolve_job(spec)
+    output_dir = default_output_dir(spec)
+    if predictions_path is not None:
+        check_writable(predictions_path)
+    with job_gangs(job.config, output_dir) as gangs:
+        manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
+        step = checkpoint_step(manager, checkpoint, output_dir)
+        built = build_parts(job, gangs, output_dir)
+        validations = _split_validations(built.parts, split, predictions_path is not None)
+        loaded = manager.load(step, keys=["model"])
+        load_model_state(built.parts.train_unit.model, loaded.shared_state["model"])
+        load_sharded_state(built.sharded_state, rank_states_to_load(loaded, gangs)[1])
+        recorder = _recorder(job.config, output_dir, gangs)
+        try:
+            collector = None if predictions_path is None else PredictionCollector()
+            results = _score(job.config, built, validations, step, recorder, gangs, collector)
+            if collector is not None:
+                columns = collector.gather(gangs.dp)
+                if columns is not None and gangs.root.rank == 0:
+                    write_predictions(predictions_path, columns)  # type: ignore[arg-type]
+            return results
+        finally:
+            recorder.close()
+
+
+def _score(
+    config: RecipeConfig,
+    built: BuiltParts,
+    validations: list[Validation[Any]],
+    step: int,
+    recorder: MetricRecorder,
+    gangs: Gangs,
+    predictions: PredictionCollector | None,
+) -> dict[str, dict[str, float]]:
+    """Every validation's metrics, recorded under ``eval_<unit>`` at the checkpoint's step."""
+    autocast = autocast_for(config.trainer.mixed_precision, gangs.root.device)
+    built.parts.train_unit.model.eval()
+    results = {}
+    for validation in validations:
+        values = evaluate(validation, autocast, predictions)
+        results[validation.unit.name] = values
+        if gangs.root.rank == 0:
+            recorder.record(f"eval_{validation.unit.name}", step, values)
+    return results
+
+
+def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> list[Validation[Any]]:
+    """What scores ``split``: the recipe's validations for ``valid``, else its first eval unit over the split's
+    reader; to predict, one unit only."""
+    if not parts.validations:
+        raise UserError("The recipe has no eval unit (`RecipeParts.validations` is empty), so nothing can score.")
+    if split == "valid" and "valid" not in parts.splits:
+        return parts.validations[:1] if predicting else parts.validations
+    if split not in parts.splits:
+        known = sorted({"valid", *parts.splits})
+        raise UserError(f"`--split` must be a split the recipe has data for ({', '.join(known)}), but is '{split}'.")
+    return [Validation(parts.validations[0].unit, parts.splits[split])]
+
+
+def _recorder(config: RecipeConfig, output_dir: str, gangs: Gangs) -> MetricRecorder:
+    if gangs.root.rank != 0:
+        return CompositeRecorder([])
+    return build_recorder(config.metrics.recorders, RecorderContext(output_dir, None, None, training=False))

@@ -1,0 +1,134 @@
+"""Validation during training: run the eval units, record their metrics, score, and say when to stop early.
+
+The Trainer asks its validator at every ``trainer.validate_every_n_steps`` and at the end; what a
+validation scores (``trainer.score_metric``) ranks checkpoints and feeds the early stopper. A run
+with nothing to validate has the ``NOOP_VALIDATOR``, so the Trainer never checks for one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
+from recipes.errors import UserError, closest
+from recipes.evaluation import evaluate
+from recipes.precision import Autocast
+from recipes.protocols import Validation
+from recipes.recorders import MetricRecorder
+
+
+@dataclass(frozen=True)
+class Validated:
+    """What one validation concluded: its score (``None`` without a score metric) and whether to stop."""
+
+    score: float | None
+    stop: bool
+
+
+class Validator(ABC):
+    """Validates the model at a step; checkpointed with the Trainer (its early stopper's memory)."""
+
+    @abstractmethod
+    def validate(self, step_nr: int) -> Validated: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` captured."""
+
+
+class NoopValidator(Validator):
+    """Validates nothing: the validator of a run without eval units."""
+
+    def validate(self, step_nr: int) -> Validated:
+        return Validated(None, stop=False)
+
+
+NOOP_VALIDATOR = NoopValidator()
+
+
+@dataclass(frozen=True)
+class ScoreMetric:
+    """The validation metric that scores a checkpoint: ``metric`` (of the first eval unit) or ``unit/metric``."""
+
+    name: str
+    lower_better: bool = False
+
+
+class EvalUnitValidator(Validator):
+    """Runs every validation (an eval unit over its reader) with the model in eval mode, and records each
+    unit's metrics under its name on rank 0.
+
+    ``score`` must name one of the units' metrics, checked now rather than at the first validation;
+    ``early_stopper`` is told every score.
+    """
+
+    def __init__(
+        self,
+        validations: Sequence[Validation[Any]],
+        model: nn.Module,
+        recorder: MetricRecorder,
+        rank: int,
+        autocast: Autocast,
+        score: ScoreMetric | None = None,
+        early_stopper: EarlyStopper = NOOP_EARLY_STOPPER,
+    ) -> None:
+        self._validations = list(validations)
+        self._model = model
+        self._recorder = recorder
+        self._rank = rank
+        self._autocast = autocast
+        self._early_stopper = early_stopper
+        self._score_key = None if score is None else self._score_key_of(score.name)
+
+    def validate(self, step_nr: int) -> Validated:
+        self._model.eval()
+        scores: dict[str, float] = {}
+        try:
+            for validation in self._validations:
+                values = evaluate(validation, self._autocast)
+                if self._rank == 0:
+                    self._recorder.record(validation.unit.name, step_nr, values)
+                scores.update({f"{validation.unit.name}/{name}": value for name, value in values.items()})
+        finally:
+            self._model.train()
+        score = None if self._score_key is None else scores.get(self._score_key)
+        stop = score is not None and self._early_stopper.should_stop(step_nr, score)
+        return Validated(score, stop)
+
+    def _score_key_of(self, name: str) -> str:
+        key = name if "/" in name or not self._validations else f"{self._validations[0].unit.name}/{name}"
+        known = [f"{v.unit.name}/{metric}" for v in self._validations for metric in v.unit.metric_bag]
+        if key not in known:
+            raise UserError(
+                f"`trainer.score_metric` must name a validation metric (one of {', '.join(known) or 'none'}), "
+                f"but is '{name}' instead.{closest(key, known)}"
+            )
+        return key
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._early_stopper.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._early_stopper.load_state_dict(state_dict)
+
+
+def make_validator(
+    validations: Sequence[Validation[Any]],
+    model: nn.Module,
+    recorder: MetricRecorder,
+    rank: int,
+    autocast: Autocast,
+    score: ScoreMetric | None = None,
+    early_stopper: EarlyStopper = NOOP_EARLY_STOPPER,
+) -> Validator:
+    """The validator of ``validations``; ``NOOP_VALIDATOR`` for none, unless a score is asked of them (an error)."""
+    if not validations and score is None:
+        return NOOP_VALIDATOR
+    return EvalUnitValidator(validations, model, recorder, rank, autocast, score, early_stopper)

@@ -1,0 +1,110 @@
+"""What a data format is to the ``tabular`` recipe, which reads every format without naming one.
+
+A format is a component of ``DATA_FORMATS`` (``recsys.tabular.schema``): a name, a config dataclass
+(its options, and what it refuses in a schema) and a ``DataFormat`` class, built over a schema, that
+the recipe asks for a reader of a split's files, for the sparse features its batches hold and for
+the tables that look them up. The built-in formats register where they are defined
+(``recsys.tabular.reader``: CSV/TSV, ``recsys.tabular.libsvm``, ``recsys.tabular.parquet``); another
+package registers its own the same way, by decorator in a module that an entry point of the group
+``recipes.data_formats`` names::
+
+    @DATA_FORMATS.register("jsonl", ArrowFormatConfig)
+    class JsonLines(ColumnFormat):
+        reader_class = JsonLinesReader
+
+A format either reads the schema's columns (a ``ColumnFormat``: the label, dense and categorical
+groups, joins, derived columns and histories apply) or brings features of its own (libSVM's tokens),
+and then the schema's columns must be empty (its config's ``check``). ``recsys.tabular.arrow`` reads
+the columns of any file that pyarrow reads in record batches, for a format to name as its reader.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+from components import RegistryError
+from recsys.click.batch import CTRBatch
+from recsys.data.stream import StreamingReader
+from recsys.models.embeddings import TableSpec
+from recsys.tabular.history import History
+from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
+from recsys.tabular.vocabulary import Encodings, ValueCounts
+
+
+class DataFormat(ABC):
+    """A format over the schema whose files it reads (its options are the schema's ``format``)."""
+
+    def __init__(self, schema: TabularDataSection) -> None:
+        self.schema = schema
+
+    @abstractmethod
+    def reader(
+        self, paths: str | Sequence[str], *, split: str, encodings: Encodings | None, **options: Any
+    ) -> StreamingReader[CTRBatch]:
+        """A reader of the files ``paths`` that keeps the rows of ``split`` (``train``, ``valid``, ``test``, or
+        ``all`` for a pass over every row), with the ``encodings`` the schema's columns need; ``options`` are
+        ``StreamingReader``'s."""
+
+    @abstractmethod
+    def sparse_features(self) -> list[str]:
+        """The names of the batches' sparse features, in order."""
+
+    @abstractmethod
+    def tables(self) -> list[TableSpec]:
+        """The tables that look the sparse features up."""
+
+
+class ColumnReader(StreamingReader[CTRBatch]):
+    """A reader of the schema's columns. Besides batches, it makes one pass over every row of its files for
+    what those columns need before the first batch."""
+
+    @abstractmethod
+    def count_values(self) -> dict[str, ValueCounts]:
+        """The counts of the values of the vocabulary columns and of the sources of ``count`` and ``count_before``
+        columns in the kept, well-formed rows of every file, for ``recsys.tabular.vocabulary``."""
+
+    @abstractmethod
+    def histories(self) -> dict[str, History]:
+        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
+        ``all``), for ``recsys.tabular.history``."""
+
+
+class ColumnFormat(DataFormat):
+    """A format whose files hold the schema's columns: one sparse feature per categorical column, read by
+    ``reader_class``."""
+
+    reader_class: ClassVar[Callable[..., ColumnReader]]
+    """``reader_class(paths, schema, split=..., encodings=..., **options)``: the reader of the format's files."""
+
+    def reader(
+        self, paths: str | Sequence[str], *, split: str, encodings: Encodings | None, **options: Any
+    ) -> ColumnReader:
+        return self.reader_class(paths, self.schema, split=split, encodings=encodings, **options)
+
+    def sparse_features(self) -> list[str]:
+        return self.schema.categorical_columns
+
+    def tables(self) -> list[TableSpec]:
+        """One table per categorical column, or one per group with a ``shared_table``; multi-hot bags pool by
+        mean."""
+        tables = []
+        for group in self.schema.categorical:
+            pooling: Literal["sum", "mean"] = "mean" if group.multi_hot else "sum"
+            if group.shared_table is not None:
+                tables.append(TableSpec(group.shared_table, group.num_buckets, tuple(group.columns), pooling))
+            else:
+                tables += [TableSpec(name, group.num_buckets, (name,), pooling) for name in group.columns]
+        return tables
+
+
+def data_format(schema: TabularDataSection) -> DataFormat:
+    """The format that ``schema.format`` names, over ``schema``."""
+    name = schema.format.name
+    format_class = DATA_FORMATS.get(name).value
+    if not (isinstance(format_class, type) and issubclass(format_class, DataFormat)):
+        raise RegistryError(
+            f"The data format '{name}' must be registered as a DataFormat subclass, but is {format_class!r} instead."
+        )
+    return format_class(schema)

@@ -1,0 +1,1 @@
+"""Components for the recipes trainer from a package of their own, found through its entry points."""
