@@ -164,8 +164,8 @@ class _Choice(Kind):
         name = layer.get("name", base.get("name"))
         if not isinstance(name, str):
             raise ConfigError(
-                f"`{at.child('name').key}` must name {_article(self.registry.kind)} ({', '.join(self.registry.names())}), "
-                f"but is {name!r} instead (from {at.source})."
+                f"`{at.child('name').key}` must name {_article(self.registry.kind)} "
+                f"({', '.join(self.registry.names())}), but is {name!r} instead (from {at.source})."
             )
         section = self.section(name, at)
         for key in layer:
@@ -230,8 +230,9 @@ class _ChoiceMap(Kind):
         for key, value in layer.items():
             if key not in self.registry:
                 raise ConfigError(
-                    f"`{at.child(key).key}` must name {_article(self.registry.kind)} ({', '.join(self.registry.names())}), "
-                    f"but '{key}' is none (from {at.source}).{closest(key, self.registry.names())}"
+                    f"`{at.child(key).key}` must name {_article(self.registry.kind)} "
+                    f"({', '.join(self.registry.names())}), but '{key}' is none (from {at.source})."
+                    + closest(key, self.registry.names())
                 )
             options = {"enabled": value} if isinstance(value, bool) else value
             if not isinstance(options, Mapping) or options.get("name", key) != key:

@@ -130,5 +130,8 @@ def test_memory_accounting_and_the_state_checks_follow_its_spec():
 
 
 def test_its_config_checks_its_own_options():
-    with pytest.raises(SparseOptimizerError, match=r"`momentum` of sparse optimizer 'rowwise_momentum' must be a finite number in \[0, 1\), but is 1.0"):
+    with pytest.raises(
+        SparseOptimizerError,
+        match=r"`momentum` of sparse optimizer 'rowwise_momentum' must be a finite number in \[0, 1\), but is 1.0",
+    ):
         RowwiseMomentumConfig(momentum=1.0)

@@ -23,12 +23,27 @@ from embedding.optimizers.sgd import SGDConfig
             r"The sparse optimizer must be one of adagrad, adam, adamw, rowwise_adagrad, sgd, but is 'lamb'",
         ),
         (lambda: SGDConfig(lr=-0.1), r"`lr` of sparse optimizer '\w+' must be a finite number >= 0, but is -0.1"),
-        (lambda: AdamWConfig(weight_decay=-1.0), r"`weight_decay` of sparse optimizer '\w+' must be a finite number >= 0"),
+        (
+            lambda: AdamWConfig(weight_decay=-1.0),
+            r"`weight_decay` of sparse optimizer '\w+' must be a finite number >= 0",
+        ),
         (lambda: AdagradConfig(eps=0.0), r"`eps` of sparse optimizer '\w+' must be a finite number > 0, but is 0.0"),
-        (lambda: AdamConfig(beta1=1.0), r"`beta1` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is 1.0"),
-        (lambda: AdamConfig(beta2=-0.5), r"`beta2` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is -0.5"),
-        (lambda: RowwiseAdagradConfig(initial_accumulator_value=-1.0), r"`initial_accumulator_value` of sparse optimizer '\w+' must be a"),
-        (lambda: SGDConfig(lr=float("nan")), r"`lr` of sparse optimizer '\w+' must be a finite number >= 0, but is nan"),
+        (
+            lambda: AdamConfig(beta1=1.0),
+            r"`beta1` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is 1.0",
+        ),
+        (
+            lambda: AdamConfig(beta2=-0.5),
+            r"`beta2` of sparse optimizer '\w+' must be a finite number in \[0, 1\), but is -0.5",
+        ),
+        (
+            lambda: RowwiseAdagradConfig(initial_accumulator_value=-1.0),
+            r"`initial_accumulator_value` of sparse optimizer '\w+' must be a",
+        ),
+        (
+            lambda: SGDConfig(lr=float("nan")),
+            r"`lr` of sparse optimizer '\w+' must be a finite number >= 0, but is nan",
+        ),
         (
             lambda: AdamConfig(name="adamw"),
             r"The config of sparse optimizer 'adamw' must be of class AdamWConfig, but is of class AdamConfig",
