@@ -14,6 +14,9 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
+
+from recipes.checkpointing import changed_keys
+from recipes.cli import main
 from resume_helpers import (
     FINAL_STEP,
     assert_bitwise_equal,
@@ -32,9 +35,6 @@ from resume_helpers import (
     shared_run,
     train_args,
 )
-
-from recipes.checkpointing import changed_keys
-from recipes.cli import main
 
 KEEP_ALL = ("checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null")
 

@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from recipes import cli
+from recipes.run_lock import LOCK_FILE_NAME
 from resume_helpers import (
     FINAL_STEP,
     assert_same_training,
@@ -27,9 +30,6 @@ from resume_helpers import (
     wait_for_checkpoint,
     wait_until,
 )
-
-from recipes import cli
-from recipes.run_lock import LOCK_FILE_NAME
 
 # Whatever step Ctrl-C stops at, the stopped run publishes, validates and saves there, as an
 # uninterrupted run does at every step with these: so the two runs must agree bit for bit.

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from resume_helpers import check_ok, run_recipes
 
 from recipes.host_memory import keep_freed_memory
+from resume_helpers import check_ok, run_recipes
 
 # Three 20 MiB tensors a step, made, written and freed, as a step's large activations are; the
 # minor page faults per step after the first. glibc as it is hands some of them back to the

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from resume_helpers import (
     TESTS_DIR,
     check_ok,

@@ -22,6 +22,11 @@ from typing import Any
 
 import fsspec
 import pytest
+
+from gang import FakeGang
+from recipes import run_lock
+from recipes.errors import UserError
+from recipes.run_lock import LOCK_FILE_NAME, Holder, OutputDirLockedError, RunLock
 from resume_helpers import (
     FINAL_STEP,
     assert_same_training,
@@ -36,11 +41,6 @@ from resume_helpers import (
     train_args,
     wait_until,
 )
-
-from gang import FakeGang
-from recipes import run_lock
-from recipes.errors import UserError
-from recipes.run_lock import LOCK_FILE_NAME, Holder, OutputDirLockedError, RunLock
 
 
 def dead_pid() -> int:

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from resume_helpers import (
     check_ok,
     checkpoints_dir,
