@@ -76,8 +76,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.optimizer = optimizer if optimizer is not None else RowwiseAdagradConfig()
         self.gang = gang if gang is not None else FakeGang()
         self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
-        self.memory_bytes = rank_bytes(self.tables, self.plan, self.gang.rank, self.optimizer)
-        """This rank's bytes of rows, optimizer state and hash maps: checked against the available memory."""
+        self.memory_bytes = rank_bytes(self.tables, self.plan, self.gang.rank)
+        """This rank's bytes of rows and hash maps: checked against the available memory (the optimizer
+        state is the sparse optimizer's, which checks its own)."""
         check_memory(self.memory_bytes, self.gang.device, self.gang.rank)
         self.groups: list[ShardGroup] = build_groups(
             self.tables, self.plan, self.gang.size, self.gang.rank, seed, self.gang.device

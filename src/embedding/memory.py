@@ -3,8 +3,9 @@
 Tables are the bulk of a recommendation model: ``dlrm_criteo``'s defaults hold 26 tables of
 10,000,000 x 64 floats, 66.5 GB. Allocating them on a machine without that much memory ends in
 the system's out-of-memory killer, or in swapping that looks like a hang; so a collection
-counts its rank's bytes first (rows, optimizer state, a hash table's map) and refuses to start
-when they exceed the memory the system says is available.
+counts its rank's bytes first (rows, a hash table's map) and refuses to start when they exceed
+the memory the system says is available, and a sparse optimizer does the same with the state it
+adds (an evaluation, which has none, needs only the rows).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ class TableMemoryError(EmbeddingConfigError):
     """Raised when a rank's shards of the tables would not fit into its available memory."""
 
 
-def shard_bytes(table: EmbeddingTableConfig, num_rows: int, optimizer: SparseOptimizerConfig) -> int:
-    """The bytes of ``num_rows`` rows of ``table`` with their optimizer state (and hash map)."""
-    total = num_rows * spec_of(optimizer).floats_per_row(table.dim) * 4
+def shard_bytes(table: EmbeddingTableConfig, num_rows: int) -> int:
+    """The bytes of ``num_rows`` rows of ``table`` (and of a hash table's map)."""
+    total = num_rows * table.dim * 4
     if table.kind == "hash":
         total += int(num_rows * _HASH_BYTES_PER_SLOT)
         if table.hash_policy.min_count > 1:
@@ -36,17 +37,17 @@ def shard_bytes(table: EmbeddingTableConfig, num_rows: int, optimizer: SparseOpt
     return total
 
 
-def rank_bytes(
-    tables: Sequence[EmbeddingTableConfig],
-    plan: Mapping[str, TableSharding],
-    rank: int,
-    default_optimizer: SparseOptimizerConfig,
-) -> int:
-    """The bytes of ``rank``'s shards of ``tables``, each with its optimizer's state."""
+def state_bytes(num_rows: int, dim: int, optimizer: SparseOptimizerConfig) -> int:
+    """The bytes of the optimizer state of ``num_rows`` rows of width ``dim``."""
+    return num_rows * (spec_of(optimizer).floats_per_row(dim) - dim) * 4
+
+
+def rank_bytes(tables: Sequence[EmbeddingTableConfig], plan: Mapping[str, TableSharding], rank: int) -> int:
+    """The bytes of ``rank``'s shards of ``tables``: rows and hash maps."""
     total = 0
     for table in tables:
         start, end = plan[table.name].local_rows(rank)
-        total += shard_bytes(table, end - start, table.optimizer or default_optimizer)
+        total += shard_bytes(table, end - start)
     return total
 
 
@@ -65,12 +66,12 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_memory(needed: int, device: torch.device, rank: int) -> None:
-    """Raise if ``needed`` bytes of tables exceed what ``device`` has available."""
+def check_memory(needed: int, device: torch.device, rank: int, what: str = "The sparse tables") -> None:
+    """Raise if ``needed`` bytes of ``what`` exceed what ``device`` has available."""
     available = available_bytes(device)
     if available is not None and needed > available:
         raise TableMemoryError(
-            f"The sparse tables need {needed / 2**30:.1f} GiB on rank {rank} ({device.type}), but only "
+            f"{what} need {needed / 2**30:.1f} GiB on rank {rank} ({device.type}), but only "
             f"{available / 2**30:.1f} GiB are available: use fewer or smaller tables (rows, dim), hash tables "
             "of a smaller capacity, or more ranks."
         )

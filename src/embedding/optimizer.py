@@ -16,6 +16,7 @@ import torch
 
 from embedding.collection import ShardedEmbeddingCollection
 from embedding.kernels import fused_step
+from embedding.memory import check_memory, state_bytes
 from embedding.optimizers import SparseOptimizerConfig, init_optimizer_state, spec_of
 
 
@@ -67,6 +68,14 @@ class SparseOptimizer:
             for group in collection.groups:
                 self._configs.append(group.optimizer or default)
                 self._param_group_of.append(first + overrides.index(group.optimizer))
+        self.state_bytes = sum(
+            state_bytes(group.weight.size(0), group.weight.size(1), group_config)
+            for group, group_config in zip(self._groups, self._configs)
+        )
+        """This rank's bytes of optimizer state, which this optimizer allocates for its tables."""
+        if self.collections:
+            gang = self.collections[0].gang
+            check_memory(self.state_bytes, gang.device, gang.rank, what="The sparse tables' optimizer state")
         for group, group_config in zip(self._groups, self._configs):
             weight = group.weight
             fill = {state.name: state.initial_value for state in spec_of(group_config).states}

@@ -120,7 +120,7 @@ def hash_table_metrics(collections: Mapping[str, ShardedEmbeddingCollection]) ->
 
 def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) -> list[str]:
     """One line per table: rows, dim, placement, optimizer and the bytes this rank holds (rows and state)."""
-    lines = []
+    lines, total = [], 0
     for path, collection in collections.items():
         for table in collection.tables:
             shard = collection.shards[table.name]
@@ -129,6 +129,7 @@ def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) 
             held += sum(state.numel() * state.element_size() for state in shard.optimizer_state.values())
             if shard.dynamic is not None:
                 held += shard.dynamic.index.nbytes
+            total += held
             lines.append(
                 f"sparse table '{table.name}' ({_where(path)}): {_layout(table, collection)}, "
                 f"{config.name} lr={config.lr:g}, {_human_bytes(held)} on rank {collection.gang.rank}, "
@@ -136,8 +137,7 @@ def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) 
             )
     if collections:
         rank = next(iter(collections.values())).gang.rank
-        needed = sum(collection.memory_bytes for collection in collections.values())
-        lines.append(f"sparse tables need {_human_bytes(needed)} on rank {rank} (rows, optimizer state, hash maps)")
+        lines.append(f"sparse tables hold {_human_bytes(total)} on rank {rank} (rows, optimizer state, hash maps)")
     for line in lines:
         log.info(line)
     return lines

@@ -19,7 +19,7 @@ from numba.extending import register_jitable
 from components import NonNegativeFloat, PositiveFloat, Range
 from embedding import EmbeddingTableConfig, SparseOptimizerError
 from embedding.kernels import fused_step
-from embedding.memory import shard_bytes
+from embedding.memory import state_bytes
 from embedding.optimizers import (
     DECOUPLED,
     SPARSE_OPTIMIZERS,
@@ -120,7 +120,7 @@ def test_memory_accounting_and_the_state_checks_follow_its_spec():
     state = init_optimizer_state(config, 10, 4)
     args = (torch.tensor([2]), torch.ones(1, 4), torch.tensor([0]), None, 1)
 
-    assert shard_bytes(table, 10, config) == 10 * (4 + 1 + 4) * 4  # weight, squares, velocity
+    assert state_bytes(10, table.dim, config) == 10 * (1 + 4) * 4  # squares, velocity
     assert {name: tuple(tensor.shape) for name, tensor in state.items()} == {"squares": (10,), "velocity": (10, 4)}
     assert state["squares"].eq(0.25).all() and state["velocity"].eq(0).all()
     with pytest.raises(SparseOptimizerError, match=r"must have the keys \['squares', 'velocity'\], but has"):

@@ -1,0 +1,43 @@
+"""``eval`` and ``predict`` build what scoring needs and nothing of training: no optimizer, no optimizer state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recipes import scoring
+from recipes.cli import main
+from recipes.job import BuiltParts, JobSpec
+
+
+@pytest.fixture
+def trained(isolated_presets: Path) -> Path:
+    """A short ``ctr_tiny`` run whose tables were trained by Adam, which keeps two states per element."""
+    args = ["train", "ctr_tiny", "-o", "run", "trainer.max_num_steps=4", "metrics.recorders.console=false"]
+    assert main([*args, "model.embeddings.sparse_optimizer=adam"]) == 0
+    return isolated_presets / "run"
+
+
+def test_scoring_allocates_the_tables_rows_and_no_optimizer_state(
+    trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[BuiltParts] = []
+    build_parts = scoring.build_parts
+
+    def recording(*args: Any) -> BuiltParts:
+        built.append(build_parts(*args))
+        return built[-1]
+
+    monkeypatch.setattr(scoring, "build_parts", recording)
+    results = scoring.score(JobSpec(str(trained / "config.yaml"), str(trained)), "last")
+
+    assert "auc" in results["valid"]
+    [parts] = built
+    shards = [shard for collection in parts.tables.values() for shard in collection.shards.values()]
+    rows_bytes = sum(shard.num_rows * shard.config.dim * 4 for shard in shards)
+    held = sum(group.weight.nbytes for collection in parts.tables.values() for group in collection.groups)
+    held += sum(t.nbytes for c in parts.tables.values() for g in c.groups for t in g.optimizer_state.values())
+    assert shards and held == rows_bytes
+    assert all(not shard.optimizer_state for shard in shards)
