@@ -11,7 +11,7 @@ Part 2, the exchange: 2 spawned gloo processes, 1 thread each, step a collection
 a small MLP. Three loops take turns step by step: the plain step (lookup, MLP, backward, update); the
 pipelined step (the next step's ids grouped and sent on a background thread and a second process
 group, as ``PipelinedReader`` does, while this step computes); and the id exchange alone
-(``ShardedEmbeddingCollection.prefetch`` of a step's ids). The share of the exchange hidden is
+(``ShardedEmbeddingCollection.prepare_ahead`` of a step's ids). The share of the exchange hidden is
 ``(plain - pipelined) / exchange``, from medians.
 
     python benchmarks/pipeline.py [--preset dlrm_criteo_tiny] [--steps 100] [--batch-size 2048] [--rounds 3]
@@ -117,29 +117,29 @@ def exchange_worker(rank: int, port: int, args: argparse.Namespace, out: str) ->
         optimizer.step()
         optimizer.zero_grad()
 
-    def pipelined(features: SparseFeatures, upcoming: SparseFeatures, nr: int) -> None:
-        sender = threading.Thread(target=collection.prefetch, args=(upcoming, id_gang, nr))
+    prepared = [collection.prepare_ahead(batches[0], id_gang)]
+
+    def pipelined(upcoming: SparseFeatures) -> None:
+        sender = threading.Thread(target=lambda: prepared.append(collection.prepare_ahead(upcoming, id_gang)))
         sender.start()
-        step(features)  # takes what the step before sent ahead
+        step(prepared.pop(0))  # takes what the step before sent ahead
         sender.join()
 
     times: dict[str, list[float]] = {"plain": [], "pipelined": [], "exchange": []}
     for features in batches[:3]:  # warm-up: numba's compilation, first allocations
         step(features)
-    collection.prefetch(batches[0], id_gang, 0)
     for nr in range(args.micro_steps):
         other = batches[(nr + 4) % 8]  # neither this step's batch nor the one sent ahead
         runs: tuple[tuple[str, Callable[[], object]], ...] = (
-            ("pipelined", partial(pipelined, batches[nr % 8], batches[(nr + 1) % 8], nr)),
+            ("pipelined", partial(pipelined, batches[(nr + 1) % 8])),
             ("plain", partial(step, other)),
-            ("exchange", partial(collection.prefetch, other, id_gang, -1)),
+            ("exchange", partial(collection.prepare_ahead, other, id_gang)),
         )
         for name, run in runs:
             gang.barrier()
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-        collection.discard_prefetched(before_step=0)  # the exchange-only entries
     if rank == 0:
         Path(out).write_text(json.dumps({name: statistics.median(values[3:]) for name, values in times.items()}))
     dist.barrier()

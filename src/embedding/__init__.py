@@ -1,6 +1,6 @@
 """Sparse embedding tables sharded over a gang, and their fused sparse optimizers."""
 
-from embedding.collection import ShardedEmbeddingCollection, SparseFeatureError
+from embedding.collection import PreparedLookup, ShardedEmbeddingCollection, SparseFeatureError
 from embedding.config import (
     PLACEMENTS,
     EmbeddingConfigError,
@@ -34,6 +34,7 @@ __all__ = [
     "OutOfRangePolicy",
     "Placement",
     "Pooling",
+    "PreparedLookup",
     "ShardedEmbeddingCollection",
     "ShardedStateError",
     "SparseFeatureError",

@@ -89,19 +89,18 @@ class ShardedEmbeddingCollection(nn.Module):
         # Autograd calls a function's backward only if one of its inputs requires grad; the
         # tables are not inputs, so this empty tensor stands in for them.
         self._grad_anchor = torch.empty(0, requires_grad=True)
-        # Training inputs prepared ahead by `prefetch`, by the id of their features object.
-        self._prefetched: dict[int, _Prefetched] = {}
 
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
-        prefetched = self._prefetched.pop(id(features), None) if self.training else None
-        if prefetched is not None:
-            if _versions(features) != prefetched.versions:
+        prepared = features.prepared_for(self) if self.training else None
+        if isinstance(prepared, PreparedLookup) and not prepared.used:
+            if _versions(features) != prepared.versions:
                 raise SparseFeatureError(
                     "The sparse features of a training batch must not change in place once a train pipeline has "
                     "prepared them (their ids were grouped, and sent to the tables' owners, ahead), but did: "
                     "change a copy, or turn the train pipeline off."
                 )
-            lookups, bags, sent = prefetched.lookups, prefetched.bags, prefetched.sent
+            prepared.used = True
+            lookups, bags, sent = prepared.lookups, prepared.bags, prepared.sent
         else:
             features = features.to(self.gang.device)
             (lookups, bags), sent = self._prepare(features, self.training), None
@@ -125,36 +124,24 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @property
     def sends_ids(self) -> bool:
-        """Whether a forward sends ids to other ranks (a table sharded over several): what :meth:`prefetch` needs a
+        """Whether a forward sends ids to other ranks (a table sharded over several): what :meth:`prepare_ahead` needs a
         process group of its own for."""
         return any(sends_ids(group, self.gang) for group in self.groups)
 
-    def prefetch(self, features: SparseFeatures, gang: Gang, step: int) -> None:
-        """Check and group the ``features`` of a later training forward and send their ids to their owners now.
+    def prepare_ahead(self, features: SparseFeatures, gang: Gang) -> SparseFeatures:
+        """Check and group the ``features`` of a later training forward and send their ids to their owners now;
+        the features returned carry what was prepared, for that forward to use.
 
         A train pipeline calls it on a background thread while the current step computes, in the
         same order on every rank, with ``gang``: another process group of this collection's ranks,
         so that its collectives never interleave with the step's (any gang where ``sends_ids`` is
-        false: no collective runs). The forward that gets this very
-        ``features`` object in training mode uses what was prepared; the results are bit-identical
-        (a forward that finds the features' tensors changed in place since raises ``SparseFeatureError``).
-        ``step`` tags the entry for :meth:`discard_prefetched`. The features must be on the
-        collection's device already.
+        false: no collective runs). The results are bit-identical to a forward that prepares them
+        itself (a forward that finds the features' tensors changed in place since raises
+        ``SparseFeatureError``). The features must be on the collection's device already.
         """
         lookups, bags = self._prepare(features, training=True)
         sent = send_all_ids(gang, lookups, bags)
-        self._prefetched[id(features)] = _Prefetched(features, lookups, bags, sent, step, _versions(features))
-
-    def discard_prefetched(self, before_step: int) -> int:
-        """Drop the prefetched inputs of steps before ``before_step`` that no forward used; returns how many.
-
-        An input goes unused when the model looks up other features than the batch's own object
-        (it built new ones from them, say): a pipeline then stops prefetching for this collection.
-        """
-        stale = [key for key, entry in list(self._prefetched.items()) if entry.step < before_step]
-        for key in stale:
-            self._prefetched.pop(key, None)
-        return len(stale)
+        return features.with_prepared(PreparedLookup(self, lookups, bags, sent, _versions(features)))
 
     def hash_table_statistics(self) -> dict[str, dict[str, float]]:
         """Per hash table, over all ranks: rows used, load factor, and the ids admitted, rejected
@@ -196,16 +183,18 @@ class ShardedEmbeddingCollection(nn.Module):
                 load_hash_shard(shard, pieces)
 
 
-@dataclass(frozen=True)
-class _Prefetched:
-    """A training forward's input, prepared ahead: its lookups, bags and, for all-to-all lookups, the ids sent."""
+@dataclass
+class PreparedLookup:
+    """A training forward's input, prepared ahead by ``owner``: its lookups, bags and, for all-to-all lookups, the
+    ids sent. ``used`` tells a train pipeline whether the forward took it (a model that builds new features from
+    a batch's looks those up instead)."""
 
-    features: SparseFeatures  # held so that its id stays unique while the entry waits
+    owner: ShardedEmbeddingCollection
     lookups: list[TableLookup]
     bags: list[Bags]
     sent: SentIds | None
-    step: int
     versions: tuple[int, ...]  # of the features' tensors: a change in place would make the prepared input stale
+    used: bool = False
 
 
 def _versions(features: SparseFeatures) -> tuple[int, ...]:

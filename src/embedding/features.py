@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -54,14 +55,36 @@ class JaggedIds:
         return JaggedIds(self.ids.to(device), self.offsets.to(device), weights)
 
 
-class SparseFeatures(Mapping[str, JaggedIds]):
-    """The sparse features of a batch, by name, all of the same batch size."""
+class PreparedInput(Protocol):
+    """A lookup of these very features prepared ahead by one collection of tables (a train pipeline's work),
+    which that collection's training forward uses instead of preparing it again."""
 
-    def __init__(self, features: Mapping[str, JaggedIds]) -> None:
+    @property
+    def owner(self) -> object: ...
+
+
+class SparseFeatures(Mapping[str, JaggedIds]):
+    """The sparse features of a batch, by name, all of the same batch size.
+
+    ``prepared`` holds what collections prepared ahead for these features (``with_prepared``):
+    the hand-over from a train pipeline to the tables travels with the features themselves.
+    """
+
+    def __init__(self, features: Mapping[str, JaggedIds], prepared: Sequence[PreparedInput] = ()) -> None:
         sizes = {name: f.batch_size for name, f in features.items()}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"Every feature must have the same batch size, but they have {sizes} instead.")
         self._features = dict(features)
+        self.prepared = tuple(prepared)
+
+    def with_prepared(self, prepared: PreparedInput) -> SparseFeatures:
+        """The same features, carrying ``prepared`` too (in place of what its owner prepared before)."""
+        others = [earlier for earlier in self.prepared if earlier.owner is not prepared.owner]
+        return SparseFeatures(self._features, [*others, prepared])
+
+    def prepared_for(self, owner: object) -> PreparedInput | None:
+        """What ``owner`` prepared ahead for these features, if it did."""
+        return next((prepared for prepared in self.prepared if prepared.owner is owner), None)
 
     @property
     def batch_size(self) -> int:

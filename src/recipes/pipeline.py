@@ -4,9 +4,10 @@ while the current step computes.
 As TorchRec's ``TrainPipelineSparseDist`` does, one background thread works a step ahead: it
 reads the next step's micro-batches and, for every embedding collection of the model, checks and
 groups their sparse features and sends their ids to the ranks that own the rows
-(``ShardedEmbeddingCollection.prefetch``), over a second process group of the same ranks so that
-its collectives never interleave with the step's. The step's forward then only pools and sends
-the partial sums back. On a GPU the thread reads ahead and pins the batch; the main thread copies
+(``ShardedEmbeddingCollection.prepare_ahead``), over a second process group of the same ranks so
+that its collectives never interleave with the step's. What was prepared travels with the
+batch's sparse features (``SparseFeatures.prepared``) to the collection's forward, which then
+only pools and sends the partial sums back. On a GPU the thread reads ahead and pins the batch; the main thread copies
 it without blocking, and the ids travel in the forward as without a pipeline.
 
 It changes nothing in what is computed, only when: the batches, ids and their order are those of
@@ -27,14 +28,14 @@ import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from embedding import ShardedEmbeddingCollection, SparseFeatures
+from embedding import PreparedLookup, ShardedEmbeddingCollection, SparseFeatures
 from gang import Gang, Gangs
 from recipes.data_reader import DataReader
 
@@ -46,11 +47,13 @@ T = TypeVar("T")
 
 @dataclass
 class _Read:
-    """One step read ahead: the reader's state before it, its micro-batches (``None``: the epoch ended), or the
-    error that reading or preparing it raised, re-raised when the step is taken."""
+    """One step read ahead: the reader's state before it, its micro-batches (``None``: the epoch ended) and what
+    was prepared for their forwards, or the error that reading or preparing it raised, re-raised when the step is
+    taken."""
 
     state: dict[str, Any]
     batches: list[Any] | None = None
+    prepared: list[PreparedLookup] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -99,6 +102,8 @@ class PipelinedReader(DataReader[BatchT]):
         self._prefetching = [collection for collection in collections if id(collection) in self._id_gangs]
         self._worker = _Worker()
         self._pending: Future[_Read] | None = None
+        self._handed_over: list[PreparedLookup] = []
+        """What was prepared for the step last handed to the Trainer: its forward has used it since, or not."""
         self._on_main_thread = False
         self._num_reads = 0
         self._reported = False
@@ -118,6 +123,7 @@ class PipelinedReader(DataReader[BatchT]):
         if read.batches is None:
             raise StopIteration
         self._stop_unused_prefetching()
+        self._handed_over = read.prepared
         if not self._on_main_thread:
             self._submit()
         return [_to_device(batch, self._device) for batch in read.batches]
@@ -144,8 +150,6 @@ class PipelinedReader(DataReader[BatchT]):
             self._pending.result()
         self._pending = None
         self._worker.close()
-        for collection in self._prefetching:
-            collection.discard_prefetched(before_step=self._num_reads + 1)
 
     # Reading ahead ----------------------------------------------------------------------------
 
@@ -170,18 +174,24 @@ class PipelinedReader(DataReader[BatchT]):
             read.batches = [_map_tensors(batch, _pinned) for batch in read.batches]
         elif prefetch and not self._on_main_thread:
             try:
-                self._prefetch(read.batches)
+                read.batches = [self._prepare_ahead(batch, read.prepared) for batch in read.batches]
             except BaseException as ex:
                 read.error = ex
         return read
 
-    def _prefetch(self, batches: list[Any]) -> None:
-        for batch in batches:
-            found = list(_sparse_features_in(batch))
-            for collection in self._prefetching:
-                features = _features_of(collection, found)
-                if features is not None:
-                    collection.prefetch(features, self._id_gangs[id(collection)], self._num_reads)
+    def _prepare_ahead(self, batch: Any, prepared: list[PreparedLookup]) -> Any:
+        """``batch`` with its sparse features carrying what each collection prepared ahead for them."""
+        found = list(_sparse_features_in(batch))
+        carrying = list(found)
+        for collection in self._prefetching:
+            features = _features_of(collection, found)
+            if features is not None:
+                index = found.index(features)
+                carrying[index] = collection.prepare_ahead(carrying[index], self._id_gangs[id(collection)])
+                handed = carrying[index].prepared_for(collection)
+                assert isinstance(handed, PreparedLookup)
+                prepared.append(handed)
+        return _rebuild(batch, lambda value: _replacement(value, found, carrying))
 
     def _check_first_read(self) -> None:
         if self._reported:
@@ -196,15 +206,14 @@ class PipelinedReader(DataReader[BatchT]):
             log.info("Train pipeline: the next step is read and its ids sent ahead while a step computes.")
 
     def _stop_unused_prefetching(self) -> None:
-        """Stop prefetching for a collection whose forward did not use the inputs prepared for the last step."""
-        unused = [c for c in self._prefetching if c.discard_prefetched(before_step=self._num_reads) > 0]
-        for collection in unused:
+        """Stop preparing ahead for a collection whose forward did not use what was prepared for the last step."""
+        unused = {id(prepared.owner) for prepared in self._handed_over if not prepared.used}
+        for collection in [c for c in self._prefetching if id(c) in unused]:
             log.warning(
                 "Train pipeline: the model looked up other sparse features than the batch's own object, so the "
                 "ids sent ahead went unused; they travel in the forward from now on."
             )
             self._prefetching.remove(collection)
-            collection.discard_prefetched(before_step=self._num_reads + 1)
 
 
 def _id_gangs(collections: Sequence[ShardedEmbeddingCollection], gangs: Gangs) -> dict[int, Gang]:
@@ -252,21 +261,35 @@ def _children(value: Any) -> list[Any]:
     return []
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` with ``fn`` applied to each of its tensors, through dataclasses, mappings, lists and tuples
-    (and the ids of sparse features, which are mappings of dataclasses)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
+def _rebuild(value: Any, replace_leaf: Callable[[Any], Any]) -> Any:
+    """``value`` rebuilt through dataclasses, mappings, lists, tuples and sparse features (mappings of dataclasses),
+    each part that ``replace_leaf`` maps to something other than ``None`` replaced by it."""
+    replaced = replace_leaf(value)
+    if replaced is not None:
+        return replaced
     if isinstance(value, SparseFeatures):
-        return SparseFeatures({name: _map_tensors(jagged, fn) for name, jagged in value.items()})
+        jagged = {name: _rebuild(ids, replace_leaf) for name, ids in value.items()}
+        return SparseFeatures(jagged, value.prepared)
     if is_dataclass(value) and not isinstance(value, type):
-        return replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in fields(value) if f.init})
+        return replace(
+            value, **{f.name: _rebuild(getattr(value, f.name), replace_leaf) for f in fields(value) if f.init}
+        )
     if isinstance(value, Mapping):
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
+        return {key: _rebuild(item, replace_leaf) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_map_tensors(item, fn) for item in value]
+        items = [_rebuild(item, replace_leaf) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to each of its tensors."""
+    return _rebuild(value, lambda part: fn(part) if isinstance(part, torch.Tensor) else None)
+
+
+def _replacement(value: Any, originals: Sequence[SparseFeatures], replacements: Sequence[SparseFeatures]) -> Any:
+    """The replacement of ``value`` if it is one of ``originals`` (by identity), else ``None``."""
+    return next((new for old, new in zip(originals, replacements) if value is old), None)
 
 
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:

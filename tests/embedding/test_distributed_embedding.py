@@ -165,14 +165,21 @@ def run_prefetched(gang: Gang, out: Path) -> None:
         features, coefficients = rank_batch(step, gang.rank, gang.size)
         features = SparseFeatures({**features, "x": features["u"]})
         coefficients["x"] = coefficients["u"]
-        sender = threading.Thread(target=piped.prefetch, args=(features, id_gang, step))
+        prepared: list[SparseFeatures] = []
+        sender = threading.Thread(target=_prepare_into, args=(prepared, piped, features, id_gang))
         sender.start()
         saved[f"plain/{step}"] = apply_step(plain, plain_optimizer, features, coefficients)
         sender.join()
-        saved[f"piped/{step}"] = apply_step(piped, piped_optimizer, features, coefficients)
-        saved[f"unused/{step}"] = piped.discard_prefetched(before_step=step + 1)
+        saved[f"piped/{step}"] = apply_step(piped, piped_optimizer, prepared[0], coefficients)
+        saved[f"used/{step}"] = prepared[0].prepared_for(piped).used  # type: ignore[union-attr]
     saved["plain/sparse"], saved["piped/sparse"] = plain.sharded_state_dict(), piped.sharded_state_dict()
     torch.save(saved, out / f"prefetched_{gang.rank}.pt")
+
+
+def _prepare_into(
+    prepared: list[SparseFeatures], collection: ShardedEmbeddingCollection, features: SparseFeatures, gang: Gang
+) -> None:
+    prepared.append(collection.prepare_ahead(features, gang))
 
 
 JOBS = {"2_ranks": run_2_ranks, "4_ranks": run_4_ranks, "empty_batch": run_empty_batch, "prefetched": run_prefetched}
@@ -254,7 +261,7 @@ def test_ids_sent_ahead_on_another_group_change_no_bit(tmp_path: Path) -> None:
     for rank in range(2):
         saved = torch.load(tmp_path / f"prefetched_{rank}.pt", weights_only=True)
         for step in (1, 2, 3):
-            assert saved[f"unused/{step}"] == 0, "the forward used what was sent ahead"
+            assert saved[f"used/{step}"], "the forward used what was sent ahead"
             for name, output in saved[f"plain/{step}"].items():
                 assert torch.equal(saved[f"piped/{step}"][name], output), f"step {step} {name}"
         assert_bitwise_equal(saved["piped/sparse"], saved["plain/sparse"], "tables")
