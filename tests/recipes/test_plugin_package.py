@@ -66,7 +66,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--target",
             str(target),
             str(PLUGIN_PACKAGE),
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=300,
