@@ -52,6 +52,11 @@ class CheckpointMetadata:
         return not self.model_only
 
     @property
+    def interrupted(self) -> bool:
+        """Saved because the run was stopped (a signal) rather than by the run's schedule: a resume point only."""
+        return bool(self.extras.get("interrupted", False))
+
+    @property
     def size_bytes(self) -> int:
         return sum(record.size for record in self.files.values())
 

@@ -14,7 +14,9 @@ class CheckpointPolicy:
     """What to keep; a checkpoint stays if any set rule keeps it, and with no rule set, all stay.
 
     Whatever the rules, the newest checkpoint and the newest resumable one are never deleted,
-    so that a crashed run can always resume.
+    so that a crashed run can always resume. A checkpoint saved because the run was stopped
+    (``interrupted``) is a resume point only: no rule counts it, and it goes once a later one is
+    saved, so that a stopped and resumed run keeps the checkpoints of a run never stopped.
     """
 
     keep_last_n: int | None = None
@@ -45,17 +47,18 @@ class CheckpointPolicy:
         reasons: dict[int, list[str]] = {c.step: [] for c in by_step}
         if not by_step:
             return {}
+        regular = [c for c in by_step if not c.interrupted]
         if self.keeps_all:
-            for c in by_step:
+            for c in regular:
                 reasons[c.step].append("keep_all")
         if self.keep_last_n is not None:
-            for c in by_step[-self.keep_last_n :]:
+            for c in regular[-self.keep_last_n :]:
                 reasons[c.step].append("keep_last_n")
         if self.keep_best_n is not None:
-            for c in self.ranked_by_score(by_step)[: self.keep_best_n]:
+            for c in self.ranked_by_score(regular)[: self.keep_best_n]:
                 reasons[c.step].append("keep_best_n")
         if self.keep_every_n_steps is not None:
-            for c in by_step:
+            for c in regular:
                 if c.step % self.keep_every_n_steps == 0:
                     reasons[c.step].append("keep_every_n_steps")
         reasons[by_step[-1].step].append("newest")

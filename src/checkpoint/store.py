@@ -161,6 +161,8 @@ class CheckpointStore:
         replaced = f"{final_dir}.old-{save_id}"
         if self.has_atomic_rename:
             self.fs.pipe_file(f"{temp_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
+        if self.fs.exists(final_dir) and not self._is_checkpoint(final_dir):
+            self._set_aside_foreign(final_dir)
         if self.fs.exists(final_dir):
             log.warning("Replacing the existing checkpoint %s with a new save of the same step.", final_dir)
             if self.has_atomic_rename:
@@ -179,6 +181,20 @@ class CheckpointStore:
             self.fs.pipe_file(f"{final_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
             self.fs.rm(f"{final_dir}/{UNFINISHED_MARKER}")
             self.fs.rm(temp_dir, recursive=True)
+
+    def _is_checkpoint(self, path: str) -> bool:
+        """Whether ``path`` is a checkpoint directory as this manager writes them (it holds its metadata)."""
+        return bool(self.fs.isdir(path)) and bool(self.fs.exists(f"{path}/{METADATA_FILE_NAME}"))
+
+    def _set_aside_foreign(self, path: str) -> None:
+        """Rename what someone else put where a checkpoint goes (a file, a folder without metadata) to
+        ``step_N.not-a-checkpoint`` (``-2``, ... if taken): the framework never deletes what it did not write."""
+        target, number = f"{path}.not-a-checkpoint", 1
+        while self.fs.exists(target):
+            number += 1
+            target = f"{path}.not-a-checkpoint-{number}"
+        self.fs.mv(path, target, recursive=True)
+        log.warning("Moved %s, which is no checkpoint, aside to %s (kept, never deleted).", path, basename(target))
 
     def remove(self, step_dir: str) -> None:
         """Delete a checkpoint directory of the manager's own (see ``begin_removal``)."""

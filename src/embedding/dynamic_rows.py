@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from embedding.config import EmbeddingTableConfig
+from embedding.config import EmbeddingConfigError, EmbeddingTableConfig
 from embedding.hash_index import HashIndex, HashPolicy
 from embedding.id_hashing import init_rows_by_key
 
@@ -38,6 +38,13 @@ class DynamicRows:
         self.config = config
         self.rank, self.num_ranks = rank, num_ranks
         self.index = _index_on(device, capacity, config.hash_policy, seed)
+        reachable = self.index.sketch.shape[1]
+        if config.hash_policy.min_count > max(reachable, 1):
+            raise EmbeddingConfigError(
+                f"`min_count` of hash table '{config.name}' must be at most {reachable}, the count its count-min "
+                f"sketch of {reachable} columns on rank {rank} reaches before its counts halve, but is "
+                f"{config.hash_policy.min_count} instead: no id would ever be admitted."
+            )
         self.default_row = capacity
         self._salt = zlib.crc32(f"{seed}/{config.name}".encode())
         self._init_scale = config.init_scale if config.init_scale is not None else (1.0 / config.num_rows) ** 0.5

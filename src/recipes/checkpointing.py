@@ -86,6 +86,7 @@ class TrainerCheckpointer:
         rank_state: dict[str, Any],
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
+        interrupted: bool = False,
     ) -> None:
         mode = self._section.model_only
         model_only = mode == "all" or (mode == "all_but_last" and not last)
@@ -97,7 +98,7 @@ class TrainerCheckpointer:
             rank_state,
             score=score,
             model_only=model_only,
-            extras={"config": self._config},
+            extras={"config": self._config, **({"interrupted": True} if interrupted else {})},
             blocking=last or not self._section.async_save,
             unchanged_until_staged=unchanged_until_staged,
         )
@@ -129,7 +130,25 @@ def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> 
                 f"(changed: {', '.join(changed)}). Use a new output directory, revert those keys, "
                 "or set checkpoint.start_over=true to train from scratch."
             )
+        _check_extended_steps(saved["trainer"]["max_num_steps"], config, step)
     return loaded
+
+
+def _check_extended_steps(saved_max_steps: int | None, config: RecipeConfig, step: int) -> None:
+    """A resumed run may train on past its old ``max_num_steps``, but not with a learning rate that decays over it
+    (the rate would jump to where the longer schedule is), nor stop before the step it resumes from."""
+    max_steps = config.trainer.max_num_steps
+    if max_steps is not None and max_steps < step:
+        raise ConfigError(
+            f"`trainer.max_num_steps` must be at least {step}, the step of the checkpoint the run resumes from, "
+            f"but is {max_steps} instead: nothing would train."
+        )
+    if max_steps != saved_max_steps and config.lr_scheduler.decays_over_max_num_steps:
+        raise ConfigError(
+            f"`trainer.max_num_steps` must stay {saved_max_steps} to resume this run, but is {max_steps} instead: "
+            f"`lr_scheduler.name: {config.lr_scheduler.name}` decays the learning rate over it, so the rate would "
+            "jump at the resumed step. Use checkpoint.init_from in a new output directory to train on longer."
+        )
 
 
 def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

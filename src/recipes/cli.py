@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 from checkpoint import CheckpointError
@@ -111,6 +112,9 @@ def _scoring_spec(args: argparse.Namespace) -> JobSpec:
         if extra:
             raise UserError(f"{target} is a run's output directory; give no other one, but got {extra}.")
         return JobSpec(os.path.join(target, "config.yaml"), target, args.config_file, [*overrides, *args.config])
+    if os.path.isdir(target) or (os.sep in target and not target.endswith((".yaml", ".yml"))):
+        why = "it has no config.yaml" if os.path.isdir(target) else "it does not exist"
+        raise UserError(f"{target} must be a run's output directory (or a preset), but is not: {why}.")
     return _job_spec(args, with_output=True)
 
 
@@ -124,6 +128,10 @@ def _job_spec(args: argparse.Namespace, with_output: bool) -> JobSpec:
         output_dir = positional[0]
     elif positional:
         raise UserError(f"Overrides must look like `section.key=value`, but got '{positional[0]}'.")
+    if output_dir is not None and not output_dir.strip():
+        raise UserError(
+            "The output directory must be a path, but is empty: give one, or leave `-o` out for runs/PRESET."
+        )
     return JobSpec(args.preset, output_dir, args.config_file, [*overrides, *args.config])
 
 
@@ -193,9 +201,29 @@ def _export_tables(args: argparse.Namespace) -> None:
         print(f"{table.name}: {table.num_rows:,} rows x {table.dim} -> {table.path}")
 
 
+def _quiet_tracebacks() -> None:
+    """Keep tracebacks off the terminal, where an error is one line: before the rank's log file is set up,
+    records go nowhere (Python's last-resort handler would print them); a thread's uncaught exception goes to
+    the log (the main thread then meets it and says it in a line); a record that cannot be written (a full
+    disk) is dropped rather than printed with a traceback."""
+    root = logging.getLogger()
+    if not any(isinstance(handler, logging.NullHandler) for handler in root.handlers):
+        root.addHandler(logging.NullHandler())
+    logging.raiseExceptions = False
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(hook: threading.ExceptHookArgs) -> None:
+    if hook.exc_type is SystemExit:
+        return
+    thread = hook.thread.name if hook.thread is not None else "a thread"
+    log.error("Thread %s failed: %s: %s", thread, hook.exc_type.__name__, hook.exc_value, exc_info=hook.exc_value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     die_with_launcher()
+    _quiet_tracebacks()
     try:
         parser = build_parser()
         # Overrides may come after options (`-o DIR a.b=1`), which argparse leaves over.

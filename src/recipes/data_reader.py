@@ -45,6 +45,11 @@ class DataReader(ABC, Generic[BatchT_co]):
     @abstractmethod
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
 
+    def describe(self) -> str:
+        """What the reader has read this epoch and what a step takes, for a message about data that fills no
+        step (``train.csv: 100 rows read, 3 malformed ones skipped; a step takes 256 rows``); '' if it cannot say."""
+        return ""
+
     def close(self, wait: bool = True) -> None:
         """Release what the reader holds (threads, files) at the end of a run; ``wait=False`` when the run failed."""
 

@@ -20,3 +20,12 @@ def closest(name: str, candidates: Iterable[str], n: int = 1) -> str:
     if not matches:
         return ""
     return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"
+
+
+class WriteError(RuntimeError):
+    """Writing a file of the run failed (a full disk, a lost mount): a runtime failure that names the file."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        reason = cause.strerror if cause.strerror else str(cause)
+        errno = f"[Errno {cause.errno}] " if cause.errno is not None else ""
+        super().__init__(f"Could not write {path}: {errno}{reason}.")

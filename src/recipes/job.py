@@ -26,9 +26,10 @@ import yaml
 from checkpoint import CheckpointInfo, CheckpointManager
 from embedding import ShardedEmbeddingCollection
 from gang import FakeGang, Gangs, default_device, setup_gangs
+from recipes.allocation_guard import AllocationGuard
 from recipes.checkpointing import checkpoint_policy
 from recipes.config import ConfigError, load_yaml, overrides_to_dict, resolve_config, to_dict
-from recipes.errors import UserError
+from recipes.errors import UserError, WriteError
 from recipes.host_memory import keep_freed_memory
 from recipes.parallel import tensor_parallel
 from recipes.parts import RecipeContext, RecipeParts
@@ -158,7 +159,8 @@ def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
     config = job.config
     seed_everything(config.seed)
     try:
-        parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, gangs.root.device, output_dir))
+        with AllocationGuard(gangs.root.device):
+            parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, gangs.root.device, output_dir))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as ex:
         raise _path_error(job.recipe.name, ex) from None
     tensor_parallel(parts.train_unit.model, gangs)
@@ -239,8 +241,11 @@ def _setup_logging(output_dir: str, rank: int) -> None:
 def write_text(path: str, text: str) -> None:
     """Write a small text file whole or not at all: to a temporary name, then renamed."""
     fs, fs_path = fsspec.core.url_to_fs(path)
-    fs.makedirs(os.path.dirname(fs_path), exist_ok=True)
     tmp = f"{fs_path}.tmp-{os.getpid()}"
-    with fs.open(tmp, "w") as f:
-        f.write(text)
-    fs.mv(tmp, fs_path)
+    try:
+        fs.makedirs(os.path.dirname(fs_path), exist_ok=True)
+        with fs.open(tmp, "w") as f:
+            f.write(text)
+        fs.mv(tmp, fs_path)
+    except OSError as ex:
+        raise WriteError(path, ex) from ex

@@ -23,6 +23,11 @@ class LRScheduleConfig:
     name: str = "constant"
     num_warmup_steps: NonNegativeInt = 0
 
+    @property
+    def decays_over_max_num_steps(self) -> bool:
+        """Whether the rate at a step depends on ``trainer.max_num_steps``, which a resume must then keep."""
+        return False
+
 
 LRScheduleFactory = Callable[[Any, Optimizer, "int | None"], LRScheduler]
 """``factory(config, optimizer, max_num_steps)``: the scheduler stepped once per optimizer step."""
@@ -49,6 +54,10 @@ def constant(config: LRScheduleConfig, optimizer: Optimizer, max_num_steps: int 
 class DecayConfig(LRScheduleConfig):
     final_lr_scale: NonNegativeFloat = 0.0
     """The rate at the last step, as a fraction of ``optimizer.lr``."""
+
+    @property
+    def decays_over_max_num_steps(self) -> bool:
+        return True
 
 
 def _progress(config: DecayConfig, max_num_steps: int | None) -> Callable[[int], float]:

@@ -132,6 +132,9 @@ class PipelinedReader(DataReader[BatchT]):
         assert self._pending is None, "An epoch ends with no step read ahead."
         self._reader.reset()
 
+    def describe(self) -> str:
+        return self._reader.describe()
+
     def state_dict(self) -> dict[str, Any]:
         """The position before the step read ahead: a resume reads that step again."""
         if self._pending is not None:

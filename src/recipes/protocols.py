@@ -71,9 +71,11 @@ class Checkpointer(Protocol):
         rank_state: dict[str, Any],
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
+        interrupted: bool = False,
     ) -> None:
         """Save the states; the tensors for which ``unchanged_until_staged`` holds (parameters and
-        optimizer state) may be copied later, until ``wait_until_staged`` returns."""
+        optimizer state) may be copied later, until ``wait_until_staged`` returns. ``interrupted``:
+        saved because the run was stopped, off its schedule (a resume point only)."""
 
     def wait_until_staged(self) -> None:
         """Called before every optimizer step: a save in flight must hold its own copy of the state by then."""
@@ -90,6 +92,7 @@ class NoopCheckpointer:
         rank_state: dict[str, Any],
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
+        interrupted: bool = False,
     ) -> None:
         pass
 

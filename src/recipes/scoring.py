@@ -29,7 +29,7 @@ def score(
     spec: JobSpec, checkpoint: str, split: str = "valid", predictions_path: str | None = None
 ) -> dict[str, dict[str, float]]:
     """Score the model of a checkpoint of the output directory (``last``, ``best`` or a step) on ``split``;
-    the metrics by eval unit name.
+    the metrics by eval unit name (for ``valid``) or by the split's name.
 
     With ``predictions_path``, also write what the model predicts for every row of the split,
     in input order, as CSV or Parquet.
@@ -62,35 +62,35 @@ def score(
 def _score(
     config: RecipeConfig,
     built: BuiltParts,
-    validations: list[Validation[Any]],
+    validations: dict[str, Validation[Any]],
     step: int,
     recorder: MetricRecorder,
     gangs: Gangs,
     predictions: PredictionCollector | None,
 ) -> dict[str, dict[str, float]]:
-    """Every validation's metrics, recorded under ``eval_<unit>`` at the checkpoint's step."""
+    """Every validation's metrics, recorded under ``eval_<name>`` at the checkpoint's step."""
     autocast = autocast_for(config.trainer.mixed_precision, gangs.root.device)
     built.parts.train_unit.model.eval()
     results = {}
-    for validation in validations:
-        values = evaluate(validation, autocast, predictions)
-        results[validation.unit.name] = values
+    for name, validation in validations.items():
+        results[name] = evaluate(validation, autocast, predictions)
         if gangs.root.rank == 0:
-            recorder.record(f"eval_{validation.unit.name}", step, values)
+            recorder.record(f"eval_{name}", step, results[name])
     return results
 
 
-def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> list[Validation[Any]]:
-    """What scores ``split``: the recipe's validations for ``valid``, else its first eval unit over the split's
-    reader; to predict, one unit only."""
+def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> dict[str, Validation[Any]]:
+    """What scores ``split``, by the name its metrics are recorded under: the recipe's validations (by unit) for
+    ``valid``, else its first eval unit over the split's reader (by the split); to predict, one unit only."""
     if not parts.validations:
         raise UserError("The recipe has no eval unit (`RecipeParts.validations` is empty), so nothing can score.")
     if split == "valid" and "valid" not in parts.splits:
-        return parts.validations[:1] if predicting else parts.validations
+        validations = parts.validations[:1] if predicting else parts.validations
+        return {validation.unit.name: validation for validation in validations}
     if split not in parts.splits:
         known = sorted({"valid", *parts.splits})
         raise UserError(f"`--split` must be a split the recipe has data for ({', '.join(known)}), but is '{split}'.")
-    return [Validation(parts.validations[0].unit, parts.splits[split])]
+    return {split: Validation(parts.validations[0].unit, parts.splits[split])}
 
 
 def _recorder(config: RecipeConfig, output_dir: str, gangs: Gangs) -> MetricRecorder:

@@ -124,7 +124,7 @@ class CheckpointSection:
 class GangSection:
     tp_size: PositiveInt = 1
     """Tensor-parallel degree; the data-parallel degree is the world size divided by it."""
-    timeout_s: PositiveFloat = 300.0
+    timeout_s: Annotated[float, Range(gt=0, le=30 * 86400)] = 300.0
     """How long a collective may wait for a peer before the job fails."""
     threads_per_rank: PositiveInt | None = None
     """Threads of torch and numba in each rank; ``None``: the cores this process may run on, divided by

@@ -32,8 +32,36 @@ log = logging.getLogger(__name__)
 
 
 def find_sparse_tables(model: nn.Module) -> dict[str, ShardedEmbeddingCollection]:
-    """Every embedding collection of ``model`` by module path (``""`` if the model is one)."""
+    """Every embedding collection of ``model`` by module path (``""`` if the model is one).
+
+    A module the model holds in a plain list, tuple, set or dict is no submodule of it: nothing
+    would step, save or even move its parameters or rows, so the model would train as if it were
+    frozen. That stops the run here, naming the attribute.
+    """
+    _refuse_unregistered_modules(model)
     return {name: module for name, module in model.named_modules() if isinstance(module, ShardedEmbeddingCollection)}
+
+
+def _refuse_unregistered_modules(model: nn.Module) -> None:
+    registered = {id(module) for module in model.modules()}
+    for path, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or not isinstance(value, (list, tuple, set, dict)):
+                continue
+            items = value.values() if isinstance(value, dict) else value
+            held = [item for item in items if isinstance(item, nn.Module) and id(item) not in registered]
+            trained = [item for item in held if isinstance(item, ShardedEmbeddingCollection) or _has_trainable(item)]
+            if trained:
+                where = f"model.{path}.{attribute}" if path else f"model.{attribute}"
+                kind = "ModuleDict" if isinstance(value, dict) else "ModuleList"
+                raise ConfigError(
+                    f"`{where}` holds a {type(trained[0]).__name__} in a plain {type(value).__name__}, where nothing "
+                    f"trains or saves it: hold it in an nn.{kind} (or as an attribute) so that it is a submodule."
+                )
+
+
+def _has_trainable(module: nn.Module) -> bool:
+    return any(parameter.requires_grad for parameter in module.parameters())
 
 
 def with_sparse_tables(

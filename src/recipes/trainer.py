@@ -122,6 +122,7 @@ class Trainer(Generic[BatchT]):
             sharded=dict(sharded_state or {}),
         )
         """What a checkpoint holds; ``checkpointing.resume`` loads it."""
+        self._steps_in_epoch = 0
         self._stop_requested = False
         self._stop_agreed = False
         self._published_step = -1
@@ -150,6 +151,7 @@ class Trainer(Generic[BatchT]):
         """Continue after a checkpoint: its shared state, this rank's, and every saving rank's (for the shards)."""
         self.state.load_shared(shared)
         self.state.load_per_rank(own, all_ranks)
+        self._steps_in_epoch = 1  # Unknown, but the checkpointed run took steps: an epoch that ends now is no error.
         # The checkpoint's step was published, validated and saved, as a resumable checkpoint.
         self._published_step = self._validated_step = self._checkpointed_step = self.step_nr
         self._last_checkpoint_was_final = True
@@ -185,6 +187,13 @@ class Trainer(Generic[BatchT]):
             self._checkpoint(last=self._should_stop())
 
     def _finish(self) -> None:
+        if self._stopped_on_request():
+            # A stop is no event of training: nothing is published or validated that the run would not have
+            # at this step; the checkpoint (unless the schedule just saved one) is a resume point only.
+            if self._checkpointed_step != self.step_nr or not self._last_checkpoint_was_final:
+                self._checkpoint(last=True, interrupted=True)
+            log.info("Training stopped at step %d on request.", self.step_nr)
+            return
         if self._published_step != self.step_nr:
             self._publish_metrics()
         if self._validated_step != self.step_nr:
@@ -193,6 +202,12 @@ class Trainer(Generic[BatchT]):
         if self._checkpointed_step != self.step_nr or not self._last_checkpoint_was_final:
             self._checkpoint(last=True)
         log.info("Training ends at step %d.", self.step_nr)
+
+    def _stopped_on_request(self) -> bool:
+        """Whether the run stops only because it was asked to: no step limit or early stop ends it here too."""
+        max_steps = self._config.max_num_steps
+        at_limit = max_steps is not None and self.step_nr >= max_steps
+        return self._stop_agreed and not self._counters.early_stopped and not at_limit
 
     def _checkpoint_due(self, epoch_ended: bool) -> bool:
         every_n_steps = self._checkpoint_every_n_steps
@@ -235,9 +250,14 @@ class Trainer(Generic[BatchT]):
 
     def _next_batches(self) -> tuple[list[BatchT] | None, bool]:
         try:
-            return next(self._reader), False
+            batches = next(self._reader)
+            self._steps_in_epoch += 1
+            return batches, False
         except StopIteration:
             pass
+        if self._steps_in_epoch == 0:
+            raise DataError(self._no_step_message())
+        self._steps_in_epoch = 0
         self._counters.data_epoch_nr += 1
         log.info("Data epoch %d is done.", self._counters.data_epoch_nr)
         max_epochs = self._config.max_num_data_epochs
@@ -245,9 +265,16 @@ class Trainer(Generic[BatchT]):
             return None, True
         self._reader.reset()
         try:
-            return next(self._reader), True
+            batches = next(self._reader)
         except StopIteration:
-            raise DataError("The training data reader yields no step in a data epoch; is the data empty?") from None
+            raise DataError(self._no_step_message()) from None
+        self._steps_in_epoch = 1
+        return batches, True
+
+    def _no_step_message(self) -> str:
+        described = self._reader.describe()
+        what = f" ({described})" if described else ""
+        return f"The training data fills no step of a data epoch{what}: is it empty, or smaller than one step?"
 
     def _forward_backward(self, batches: list[BatchT]) -> tuple[float, int]:
         """Sum the losses and targets of the step's micro-batches, back-propagating each.
@@ -367,7 +394,7 @@ class Trainer(Generic[BatchT]):
             log.info("Early stopping at step %d: the score stopped improving.", self.step_nr)
             self._counters.early_stopped = True
 
-    def _checkpoint(self, last: bool) -> None:
+    def _checkpoint(self, last: bool, interrupted: bool = False) -> None:
         score = self._counters.last_score if self._validated_step == self.step_nr else None
         changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
         self._flush_step_totals()
@@ -378,6 +405,7 @@ class Trainer(Generic[BatchT]):
             self.state.per_rank(),
             last,
             unchanged_until_staged=lambda tensor: tensor.untyped_storage().data_ptr() in changed_by_step,
+            interrupted=interrupted,
         )
         self._checkpointed_step = self.step_nr
         self._last_checkpoint_was_final = last

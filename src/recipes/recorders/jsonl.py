@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import fsspec
 
-from recipes.errors import UserError
+from recipes.errors import UserError, WriteError
 from recipes.recorders.base import RECORDERS, MetricRecorder, RecorderConfig, RecorderContext
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,8 @@ class JsonlRecorder(MetricRecorder):
         self._dir = metrics_dir.rstrip("/")
         self._fs, self._root = fsspec.core.url_to_fs(self._dir)
         self._fs.makedirs(self._root, exist_ok=True)
+        for stale in self._fs.glob(f"{self._root}/*.jsonl.rewrite"):  # a rewrite a kill cut short: ours
+            self._fs.rm(stale)
         if resume_step is not None:
             for path in self._fs.glob(f"{self._root}/*.jsonl"):
                 self._truncate_after(path, resume_step)
@@ -57,13 +59,20 @@ class JsonlRecorder(MetricRecorder):
                 continue
             if step <= step_nr:
                 kept.append(line + "\n")
-        with self._fs.open(path, "w") as f:
+        # Written aside and renamed: a kill during the rewrite must not leave the file empty, its rows lost.
+        aside = f"{path}.rewrite"
+        with self._fs.open(aside, "w") as f:
             f.writelines(kept)
+        self._fs.mv(aside, path)
 
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
         line = json.dumps({"step": step_nr, **values}, allow_nan=True)
-        with self._fs.open(f"{self._root}/{run}.jsonl", "a") as f:
-            f.write(line + "\n")
+        path = f"{self._root}/{run}.jsonl"
+        try:
+            with self._fs.open(path, "a") as f:
+                f.write(line + "\n")
+        except OSError as ex:
+            raise WriteError(path, ex) from ex
 
 
 @RECORDERS.register("jsonl")

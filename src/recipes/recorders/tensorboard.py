@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+from recipes.errors import WriteError
 from recipes.recorders.base import RECORDERS, MetricRecorder, RecorderConfig, RecorderContext, flatten
 
 
@@ -32,10 +33,13 @@ class TensorBoardRecorder(MetricRecorder):
         return self._writers[run]
 
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
-        writer = self._writer(run)
-        for name, value in values.items():
-            writer.add_scalar(name, value, step_nr)
-        writer.flush()
+        try:
+            writer = self._writer(run)
+            for name, value in values.items():
+                writer.add_scalar(name, value, step_nr)
+            writer.flush()  # Raises what the writer's thread met writing.
+        except OSError as ex:
+            raise WriteError(f"{self._log_dir}/{run}", ex) from ex
 
     def record_config(self, config: Mapping[str, Any]) -> None:
         hparams = {k: ("null" if v is None else v) for k, v in flatten(config).items()}

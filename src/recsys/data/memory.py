@@ -90,6 +90,9 @@ class InMemoryReader(DataReader[BatchT]):
         self._step = 0
         self._start_epoch()
 
+    def describe(self) -> str:
+        return f"{self._num_samples} samples in memory; {self._layout.describe_step()}"
+
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "step": self._step}
 

@@ -86,6 +86,13 @@ class StepLayout:
             )
         return np.array_split(mine, self.num_accumulate)
 
+    def describe_step(self) -> str:
+        """How many rows a step takes, and why: for a message about data too small to fill one."""
+        return (
+            f"a step takes {self.rows_per_global_step} rows (`batch_size` {self.batch_size} per rank x "
+            f"{self.num_accumulate} micro-batches (`trainer.grad_accumulation`) x {self.dp_size} data-parallel ranks)"
+        )
+
     def log_dropped_rows(self, logger: logging.Logger, epoch: int, num_dropped: int) -> None:
         """Says, once an epoch has ended, what it dropped: a training run that quietly never
         sees some rows (the same ones each epoch, without shuffling) should be told."""

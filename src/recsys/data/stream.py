@@ -25,7 +25,9 @@ order, and skips the steps already taken. No buffer content is ever saved.
 
 from __future__ import annotations
 
+import gzip
 import logging
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import closing
@@ -186,6 +188,14 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
     def file_name(self, file_index: int) -> str:
         return str(self._files[file_index].full_name)
 
+    def describe(self) -> str:
+        names = [self.file_name(index) for index in range(len(self._files))]
+        files = ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:3])} and {len(names) - 3} more files"
+        return (
+            f"{files}: {self._rows_read} well-formed {self.record_name}s read this epoch, {self._malformed_rows} "
+            f"malformed ones skipped; {self._layout.describe_step()}"
+        )
+
     def check_first_rows(self, num_records: int = 100) -> None:
         """Parse the first records of every file now, so that a wrong format, delimiter or column stops
         the run before training time is spent: the check fails when more records than
@@ -219,6 +229,7 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
         self._steps_taken = 0
         # Only the epoch's last window drops rows, so re-reading a window on resume recounts them.
         self._dropped_rows = 0
+        self._rows_read = 0
         # The reading position, ahead of the committed one.
         self._seek(START, malformed_rows=0)
 
@@ -236,6 +247,7 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
         window_start, malformed_at_start = self._position, self._malformed_rows
         columns = self._collect_rows(self._rows_per_window)
         num_rows = len(columns[0])
+        self._rows_read += num_rows
         step_rows = self._layout.rows_per_global_step
         num_steps = self._layout.num_steps(num_rows)
         self._dropped_rows += self._layout.num_dropped_rows(num_rows)
@@ -376,7 +388,7 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                     file.seek(offset)
                 tail = b""
                 while True:
-                    block = file.read(self._read_chunk_bytes)
+                    block = self._read(file, file_index)
                     if not block:
                         if tail:
                             yield file_index, offset, tail + b"\n"
@@ -393,6 +405,17 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                         yield file_index, offset, chunk
                         offset += len(chunk)
 
+    def _read(self, file: Any, file_index: int) -> bytes:
+        """The next block of the file; a compressed file cut short or corrupt is a user's bad data, named."""
+        try:
+            block: bytes = file.read(self._read_chunk_bytes)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as ex:
+            raise DataError(
+                f"{self.file_name(file_index)} must be a whole, valid compressed file, but reading it failed: "
+                f"{type(ex).__name__}: {ex or 'it ends too early'}."
+            ) from None
+        return block
+
 
 def require_at_least(name: str, value: int, minimum: int) -> None:
     """A reader's size argument must be at least ``minimum``."""
@@ -406,6 +429,8 @@ def open_files(paths: str | Sequence[str]) -> list[Any]:
     if not files:
         raise DataError(f"`paths` must name at least one file, but {paths!r} matches none instead.")
     for file in files:
+        if file.fs.isdir(file.path):
+            raise DataError(f"`paths` must name files, but {file.full_name} is a directory (a glob names its files).")
         if not file.fs.isfile(file.path):
             raise DataError(f"`paths` must name existing files, but {file.full_name} does not exist.")
     return list(files)

@@ -15,6 +15,7 @@ An ``idx`` is hashed like a categorical value (its text, keyed by the feature's 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
@@ -83,14 +84,17 @@ class LibFFMConfig(LibSVMConfig):
         return True
 
 
+logger = logging.getLogger(__name__)
+
 # Problem codes of the tokenizer, turned into sentences here.
-_OK, _NO_LABEL, _NO_COLON, _BAD_VALUE, _BAD_FIELD, _TOO_MANY = range(6)
+_OK, _NO_LABEL, _NO_COLON, _BAD_VALUE, _BAD_FIELD, _TOO_MANY, _TOO_FEW = range(7)
 _PROBLEMS = {
     _NO_LABEL: "it must start with a numeric label",
     _NO_COLON: "every feature token must look like {token}",
     _BAD_VALUE: "every feature's value must be a finite number",
     _BAD_FIELD: "every field must be an integer in [0, {num_fields})",
     _TOO_MANY: "it must have at most {num_fields} feature tokens",
+    _TOO_FEW: "it must have {num_fields} feature tokens, one per field (the k-th token is field k)",
 }
 
 
@@ -181,6 +185,8 @@ def _tokenize(data, with_fields, num_fields):  # type: ignore[no-untyped-def]
             cursor = token_end
         if count == 0:
             codes[line] = _NO_LABEL
+        elif codes[line] == _OK and not with_fields and num_fields > 0 and count - 1 < num_fields:
+            codes[line] = _TOO_FEW  # A token missing: which field would the ones after it be?
         if codes[line] != _OK:
             num_tokens = first_token  # A bad line leaves no token behind.
         position = end + 1
@@ -198,6 +204,7 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
         self._with_fields = self._tokens.with_fields
         self._num_fields = self._tokens.num_fields or 0
         self.feature_names = self._tokens.feature_names
+        self._warned_missing_fields = False
         super().__init__(paths, **kwargs)
 
     def parse(self, buffer: bytes, file_index: int, at_file_start: bool) -> ParsedLines:
@@ -216,7 +223,29 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
             ids = bucket_ids(keys, self._tokens.num_buckets)
             bags.append(_per_line_bags(token_line[mine], ids, values[mine], num_lines))
         valid = codes == _OK
+        if self._with_fields and not self._warned_missing_fields:
+            self._warn_missing_fields(token_line, token_field, valid, file_index)
         return ParsedLines(line_ends, valid, (clicks, *(b for pair in bags for b in pair)), problems)
+
+    def _warn_missing_fields(
+        self, token_line: npt.NDArray[np.int64], token_field: npt.NDArray[np.int64], valid: npt.NDArray[np.bool_],
+        file_index: int,
+    ) -> None:  # fmt: skip
+        """libFFM lines may leave fields out (their bags are empty): legal, but said once, since it may also be a
+        file of another layout."""
+        fields_per_line = np.zeros(len(valid), dtype=np.int64)
+        pairs = (
+            np.unique(np.stack([token_line, token_field]), axis=1) if len(token_line) else np.zeros((2, 0), np.int64)
+        )
+        np.add.at(fields_per_line, pairs[0], 1)
+        short = np.flatnonzero(valid & (fields_per_line < self._num_fields))
+        if len(short):
+            self._warned_missing_fields = True
+            logger.warning(
+                "%d lines of a chunk of %s hold fewer than the %d fields of `num_fields` (the first: %d of them); "
+                "their missing fields read as empty bags.",
+                len(short), self.file_name(file_index), self._num_fields, fields_per_line[short[0]],
+            )  # fmt: skip
 
     def make_batch(self, columns: tuple[npt.NDArray[Any], ...]) -> CTRBatch:
         labels, *bags = columns

@@ -295,7 +295,13 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             first = file.readline()
         if not first:
             raise DataError(f"{self.file_name(0)} must start with a header line, but is empty.")
-        return self._split_line(first.decode("utf-8-sig", errors="replace"))
+        names = self._split_line(first.decode("utf-8-sig", errors="replace"))
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise DataError(
+                f"The header of {self.file_name(0)} must name each column once, but names {', '.join(repeated)} twice."
+            )
+        return names
 
     def _split_line(self, text: str) -> list[str]:
         quoting = {"quotechar": self._text.quote_char} if self._text.quote_char else {"quoting": csv.QUOTE_NONE}
