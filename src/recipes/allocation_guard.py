@@ -30,6 +30,7 @@ _FACTORIES = {
     torch.randn,
     torch.randint,
     torch.empty_strided,
+    torch.arange,
 }
 
 
@@ -50,12 +51,12 @@ class AllocationGuard(TorchFunctionMode):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        requested = _requested_bytes(func, args, kwargs) if func in _FACTORIES else 0
+        shape, requested = _requested(func, args, kwargs) if func in _FACTORIES else ((), 0)
         if requested and self._on_device(kwargs) and self._available is not None:
             if self._live + requested > self._available:
                 raise UserError(
-                    f"Building the model needs a tensor of {_gib(requested)} ({func.__name__} of "
-                    f"{list(_shape(args, kwargs))}) on top of the {_gib(self._live)} it holds, but only "
+                    f"Building the model needs a tensor of {_gib(requested)} ({func.__name__} of shape "
+                    f"{list(shape)}) on top of the {_gib(self._live)} it holds, but only "
                     f"{_gib(self._available)} are available on this {self._device.type}: make the model smaller "
                     "(its layers' widths, its vocabularies' sizes) or use a machine with more memory."
                 )
@@ -81,16 +82,27 @@ def _shape(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(int(dim) for dim in size)
 
 
-def _requested_bytes(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+def _requested(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[int, ...], int]:
+    """The shape of the tensor a factory call makes, and its bytes (0: a call this guard does not read)."""
     if func is torch.randint:  # randint(high, size) or randint(low, high, size)
         args = [arg for arg in args if isinstance(arg, (tuple, list, torch.Size))]
     try:
-        shape = _shape(args, kwargs)
+        shape = _arange_length(args, kwargs) if func is torch.arange else _shape(args, kwargs)
     except (TypeError, ValueError):
-        return 0  # A call this guard does not read; torch will check it.
-    dtype = kwargs.get("dtype") or (torch.int64 if func is torch.randint else torch.get_default_dtype())
+        return (), 0  # torch will check it.
+    integral = func is torch.randint or (func is torch.arange and all(isinstance(a, int) for a in args))
+    dtype = kwargs.get("dtype") or (torch.int64 if integral else torch.get_default_dtype())
     element = torch.empty((), dtype=dtype).element_size()
-    return math.prod(shape) * element
+    return shape, math.prod(shape) * element
+
+
+def _arange_length(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape ``torch.arange(end)``, ``(start, end)`` or ``(start, end, step)`` makes."""
+    numbers = [float(arg) for arg in args if isinstance(arg, (int, float))]
+    start, end, step = (
+        (0.0, numbers[0], 1.0) if len(numbers) == 1 else (*numbers[:2], numbers[2] if len(numbers) > 2 else 1.0)
+    )
+    return (max(0, math.ceil((end - start) / step)),)
 
 
 def _gib(num_bytes: int) -> str:

@@ -20,7 +20,7 @@ from recipes.config import dump_yaml
 from recipes.errors import UserError
 from recipes.export_tables import export_tables
 from recipes.job import JobSpec, config_document, default_output_dir, list_checkpoints, resolve_job
-from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun
+from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun, report_rank_error
 from recipes.registry import all_presets
 from recipes.run import train
 from recipes.scoring import score
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _export_tables(args)
         return 0
     except USER_ERRORS as ex:
-        print(f"error: {ex}", file=sys.stderr)
+        _report(f"error: {ex}")
         return EXIT_USER_ERROR
     except TrainingInterrupted as ex:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -265,5 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as ex:
         log.exception("The job failed.")
-        print(f"error: {type(ex).__name__}: {ex}", file=sys.stderr)
+        _report(f"error: {type(ex).__name__}: {ex}")
         return EXIT_FAILURE
+
+
+def _report(line: str) -> None:
+    """The one line of a failed command: for the launcher to say once in a rank it launched, else on stderr."""
+    if not report_rank_error(line):
+        print(line, file=sys.stderr)

@@ -19,8 +19,10 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +45,10 @@ STOP_GRACE_S = 300.0
 
 # The launcher's pid, in the ranks' environment: the parent each rank must die with.
 LAUNCHER_PID_ENV = "RECIPES_LAUNCHER_PID"
+
+# A folder of the launcher's, in the ranks' environment: a rank that fails writes its one-line error there
+# (``rank_K.txt``) for the launcher to say once, rather than every rank printing the same line.
+ERROR_DIR_ENV = "RECIPES_ERROR_DIR"
 
 _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
 
@@ -80,18 +86,44 @@ def launch_with_torchrun(nproc: int, argv: Sequence[str], grace_s: float = STOP_
         options.append(f"--signals-to-handle={','.join(handled)}")
     command = ["-m", "recipes", *without_nproc(argv)]
     args = parser.parse_args(["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", *options, *command])
+    error_dir = tempfile.mkdtemp(prefix="recipes-errors-")
     try:
-        with _launcher_pid_in_environment(), forwarder:
+        with _launcher_environment(error_dir), forwarder, _quiet_torchrun_logs():
             run(args)
     except ChildFailedError as ex:
-        return _failure_exit_code(ex, forwarder)
+        return _failure_exit_code(ex, forwarder, _rank_errors(error_dir))
     except SignalException as ex:
         _say(f"error: the launcher got {ex.sigval.name}; its ranks were stopped.")
         return 128 + int(ex.sigval)
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)
     return 0
 
 
-def _failure_exit_code(error: ChildFailedError, forwarder: _StopForwarder) -> int:
+def report_rank_error(line: str) -> bool:
+    """In a rank of ``launch_with_torchrun``: leave the rank's one-line error for the launcher to say (``True``);
+    ``False`` elsewhere, where the caller prints it."""
+    error_dir, rank = os.environ.get(ERROR_DIR_ENV), os.environ.get("RANK")
+    if error_dir is None or rank is None:
+        return False
+    try:
+        with open(os.path.join(error_dir, f"rank_{int(rank)}.txt"), "w") as file:
+            file.write(line)
+    except OSError:
+        return False
+    return True
+
+
+def _rank_errors(error_dir: str) -> list[str]:
+    """The ranks' error lines, each said once, in rank order."""
+    lines: list[str] = []
+    for name in sorted(os.listdir(error_dir), key=lambda name: int(name[5:-4])):
+        with open(os.path.join(error_dir, name)) as file:
+            lines.append(file.read().strip())
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def _failure_exit_code(error: ChildFailedError, forwarder: _StopForwarder, rank_errors: list[str]) -> int:
     codes = {failure.exitcode for failure in error.failures.values()}
     if forwarder.killed:
         _say(
@@ -106,8 +138,25 @@ def _failure_exit_code(error: ChildFailedError, forwarder: _StopForwarder) -> in
         if EXIT_INTERRUPTED not in codes:
             _say("error: interrupted before training started; nothing was saved.")
         return EXIT_INTERRUPTED
-    _say(f"error: {describe_failures(error)}")
+    for line in rank_errors:
+        _say(line)
+    if not rank_errors:
+        _say(f"error: {describe_failures(error)}")  # No rank said why: they were killed, or died of a signal.
     return EXIT_USER_ERROR if EXIT_USER_ERROR in codes else EXIT_FAILURE
+
+
+@contextlib.contextmanager
+def _quiet_torchrun_logs() -> Iterator[None]:
+    """torchrun logs a rank's failure at length on the terminal; the ranks and the launcher say it in one line."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def describe_failures(error: ChildFailedError) -> str:
@@ -126,17 +175,20 @@ def _say(line: str) -> None:
 
 
 @contextlib.contextmanager
-def _launcher_pid_in_environment() -> Iterator[None]:
-    """The ranks inherit this process's environment: there they learn whom to die with."""
-    saved = os.environ.get(LAUNCHER_PID_ENV)
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+def _launcher_environment(error_dir: str) -> Iterator[None]:
+    """The ranks inherit this process's environment: there they learn whom to die with, and where to say why
+    they failed."""
+    values = {LAUNCHER_PID_ENV: str(os.getpid()), ERROR_DIR_ENV: error_dir}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(LAUNCHER_PID_ENV, None)
-        else:
-            os.environ[LAUNCHER_PID_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class _StopForwarder:

@@ -29,8 +29,8 @@ import gzip
 import logging
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Mapping, Sequence
-from contextlib import closing
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -406,15 +406,22 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                         offset += len(chunk)
 
     def _read(self, file: Any, file_index: int) -> bytes:
-        """The next block of the file; a compressed file cut short or corrupt is a user's bad data, named."""
-        try:
+        """The next block of the file."""
+        with reading(self.file_name(file_index)):
             block: bytes = file.read(self._read_chunk_bytes)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as ex:
-            raise DataError(
-                f"{self.file_name(file_index)} must be a whole, valid compressed file, but reading it failed: "
-                f"{type(ex).__name__}: {ex or 'it ends too early'}."
-            ) from None
         return block
+
+
+@contextmanager
+def reading(file_name: str) -> Iterator[None]:
+    """Reads of ``file_name`` inside: a compressed file cut short or corrupt is a user's bad data, named."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as ex:
+        raise DataError(
+            f"{file_name} must be a whole, valid compressed file, but reading it failed: "
+            f"{type(ex).__name__}: {ex or 'it ends too early'}."
+        ) from None
 
 
 def require_at_least(name: str, value: int, minimum: int) -> None:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch, make_ctr_batch
-from recsys.data.stream import START, ParsedLines, StreamingLineReader
+from recsys.data.stream import START, ParsedLines, StreamingLineReader, reading
 from recsys.tabular import delimited
 from recsys.tabular.added_columns import AddedColumns, dense_column
 from recsys.tabular.data_format import ColumnFormat, ColumnReader
@@ -291,7 +291,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         if not self._text.header:
             assert self._text.column_names is not None
             return list(self._text.column_names)
-        with self._files[0] as file:
+        with self._files[0] as file, reading(self.file_name(0)):
             first = file.readline()
         if not first:
             raise DataError(f"{self.file_name(0)} must start with a header line, but is empty.")
