@@ -15,8 +15,9 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src NUMBA_ENABLE_CUDASIM=0 PYT
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/numba_cache}
 
 echo "== CUDA tests"
-python3 -m pytest -q -p no:cacheprovider -W ignore tests/embedding/kernels/test_kernels_cuda.py \
-    tests/embedding/test_cuda_hash_index.py tests/units/test_metric_bag.py tests/checkpoint/test_serialization.py 2>&1 | tail -4
+python3 -m pytest -q -p no:cacheprovider -W ignore tests/unit/embedding/kernels/test_kernels_cuda.py \
+    tests/unit/embedding/test_cuda_hash_index.py tests/unit/units/test_metric_bag.py \
+    tests/unit/checkpoint/test_serialization.py 2>&1 | tail -4
 
 echo "== fused update bandwidth"
 for optimizer in rowwise_adagrad sgd adam; do

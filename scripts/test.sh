@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, import rules, and every test (the slow multi-process ones included).
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
+# The whole test suite: lint, types, import rules, then both test trees: tests/unit (one process each, seconds in
+# all) and tests/integration (processes, files and end-to-end runs; every test there is marked `slow`).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the unit tests alone, or a path.
+# The tests run on pytest-xdist workers, one per core and at most 4 (TEST_WORKERS=N sets N; 0 runs them in this
+# process, as `--pdb` needs); each test file runs whole on one worker, so a module's fixtures are made once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,4 +15,4 @@ export WANDB_MODE=offline WANDB_SILENT=true
 "$VENV/bin/ruff" format --no-cache --check src tests benchmarks examples
 "$VENV/bin/mypy"
 "$VENV/bin/lint-imports" --no-logo --no-cache  # The import rules of docs/architecture.md (pyproject.toml).
-"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadfile "$@"

@@ -1,4 +1,7 @@
-"""Test-wide settings that must be in place before numba or torch is first imported."""
+"""Settings and fixtures of both trees: ``tests/unit`` (one process, no end-to-end run) and ``tests/integration``
+(processes, files, end-to-end runs; every test there is marked ``slow``, so ``-m "not slow"`` is the unit tree).
+
+The environment below must be in place before numba or torch is first imported."""
 
 import os
 
@@ -12,7 +15,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +23,8 @@ from typing import Any
 import pytest
 
 from recipes import registry
+
+pytest_plugins = ["support.fixtures"]  # Fixtures of both trees beyond this file's.
 
 
 @pytest.fixture
@@ -43,28 +47,7 @@ def isolated_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
             del sys.modules[name]
 
 
-CLI_TIMEOUT_S = 120
-
-RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 ReadJsonl = Callable[[Path], list[dict[str, Any]]]
-
-
-def _run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def run_cli() -> RunCli:
-    """``run_cli(*args, cwd=folder)`` runs ``python -m recipes ARGS`` in a new process, as a user does."""
-    return _run_cli
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -75,3 +58,18 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def read_jsonl() -> ReadJsonl:
     """``read_jsonl(path)``: the objects of a JSON-lines file, one per line."""
     return _read_jsonl
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # Before `-m` deselects by marker.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every integration test ``slow``; refuse a unit test marked so (it belongs in ``tests/integration``)."""
+    for item in items:
+        if item.path.is_relative_to(TESTS / "integration"):
+            item.add_marker(pytest.mark.slow)
+        elif item.path.is_relative_to(TESTS / "unit") and item.get_closest_marker("slow"):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked slow: an integration test, it belongs in tests/integration"
+            )

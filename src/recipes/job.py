@@ -203,6 +203,7 @@ def job_gangs(config: RecipeConfig, output_dir: str, lock: RunLock | None = None
             _setup_logging(output_dir, gangs.root.rank)
             if lock is not None:
                 lock.log_take_over()
+            gangs.root.barrier()  # The ranks measure the free cores together, each idle while the others do.
             threads = use_threads(config.gang.threads_per_rank)
             log.info("%s; numba pool of %d thread(s)", threads, numba.config.NUMBA_NUM_THREADS)
             if config.trainer.keep_freed_memory:

@@ -138,10 +138,12 @@ def _failure_exit_code(error: ChildFailedError, forwarder: _StopForwarder, rank_
         if EXIT_INTERRUPTED not in codes:
             _say("error: interrupted before training started; nothing was saved.")
         return EXIT_INTERRUPTED
+    # A rank that died of a signal said nothing, and its death is the cause of the others' errors: it comes first.
+    signalled = any(failure.exitcode < 0 for failure in error.failures.values())
+    if signalled or not rank_errors:
+        _say(f"error: {describe_failures(error)}")
     for line in rank_errors:
         _say(line)
-    if not rank_errors:
-        _say(f"error: {describe_failures(error)}")  # No rank said why: they were killed, or died of a signal.
     return EXIT_USER_ERROR if EXIT_USER_ERROR in codes else EXIT_FAILURE
 
 

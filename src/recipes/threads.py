@@ -11,6 +11,7 @@ otherwise.
 from __future__ import annotations
 
 import os
+import time
 
 # numba and torch are imported where they are used: `size_numba_pool` must run before numba is
 # first imported, from `python -m recipes`'s first lines.
@@ -34,22 +35,66 @@ def threads_per_rank(requested: int | None) -> int:
     return max(1, len(_usable_cores()) // _ranks_on_this_node())
 
 
+def free_cores(interval_s: float = 0.25) -> float | None:
+    """How many of the cores this process may run on the rest of the machine leaves idle, measured over
+    ``interval_s`` from Linux's /proc/stat (``None`` where the OS does not tell). This process, and the other
+    ranks of its job, which measure at the same time, sleep meanwhile."""
+    usable = _usable_cores()
+    first = _cpu_times(usable)
+    time.sleep(interval_s)
+    second = _cpu_times(usable)
+    if not first or first.keys() != second.keys():
+        return None
+    idle = 0.0
+    for core, (busy_before, idle_before) in first.items():
+        busy_after, idle_after = second[core]
+        elapsed = (busy_after - busy_before) + (idle_after - idle_before)
+        idle += (idle_after - idle_before) / elapsed if elapsed > 0 else 1.0
+    return idle
+
+
+def _cpu_times(cores: set[int]) -> dict[int, tuple[int, int]]:
+    """Per core of ``cores``: the jiffies it spent busy, and idle (waiting for I/O counts as idle)."""
+    times = {}
+    try:
+        with open("/proc/stat") as stat:
+            for line in stat:
+                name, *fields = line.split()
+                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+                    continue
+                user, nice, system, idle, iowait, irq, softirq, steal = (int(value) for value in fields[:8])
+                times[int(name[3:])] = (user + nice + system + irq + softirq + steal, idle + iowait)
+    except (OSError, ValueError):
+        return {}
+    return times
+
+
 def use_threads(requested: int | None) -> str:
-    """Set torch's and numba's threads for this rank; return the start-up line that says how many."""
+    """Set torch's and numba's threads for this rank; return the start-up line that says how many, and why.
+
+    Without ``requested``, a rank takes its share of the cores that are free now, not merely present: on a
+    machine where other work keeps a core busy, a thread there would make every parallel region of a step
+    wait for the other work's time slice (see BENCHMARKS.md, "Training on a shared machine").
+    """
     import numba
     import torch
 
-    count = threads_per_rank(requested)
+    ranks, present = _ranks_on_this_node(), len(_usable_cores())
+    free = None if requested is not None else free_cores()
+    if requested is not None:
+        count, why = requested, "gang.threads_per_rank"
+    elif free is None:
+        count, why = threads_per_rank(None), f"{present} cores / {ranks} rank(s) on this node"
+    else:
+        usable = max(1, min(present, round(free)))
+        count = max(1, usable // ranks)
+        busy = max(0.0, present - free)
+        why = f"{usable} of {present} cores free (other work keeps {busy:.1f} busy) / {ranks} rank(s) on this node"
     torch.set_num_threads(count)
     # numba's pool is sized when it starts (NUMBA_NUM_THREADS, by default the machine's cores): it can
     # use fewer threads than that, never more.
     numba_count = min(count, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(numba_count)
-    why = (
-        "gang.threads_per_rank"
-        if requested is not None
-        else f"{len(_usable_cores())} cores / {_ranks_on_this_node()} rank(s) on this node"
-    )
     numba_note = "" if numba_count == count else f" (numba {numba_count}: NUMBA_NUM_THREADS)"
     return f"threads: {count} per rank for torch and numba{numba_note}, from {why}"
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LEFT_BEHIND = (".venv", ".git", "runs", "build", "dist", ".*cache*", "*.egg-info", "__pycache__")
 BUILT_IN_PRESETS = ("ctr_tiny", "ctr_tiny_long", "dlrm_criteo_tiny", "dlrm_criteo", "movielens_small")
 

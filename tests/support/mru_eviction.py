@@ -1,7 +1,7 @@
 """An eviction policy from outside the embedding package, as another package would offer it: ``mru`` evicts the
 most recently looked-up id among the sampled slots, and a shard reloaded with too many ids keeps the least
 recently looked-up ones. Nothing here registers it: the tests do, by decorator or through an entry point
-(``"mru_eviction:MRU"``)."""
+(``"support.mru_eviction:MRU"``)."""
 
 import numpy as np
 from numba.extending import register_jitable

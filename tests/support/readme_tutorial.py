@@ -15,11 +15,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-EXAMPLES = ROOT / "examples"
+from support.paths import EXAMPLES, README
+
 # The heading of every tutorial: a README section headed `## Tutorial: ...`.
 TUTORIALS = tuple(re.findall(r"^## Tutorial: .+$", README.read_text(), re.MULTILINE))
+# The second tutorial, and the folder of examples/ that holds its files.
+TABLES_TUTORIAL = "## Tutorial: your own recommender with sparse tables"
+TABLES_FOLDER = "my_recommender"
 BLOCK = re.compile(r"^```(\w+)(?: +(\S+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 VENV_BIN = "RECIPES/.venv/bin/"
 BYTECODE = "__pycache__"  # What importing an example's module leaves in its folder; the README does not show it.

@@ -24,9 +24,7 @@ from checkpoint.loaded import shared_file_name, shared_keys
 from checkpoint.metadata import CheckpointMetadata
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore
-
-TESTS_DIR = Path(__file__).resolve().parent
-STALLING_CLI = TESTS_DIR / "stalling_cli.py"
+from support.paths import ROOT, STALLING_CLI
 
 # A ctr_tiny run that takes a few seconds: 32 steps per data epoch, so 40 steps cross an epoch
 # boundary; metrics are published every 4 steps, so checkpoints of steps 10 and 30 hold metric
@@ -67,7 +65,7 @@ RUN_TIMEOUT_S = 180.0
 def recipes_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a child run: this one's numba cache and settings, WandB offline."""
     env = dict(os.environ)
-    env.setdefault("NUMBA_CACHE_DIR", str(TESTS_DIR.parent / ".numba_cache"))
+    env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
     env["WANDB_MODE"] = "offline"
     env["WANDB_SILENT"] = "true"
     env.update(extra or {})

@@ -4,13 +4,12 @@ import errno
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from torch.multiprocessing.spawn import spawn
 
 from checkpoint import CheckpointManager, CheckpointPolicy
 from gang import FakeGang
-from gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang
 
 
 def rank_state_of(rank: int, step: int) -> dict[str, object]:
@@ -30,7 +29,6 @@ def save_on_every_rank(rank: int, world_size: int, port: int, root: str) -> None
         assert loaded.load_rank_state(rank)["reader"] == {"position": 100 * rank + 2}
 
 
-@pytest.mark.slow
 def test_two_ranks_write_their_states_and_one_rank_reads_both(tmp_path: Path) -> None:
     root = str(tmp_path / "checkpoints")
     spawn(save_on_every_rank, args=(2, free_port(), root), nprocs=2, join=True)
@@ -53,7 +51,6 @@ def resume_on_every_rank(rank: int, world_size: int, port: int, root: str, resul
         Path(results, f"rank_{rank}.txt").write_text(outcome)
 
 
-@pytest.mark.slow
 def test_a_rank_file_only_one_rank_reads_being_damaged_makes_every_rank_resume_the_previous_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -84,7 +81,7 @@ def save_again_on_every_rank(rank: int, world_size: int, port: int, root: str) -
 
 def fail_async_save_on_rank_1(rank: int, world_size: int, port: int, root: str, results: str) -> None:
     with gloo_gang(rank, world_size, port) as gang:
-        manager = CheckpointManager(root, gang, gang_sizes={"dp": world_size}, done_marker_timeout_s=120.0)
+        manager = CheckpointManager(root, gang, gang_sizes={"dp": world_size}, done_marker_timeout_s=600.0)
         manager.save(1, {"model": {"w": torch.arange(4.0)}}, rank_state_of(rank, 1))
         if rank == 1:
             fs = manager._store.fs
@@ -106,7 +103,6 @@ def fail_async_save_on_rank_1(rank: int, world_size: int, port: int, root: str, 
         Path(results, f"rank_{rank}.txt").write_text(f"{time.monotonic() - start:.1f}\n{outcome}")
 
 
-@pytest.mark.slow
 def test_an_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_path: Path) -> None:
     root = str(tmp_path / "checkpoints")
     results = tmp_path / "results"
@@ -117,7 +113,8 @@ def test_an_async_save_failing_on_one_rank_fails_on_every_rank_at_once(tmp_path:
     outcomes = [(results / f"rank_{rank}.txt").read_text().split("\n", 1) for rank in range(2)]
     assert outcomes[1][1].startswith("CheckpointWriteError: Could not save the checkpoint of step 2: writing ")
     assert "rank_1.pt failed with [Errno 28] No space left on device" in outcomes[1][1]
-    # Rank 0 stops waiting for rank 1's files when rank 1 says it failed, long before the timeout.
+    # Rank 0 stops waiting for rank 1's files when rank 1 says it failed, not at the 600 s timeout: far sooner than
+    # that under any load.
     assert outcomes[0][1].startswith("RuntimeError: Rank 1 failed to write its files of "), outcomes[0][1]
-    assert float(outcomes[0][0]) < 30.0
+    assert float(outcomes[0][0]) < 120.0
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]

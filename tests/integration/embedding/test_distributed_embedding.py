@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from torch.multiprocessing.spawn import spawn as mp_spawn
 
@@ -29,7 +28,7 @@ from embedding.optimizers.adagrad import AdagradConfig
 from embedding.optimizers.adam import AdamConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
-from gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang
 
 GLOBAL_BATCH = 8
 DIM = 4
@@ -219,7 +218,6 @@ def assert_same_outputs(rank_outputs: list[dict[str, torch.Tensor]], expected: d
         torch.testing.assert_close(torch.cat([outputs[name] for outputs in rank_outputs]), output, msg=name)
 
 
-@pytest.mark.slow
 def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) -> None:
     spawn(2, "2_ranks", tmp_path)
     two = [torch.load(tmp_path / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]
@@ -239,7 +237,6 @@ def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) 
     assert_same_tables(assemble([saved["sparse"] for saved in four]), reference)
 
 
-@pytest.mark.slow
 def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path: Path) -> None:
     spawn(2, "empty_batch", tmp_path)
     saved = [torch.load(tmp_path / f"empty_batch_{rank}.pt", weights_only=True) for rank in range(2)]
@@ -255,7 +252,6 @@ def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path
         assert_same_tables(assemble([rank_saved[f"{placement}/sparse"] for rank_saved in saved]), reference)
 
 
-@pytest.mark.slow
 def test_ids_sent_ahead_on_another_group_change_no_bit(tmp_path: Path) -> None:
     spawn(2, "prefetched", tmp_path)
     for rank in range(2):

@@ -4,9 +4,7 @@ one process's, id for id; 2-rank checkpoints load into 1 and 3 ranks and go on t
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
-from test_distributed_embedding import apply_step
 from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from embedding import (
@@ -20,7 +18,8 @@ from embedding import (
 from embedding.optimizers.adam import AdamConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
-from gloo_jobs import free_port, gloo_gang
+from integration.embedding.test_distributed_embedding import apply_step
+from support.gloo_jobs import free_port, gloo_gang
 
 GLOBAL_BATCH = 12
 DIM = 4
@@ -109,7 +108,6 @@ def assert_same_rows(actual: list[dict[str, Any]], expected: list[dict[str, Any]
             torch.testing.assert_close(got[key], row, msg=f"{table} id {key}")
 
 
-@pytest.mark.slow
 def test_hash_tables_on_2_and_3_ranks_equal_one_process_and_reshard(tmp_path: Path) -> None:
     spawn(2, "2_ranks", tmp_path)
     two = [torch.load(tmp_path / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from gang import ReduceOperation
-from gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang
 
 
 def _worker(rank: int, world_size: int, port: int, out: Path) -> None:
@@ -27,7 +26,6 @@ def _worker(rank: int, world_size: int, port: int, out: Path) -> None:
         torch.save({"gathered": gathered, "reduced": reduced, "shape_error": shape_error}, out / f"rank_{rank}.pt")
 
 
-@pytest.mark.slow
 def test_a_started_all_gather_completes_beside_a_blocking_collective(tmp_path: Path) -> None:
     mp_spawn(_worker, args=(2, free_port(), tmp_path), nprocs=2)
 

@@ -19,7 +19,7 @@ import torch
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
 from recipes.cli import main
 from recipes.job import JobSpec, resolve_job
-from resume_helpers import check_ok, run_recipes
+from support.resume_helpers import check_ok, run_recipes
 
 # Checkpoints at steps 3 and 6, all kept, so that `best` and `last` can differ.
 SHORT = [
@@ -257,7 +257,6 @@ def test_an_empty_destination_folder_is_taken(
             fs.rm(path.rsplit("/", 1)[0], recursive=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("preset", "extra"),
     [

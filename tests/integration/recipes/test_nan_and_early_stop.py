@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resume_helpers import (
-    TESTS_DIR,
+from support.paths import NAN_RECIPE
+from support.resume_helpers import (
     check_ok,
     checkpoints_dir,
     committed_steps,
@@ -57,7 +57,6 @@ def test_early_stopping_ends_the_run_at_the_validation_that_ran_out_of_patience(
     }
 
 
-@pytest.mark.slow
 def test_rerunning_an_early_stopped_run_trains_no_further(tmp_path: Path, early_stopped_run: Path) -> None:
     output_dir = tmp_path / "run"
     shutil.copytree(early_stopped_run, output_dir)
@@ -71,7 +70,7 @@ def test_rerunning_an_early_stopped_run_trains_no_further(tmp_path: Path, early_
 
 
 def train_nan_recipe(tmp_path: Path, *overrides: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    shutil.copy(TESTS_DIR / "nan_recipe.py", tmp_path / "nan_recipe.py")
+    shutil.copy(NAN_RECIPE, tmp_path / "nan_recipe.py")
     (tmp_path / "recipes.yaml").write_text("nan_ctr:\n  recipe: nan_ctr\n  imports: [nan_recipe]\n")
     output_dir = tmp_path / "run"
     return output_dir, run_recipes(tmp_path, *train_args(output_dir, *overrides, preset="nan_ctr"))
@@ -111,7 +110,6 @@ def test_nan_losses_under_policy_skip_are_counted_and_training_goes_on(tmp_path:
         assert tensors and all(torch.isfinite(t).all() for t in tensors), file_name
 
 
-@pytest.mark.slow
 def test_too_many_nan_losses_in_a_row_under_policy_skip_stop_the_run(tmp_path: Path) -> None:
     overrides = ("nan.at_steps=[13, 14, 15, 16]", "trainer.nan_policy=skip", "trainer.max_consecutive_skipped_steps=3")
     output_dir, result = train_nan_recipe(tmp_path, *overrides)

@@ -17,11 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from resume_helpers import metric_history
-
-pytestmark = pytest.mark.slow
-
-PLUGIN_PACKAGE = Path(__file__).parents[1] / "plugin_package"
+from support.paths import PLUGIN_PACKAGE
+from support.resume_helpers import metric_history
 
 PRESET = """
 plugin_run:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from resume_helpers import check_ok, run_recipes, train_args
+from support.resume_helpers import check_ok, run_recipes, train_args
 
 
 def test_the_profiler_writes_a_chrome_trace_of_the_recorded_training_steps(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from recipes.job import list_checkpoints
-from resume_helpers import (
+from support.resume_helpers import (
     FINAL_STEP,
     assert_same_training,
     check_ok,
@@ -82,7 +82,6 @@ def test_a_run_killed_twice_and_rerun_ends_bitwise_equal_to_an_uninterrupted_one
     assert_only_committed_checkpoints_are_left(output_dir)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("point", ["mid_file", "before_rename", "mid_prune"])
 def test_a_run_killed_inside_a_save_shows_no_half_checkpoint_and_resumes_bitwise_equal(
     tmp_path: Path, reference: Path, point: str

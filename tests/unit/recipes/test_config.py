@@ -187,7 +187,7 @@ def test_a_wrong_type_names_the_key_and_the_expected_type(layer: dict[str, objec
         ("checkpoint.keep_last_n=0", "`checkpoint.keep_last_n` must be an integer >= 1 or null, but is 0 instead"),
         ("gang.tp_size=0", "`gang.tp_size` must be an integer >= 1, but is 0 instead (from layer 0)."),
         ("seed=-1", "`seed` must be an integer in [0, 4294967295], but is -1 instead"),
-        ("gang.timeout_s=.inf", "`gang.timeout_s` must be a finite number > 0, but is inf instead"),
+        ("gang.timeout_s=.inf", "`gang.timeout_s` must be a finite number in (0, 2592000], but is inf instead"),
     ],
 )
 def test_an_invalid_value_is_a_clear_error(override: str, message: str) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from recipes.config import valid_keys
 from recipes.registry import all_presets, get_recipe
+from support import paths
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+README = paths.README.read_text()
 
 
 def leaf_keys(config_class: type) -> list[str]:

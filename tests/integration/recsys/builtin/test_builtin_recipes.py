@@ -18,8 +18,6 @@ from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
 from units import BinaryAUC
 
-pytestmark = pytest.mark.slow
-
 QUIET = ["metrics.recorders.console=false", "metrics.recorders.tensorboard=false", "checkpoint.every_n_steps=null"]
 
 

@@ -9,9 +9,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from mru_eviction import mru
-from test_cuda_hash_index import DEVICE, assert_same_state, feed, random_steps
-from test_hash_index import ids, samples_every_slot
 
 from embedding import EmbeddingTableConfig, ShardedStateError
 from embedding.cuda_hash_index import CudaHashIndex
@@ -21,6 +18,9 @@ from embedding.hash_index import HashIndex, HashPolicy
 from embedding.id_hashing import owner_ranks
 from embedding.planner import row_wise
 from embedding.sharding import TableShard, build_groups
+from support.mru_eviction import mru
+from unit.embedding.test_cuda_hash_index import DEVICE, assert_same_state, feed, random_steps
+from unit.embedding.test_hash_index import ids, samples_every_slot
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
@@ -39,7 +39,7 @@ def by_decorator(isolated_policies: None) -> None:
 @pytest.fixture
 def by_entry_point(isolated_policies: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``mru`` offered as an installed package offers it: imported when the name is first looked up."""
-    point = importlib.metadata.EntryPoint("mru", "mru_eviction:MRU", EVICTION_POLICIES.entry_point_group)
+    point = importlib.metadata.EntryPoint("mru", "support.mru_eviction:MRU", EVICTION_POLICIES.entry_point_group)
     installed = importlib.metadata.entry_points
 
     def entry_points(group: str) -> object:

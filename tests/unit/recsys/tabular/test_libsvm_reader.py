@@ -67,14 +67,15 @@ def test_libffm_fields_come_from_the_tokens(tmp_path: Path) -> None:
         ("1 3:x", LibSVMConfig(num_fields=3), "every feature's value must be a finite number"),
         ("1 3:inf", LibSVMConfig(num_fields=3), "every feature's value must be a finite number"),
         ("1 1:1 2:1 3:1 4:1", LibSVMConfig(num_fields=3), "it must have at most 3 feature tokens"),
-        ("2 3:1", LibSVMConfig(num_fields=3), "the label must be one of 1, -1, but is 2 instead"),
+        ("2 1:1 2:1 3:1", LibSVMConfig(num_fields=3), "the label must be one of 1, -1, but is 2 instead"),
+        ("1 1:1 2:1", LibSVMConfig(num_fields=3), "it must have 3 feature tokens, one per field"),
         ("abc 3:1", LibSVMConfig(num_fields=3), "it must start with a numeric label"),
         ("1 7:5:1", LibFFMConfig(num_fields=3), "every field must be an integer in [0, 3)"),
     ],
 )
 def test_a_bad_line_names_its_file_and_line(tmp_path: Path, line: str, tokens: LibSVMConfig, problem: str) -> None:
     path = tmp_path / "bad.libfm"
-    good = "1 0:1:1" if tokens.with_fields else "1 1:1"
+    good = "1 0:1:1" if tokens.with_fields else "1 1:1 2:1 3:1"
     path.write_text(f"{good}\n{line}\n")
     schema = TabularDataSection(format=tokens, label=MINUS_ONE_ONE)
 
@@ -82,3 +83,16 @@ def test_a_bad_line_names_its_file_and_line(tmp_path: Path, line: str, tokens: L
         read(path, schema)
 
     assert f"Line 2 of file://{path} is malformed: {problem}" in str(error.value)
+
+
+def test_libffm_lines_that_leave_fields_out_read_them_as_empty_bags_and_say_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "sparse.ffm"
+    path.write_text("1 0:5:1 1:6:1 2:7:1\n1 0:5:1\n")
+    data = TabularDataSection(format=LibFFMConfig(num_fields=3, num_buckets=100))
+
+    _, second = read(path, data)
+
+    assert second.sparse["field2"].ids.tolist() == []  # type: ignore[attr-defined]
+    assert "1 lines of a chunk of" in caplog.text and "fewer than the 3 fields of `num_fields`" in caplog.text

@@ -15,7 +15,6 @@ from torch.multiprocessing.spawn import spawn
 
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
-from gloo_jobs import free_port, gloo_gang
 from recipes.job import JobSpec, resolve_job
 from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.click.batch import CTRBatch
@@ -29,8 +28,7 @@ from recsys.tabular.schema import (
     TabularDataSection,
     resolve_path,
 )
-
-pytestmark = pytest.mark.slow
+from support.gloo_jobs import free_port, gloo_gang
 
 MOVIELENS_TRAIN_ROWS = 80_003  # The ratings before the preset's `split.valid_from`.
 NUM_ROWS = 203  # Not a multiple of a global step: the tail is dropped alike on both ranks.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resume_helpers import (
+from support.resume_helpers import (
     DLRM_60_STEPS,
     assert_same_training,
     check_ok,
@@ -21,8 +21,6 @@ from resume_helpers import (
     tensorboard_scalars,
     wait_for_checkpoint,
 )
-
-pytestmark = pytest.mark.slow
 
 PRESET = "dlrm_criteo_tiny_dynamic"
 FINAL_STEP = 60

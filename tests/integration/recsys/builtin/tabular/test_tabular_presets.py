@@ -13,9 +13,7 @@ from pathlib import Path
 import pyarrow.csv as pa_csv
 import pytest
 
-from resume_helpers import check_ok, metric_history, one_line_error, run_recipes
-
-pytestmark = pytest.mark.slow
+from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
 SMALL = ["dataset.batch_size=64", "metrics.recorders.console=false", "trainer.validate_every_n_steps=10"]
 

@@ -1,0 +1,23 @@
+"""``python -m recipes`` run in this process, as the tests that read its exit code and its one-line errors call it."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.cli import main
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``main(argv)``: its exit code and what it printed to stdout and stderr."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    """``err`` is one ``error: ...`` line, without a traceback, holding each fragment."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

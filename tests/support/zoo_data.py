@@ -1,0 +1,100 @@
+"""The zoo's test data and recipe: rows whose label only the interaction of two ids predicts (``XorData``), and
+``zoo_test``, a recipe of any zoo model over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import torch
+
+from embedding import JaggedIds, SparseFeatures
+from recipes.parts import RecipeContext, RecipeParts
+from recipes.registry import register_preset, register_recipe
+from recipes.sections import RecipeConfig
+from recsys.click.batch import CTRBatch
+from recsys.click.units import click_prediction_parts
+from recsys.data.memory import InMemoryReader
+from recsys.models.embeddings import TableSpec
+from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
+
+NUM_IDS, NUM_TAGS, NUM_DENSE = 20, 6, 2
+TABLES = [
+    TableSpec("a", NUM_IDS, ("a",)),
+    TableSpec("b", NUM_IDS, ("b",)),
+    TableSpec("tags", NUM_TAGS, ("tags",), pooling="mean"),
+]
+FEATURES = ["a", "b", "tags"]
+Backend = Literal["sparse", "dense"]
+ZOO_MODEL_NAMES = ZOO_MODELS.names()
+
+
+@dataclass(frozen=True)
+class XorData:
+    """Rows whose label is the XOR of the parities of ids ``a`` and ``b``: no weight per id predicts it
+    (every id is positive half the time), only their interaction does. ``tags`` (0 to 3 ids per row,
+    multi-hot) and the dense features are noise."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    tag_ids: torch.Tensor
+    tag_offsets: torch.Tensor
+    dense: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def make(cls, num_rows: int, seed: int) -> XorData:
+        generator = torch.Generator().manual_seed(seed)
+        a = torch.randint(0, NUM_IDS, (num_rows,), generator=generator)
+        b = torch.randint(0, NUM_IDS, (num_rows,), generator=generator)
+        lengths = torch.randint(0, 4, (num_rows,), generator=generator)
+        tag_ids = torch.randint(0, NUM_TAGS, (int(lengths.sum()),), generator=generator)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        dense = torch.randn(num_rows, NUM_DENSE, generator=generator)
+        return cls(a, b, tag_ids, offsets, dense, ((a % 2) ^ (b % 2)).float())
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, rows: torch.Tensor) -> CTRBatch:
+        starts, lengths = self.tag_offsets[rows], torch.diff(self.tag_offsets)[rows]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        positions = torch.repeat_interleave(starts - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
+        sparse = SparseFeatures(
+            {
+                "a": JaggedIds.from_dense(self.a[rows, None]),
+                "b": JaggedIds.from_dense(self.b[rows, None]),
+                "tags": JaggedIds(self.tag_ids[positions], offsets),
+            }
+        )
+        return CTRBatch(self.dense[rows], sparse, self.labels[rows])
+
+
+@dataclass
+class ZooTestConfig(RecipeConfig):
+    model: Annotated[ZooModelConfig, ZOO_MODELS] = field(default_factory=ZOO_MODELS.default("dcn_v2"))
+
+
+def build_zoo_recipe(context: RecipeContext[ZooTestConfig]) -> RecipeParts:
+    config, dp = context.config, context.gangs.dp
+    train, valid = XorData.make(512, seed=0), XorData.make(100, seed=1)
+    model = build_zoo_model(config.model, TABLES, FEATURES, NUM_DENSE, dp, config.seed)
+    readers = [
+        InMemoryReader(data.batch, len(data), batch_size=32, dp_rank=dp.rank, dp_size=dp.size, **kwargs)
+        for data, kwargs in ((train, {"seed": config.seed}), (valid, {"shuffle": False, "drop_last": False}))
+    ]
+    return click_prediction_parts(context, model, readers[0], readers[1])
+
+
+def register_zoo_recipe() -> None:
+    """Register the recipe ``zoo_test`` and its preset: 6 steps, metrics every 3, checkpoints at steps 3 and 6."""
+    register_recipe("zoo_test", ZooTestConfig)(build_zoo_recipe)
+    register_preset(
+        "zoo_test",
+        "zoo_test",
+        {
+            "trainer": {"max_num_steps": 6, "publish_metrics_every_n_steps": 3, "score_metric": "auc"},
+            "model": {"embeddings": {"dim": 4}, "hidden_dims": [16]},  # fm and logistic_regression drop it
+            "checkpoint": {"every_n_steps": 3},
+        },
+    )

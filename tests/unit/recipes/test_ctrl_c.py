@@ -1,0 +1,20 @@
+"""Ctrl-C outside training (while a job resolves or starts) exits 130 with one line. Ctrl-C during training, in a
+real process: tests/integration/recipes/test_ctrl_c.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes import cli
+
+
+def test_ctrl_c_outside_training_exits_130_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "train", interrupted)
+
+    assert cli.main(["train", "ctr_tiny", "-o", "unused"]) == 130
+    assert capsys.readouterr().err == "error: interrupted.\n"

@@ -1,0 +1,115 @@
+"""Each rank computes with its share of its node's cores, in torch and numba alike (GitHub issue 17): the share, the
+pool numba starts with under torchrun, and the line that says so."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numba
+import pytest
+import torch
+
+from recipes import threads
+from recipes.threads import size_numba_pool, threads_per_rank, use_threads
+
+
+@pytest.fixture(autouse=True)
+def restore_threads() -> Iterator[None]:
+    torch_threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
+    yield
+    torch.set_num_threads(torch_threads)
+    numba.set_num_threads(numba_threads)
+
+
+@pytest.mark.parametrize(
+    ("cores", "local_world_size", "requested", "expected"),
+    [
+        (8, None, None, 8),  # one process: every core
+        (8, "2", None, 4),
+        (8, "3", None, 2),  # the remainder stays idle rather than oversubscribed
+        (2, "4", None, 1),  # never fewer than one
+        (8, "2", 3, 3),  # gang.threads_per_rank wins
+    ],
+)
+def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(
+    monkeypatch: pytest.MonkeyPatch, cores: int, local_world_size: str | None, requested: int | None, expected: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cores)), raising=False)
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+
+    assert threads_per_rank(requested) == expected
+
+
+@pytest.mark.parametrize(
+    ("local_world_size", "numba_threads", "expected"),
+    [("2", None, "1"), ("2", "2", "2"), (None, None, None)],
+    ids=["under torchrun", "set by the user", "one process"],
+)
+def test_numbas_pool_is_sized_for_the_rank_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch, local_world_size: str | None, numba_threads: str | None, expected: str | None
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for name, value in (("LOCAL_WORLD_SIZE", local_world_size), ("NUMBA_NUM_THREADS", numba_threads)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+
+    size_numba_pool()
+
+    assert os.environ.get("NUMBA_NUM_THREADS") == expected
+
+
+def test_use_threads_sets_torch_and_numba_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+
+    line = use_threads(1)
+
+    assert torch.get_num_threads() == 1 and numba.get_num_threads() == 1
+    assert line == "threads: 1 per rank for torch and numba, from gang.threads_per_rank"
+
+
+def test_numba_never_gets_more_threads_than_its_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = numba.config.NUMBA_NUM_THREADS
+
+    line = use_threads(pool + 1)
+
+    assert torch.get_num_threads() == pool + 1 and numba.get_num_threads() == pool
+    assert f"(numba {pool}: NUMBA_NUM_THREADS)" in line
+
+
+def _machine(monkeypatch: pytest.MonkeyPatch, samples: list[dict[int, tuple[int, int]]]) -> None:
+    """Two cores whose /proc/stat readings (busy and idle jiffies per core) are ``samples``, in turn."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(threads, "_cpu_times", lambda cores: samples.pop(0))
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+
+
+def test_a_core_other_work_keeps_busy_is_left_to_it_and_the_line_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Core 0 busy all the interval, core 1 idle for 90 of its 100 jiffies.
+    _machine(monkeypatch, [{0: (100, 100), 1: (100, 100)}, {0: (200, 100), 1: (110, 190)}])
+
+    line = use_threads(None)
+
+    assert torch.get_num_threads() == 1
+    assert line == (
+        "threads: 1 per rank for torch and numba, from 1 of 2 cores free (other work keeps 1.1 busy) "
+        "/ 1 rank(s) on this node"
+    )
+
+
+def test_an_idle_machine_gives_every_core_and_where_the_os_does_not_tell_the_cores_present_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _machine(monkeypatch, [{0: (0, 0), 1: (0, 0)}, {0: (1, 99), 1: (0, 100)}])
+    assert threads.free_cores() == pytest.approx(1.99)
+
+    _machine(monkeypatch, [{}, {}])
+    assert threads.free_cores() is None
+    _machine(monkeypatch, [{}, {}])
+    assert use_threads(None).endswith("from 2 cores / 1 rank(s) on this node")
