@@ -156,6 +156,59 @@ def test_a_users_module_named_like_a_framework_package_is_refused_in_one_line(tm
     assert_one_line_error(result.stderr, f"{tmp_path / 'units.py'} hides the framework's package `units`", "rename it")
 
 
+EARLY_FAILURE_PY = """\
+from dataclasses import dataclass
+
+from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
+from recipes.registry import register_recipe
+
+
+@dataclass
+class EarlyConfig(CTRConfig):
+    def __post_init__(self) -> None:
+        raise RuntimeError("the config failed on purpose")
+
+
+register_recipe("early", EarlyConfig)(build_ctr)
+"""
+
+
+def test_a_failure_before_logging_is_set_up_prints_one_line_and_no_traceback(tmp_path: Path, run_cli: Any) -> None:
+    """Once Python's last-resort handler printed "The job failed." and the traceback before the line."""
+    (tmp_path / "early.py").write_text(EARLY_FAILURE_PY)
+    (tmp_path / "recipes.yaml").write_text("early:\n  recipe: early\n  imports: [early]\n")
+
+    result = run_cli("train", "early", "-o", "out", cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert result.stderr == "error: RuntimeError: the config failed on purpose\n"
+
+
+AT_EXIT_PY = """\
+import atexit
+import pathlib
+
+atexit.register(pathlib.Path("teardown_ran").touch)
+"""
+
+
+def test_a_finished_train_exits_0_without_the_interpreters_teardown(tmp_path: Path, run_cli: Any) -> None:
+    """The teardown destroyed native threads, which sometimes aborted a finished run ('terminate called without an
+    active exception', SIGABRT, exit 1 after "Done."); an exit hook a module registered shows whether it ran."""
+    (tmp_path / "at_exit.py").write_text(AT_EXIT_PY)
+    (tmp_path / "recipes.yaml").write_text("mine:\n  recipe: ctr\n  imports: [at_exit]\n")
+    args = ["-o", "out", "trainer.max_num_steps=2", "metrics.recorders.console=false"]
+
+    trained = run_cli("train", "mine", *args, cwd=tmp_path)
+    finished = run_cli("train", "mine", *args, cwd=tmp_path)  # A finished run: nothing left to train.
+
+    for result in (trained, finished):
+        assert result.returncode == 0, result.stderr
+        assert "Done. TensorBoard logs: out/tb" in result.stdout
+    assert "Resumed from the checkpoint of step 2." in (tmp_path / "out" / "logs" / "rank_0.log").read_text()
+    assert not (tmp_path / "teardown_ran").exists()
+
+
 MY_RECIPE_PY = """\
 from dataclasses import dataclass
 

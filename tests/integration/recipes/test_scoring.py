@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,23 @@ def test_scoring_allocates_the_tables_rows_and_no_optimizer_state(
     held += sum(t.nbytes for c in parts.tables.values() for g in c.groups for t in g.optimizer_state.values())
     assert shards and held == rows_bytes
     assert all(not shard.optimizer_state for shard in shards)
+
+
+def test_eval_of_the_test_split_records_its_metrics_under_the_splits_name(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once recorded as ``eval_valid``, among the validation's own metrics."""
+    args = ["dataset.synthetic_rows=2000", "trainer.max_num_steps=3", "metrics.recorders.console=false"]
+    assert main(["train", "dlrm_criteo_tiny", "-o", "run", *args]) == 0
+    capsys.readouterr()
+
+    assert main(["eval", "run", "--split", "test"]) == 0
+
+    out = capsys.readouterr().out
+    assert out.startswith("test: auc=")
+    run = isolated_presets / "run"
+    assert sorted(path.name for path in (run / "metrics").glob("eval_*.jsonl")) == ["eval_test.jsonl"]
+    [row] = [json.loads(line) for line in (run / "metrics" / "eval_test.jsonl").read_text().splitlines()]
+    assert row["step"] == 3 and 0 <= row["auc"] <= 1
+    assert sorted(path.name for path in (run / "tb").glob("eval_*")) == ["eval_test"]
+    assert any((run / "tb" / "eval_test").iterdir())

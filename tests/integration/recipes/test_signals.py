@@ -49,6 +49,12 @@ def test_a_stop_signal_saves_a_checkpoint_exits_0_and_a_rerun_resumes_there(tmp_
     # The step the signal interrupted was finished; a stop is a resume point only: it publishes no metrics off the
     # schedule (every 4 steps).
     assert metric_history(output_dir)["train"][-1]["step"] == stop_step - stop_step % 4
+    # Nor does it validate off the schedule (every 20 steps); its checkpoint, unless the schedule's (every 10 steps),
+    # is marked a resume point only.
+    assert [row["step"] for row in metric_history(output_dir).get("valid", [])] == list(range(20, stop_step + 1, 20))
+    interrupted = stop_step % 10 != 0
+    assert read_metadata(last).interrupted == interrupted
+    assert read_metadata(last).score is None or not interrupted
 
     check_ok(run_recipes(tmp_path, *train_args(output_dir, f"trainer.max_num_steps={stop_step + 3}")))
 
@@ -56,3 +62,5 @@ def test_a_stop_signal_saves_a_checkpoint_exits_0_and_a_rerun_resumes_there(tmp_
     assert f"Resumed from the checkpoint of step {stop_step}." in log
     assert re.search(rf"Training starts at step {stop_step} ", log)
     assert committed_steps(output_dir)[-1] == stop_step + 3
+    if interrupted:  # A resume point only: gone once a later checkpoint is saved.
+        assert stop_step not in committed_steps(output_dir)

@@ -554,3 +554,26 @@ def test_a_full_disk_fails_the_save_in_one_line_naming_the_path_and_the_free_spa
     assert_equal(manager.load(1).shared_state, make_state(1))
     loaded = CheckpointManager(root, FakeGang()).load_newest_intact()
     assert loaded is not None and loaded.step == 1 and loaded.load_rank_state(0) == {"position": 1}
+
+
+@pytest.mark.parametrize("foreign", ["file", "folder"])
+def test_what_the_manager_did_not_write_at_a_checkpoints_place_is_set_aside_never_deleted(
+    root: str, foreign: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fs, path = fsspec.core.url_to_fs(root)
+    manager = CheckpointManager(root, FakeGang())
+    manager.save(5, make_state(5))
+    fs.makedirs(path, exist_ok=True)
+    theirs = f"{path}/step_10/notes.txt" if foreign == "folder" else f"{path}/step_10"
+    if foreign == "folder":
+        fs.makedirs(f"{path}/step_10", exist_ok=True)
+    fs.pipe_file(theirs, b"a user's file")
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
+        manager.save(10, make_state(10))
+
+    assert [info.step for info in manager.list_checkpoints()] == [5, 10]
+    assert_equal(manager.load(10).shared_state, make_state(10))
+    kept = theirs.replace("step_10", "step_10.not-a-checkpoint")
+    assert fs.cat_file(kept) == b"a user's file"
+    assert "which is no checkpoint, aside to step_10.not-a-checkpoint (kept, never deleted)" in caplog.text

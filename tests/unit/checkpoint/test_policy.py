@@ -58,3 +58,20 @@ def test_no_rule_keeps_everything(root: str) -> None:
         manager.save(step, {})
     assert [info.step for info in manager.list_checkpoints()] == [1, 2, 3, 4]
     assert manager.best_step() is None
+
+
+def test_a_checkpoint_saved_on_a_stop_counts_for_no_rule_and_goes_once_a_later_one_is_saved(root: str) -> None:
+    manager = CheckpointManager(root, FakeGang(), CheckpointPolicy(keep_last_n=2, keep_best_n=1, lower_better=True))
+    manager.save(10, {}, score=0.5)
+    manager.save(13, {}, score=0.1, extras={"interrupted": True})
+
+    # The stop's checkpoint is the newest, so it stays, but it pushes no regular checkpoint out of the last two.
+    assert [(info.step, info.kept_by) for info in manager.list_checkpoints()] == [
+        (10, ("keep_last_n", "keep_best_n")),
+        (13, ("newest", "newest_resumable")),
+    ]
+
+    manager.save(20, {}, score=0.9)
+
+    assert [info.step for info in manager.list_checkpoints()] == [10, 20]
+    assert manager.best_step() == 10

@@ -3,10 +3,14 @@ Real processes and a real training: tests/integration/recipes/test_cli.py."""
 
 from __future__ import annotations
 
+import errno
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from fsspec.implementations.local import LocalFileSystem
 
 from recipes.cli import main
 from support.cli_runs import assert_one_line_error, run_main
@@ -96,6 +100,17 @@ def test_help_of_every_command_exits_0(command: str | None, capsys: pytest.Captu
         (["fly"], ["invalid choice: 'fly'"]),
         (["show", "missing/preset.yaml"], ["The preset file missing/preset.yaml does not exist"]),
         (["checkpoints", "nowhere"], ["nowhere is not a run's output directory"]),
+        # Once trained into ./runs/ctr_tiny, possibly resuming an unrelated run there.
+        (
+            ["train", "ctr_tiny", "-o", "", "trainer.max_num_steps=1"],
+            ["The output directory must be a path, but is empty"],
+        ),
+        # Once "The preset file nowhere/run does not exist".
+        (
+            ["eval", "nowhere/run"],
+            ["nowhere/run must be a run's output directory (or a preset), but is not: it does not"],
+        ),
+        (["eval", "."], [". must be a run's output directory (or a preset), but is not: it has no config.yaml."]),
     ],
 )
 def test_a_user_error_exits_2_with_one_line(
@@ -158,6 +173,8 @@ def test_a_bad_score_metric_prints_one_line(isolated_presets: Path, capsys: pyte
             "Unknown config key 'optimizer.learning_rate' for optimizer 'adamw' (from the command line). "
             "Did you mean 'optimizer.lr'?",
         ),
+        # Once an OverflowError and its traceback, when the gang was set up.
+        ("gang.timeout_s=1e300", "`gang.timeout_s` must be a finite number in (0, 2592000], but is 1e+300 instead"),
     ],
 )
 def test_a_bad_value_is_refused_with_one_line_before_anything_is_written(
@@ -245,3 +262,65 @@ def test_a_runtime_file_error_outside_the_build_stays_a_failure(
 
     assert code == 1
     assert_one_line_error(err, "FileNotFoundError")
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("model.hidden_dims=[1000000000000]", "(empty of shape [1000000000000, 68])"),
+        ("dataset.vocab_size=100000000000000", "(arange of shape [100000000000000])"),
+    ],
+    ids=["hidden_dims", "vocab_size"],
+)
+def test_a_model_too_big_for_the_memory_is_refused_before_it_is_allocated(
+    override: str, fragment: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once a raw allocator error (exit 1) or, where memory is overcommitted, the out-of-memory killer."""
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.recorders.console=false", override)
+
+    assert code == 2
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: Building the model needs a tensor of ")
+    assert fragment in line and "make the model smaller" in line
+    assert not (isolated_presets / "out" / "checkpoints").exists()
+
+
+def test_a_threads_uncaught_error_goes_to_the_log_not_the_terminal(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Once a thread's traceback on the terminal (a TensorBoard writer's on a full disk), beside the one line."""
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # The CLI's hook, undone after the test.
+    assert run_main(capsys, "list")[0] == 0
+
+    def fail() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    thread = threading.Thread(target=fail, name="writer")
+    thread.start()
+    thread.join()
+
+    assert capsys.readouterr().err == ""
+    assert "Thread writer failed: OSError: [Errno 28] No space left on device" in caplog.text
+
+
+def test_a_full_disk_when_the_config_is_written_is_one_line_naming_the_file(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an OSError with its traceback, before training, naming no file."""
+    opened = LocalFileSystem.open
+
+    def full(fs: LocalFileSystem, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "config.yaml" in path and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return opened(fs, path, mode, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "open", full)
+
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.recorders.console=false")
+
+    assert code == 1
+    assert_one_line_error(
+        err, "error: WriteError: Could not write out/config.yaml: [Errno 28] No space left on device."
+    )

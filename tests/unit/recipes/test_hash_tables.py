@@ -30,6 +30,11 @@ from support.overrides import CTR_HASH, SMALL_DYNAMIC
             "'model.embeddings.hash.eviction.ttl_steps'?",
         ),
         ("dataset.vocab_size=0", "`dataset.vocab_size` must be an integer >= 1, but is 0 instead"),
+        (  # Once accepted: no id would ever be admitted.
+            "model.embeddings.hash.min_count=100000000",
+            "`min_count` of hash table 'cat_0' must be at most 1024, the count its count-min sketch of 1024 columns on "
+            "rank 0 reaches before its counts halve, but is 100000000 instead: no id would ever be admitted.",
+        ),
     ],
 )
 def test_a_bad_hash_table_config_is_one_line_and_exit_2(

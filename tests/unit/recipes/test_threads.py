@@ -53,6 +53,8 @@ def test_numbas_pool_is_sized_for_the_rank_under_torchrun(
     monkeypatch: pytest.MonkeyPatch, local_world_size: str | None, numba_threads: str | None, expected: str | None
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    # A copy of the environment: what `size_numba_pool` sets must not reach numba's config in later tests.
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     for name, value in (("LOCAL_WORLD_SIZE", local_world_size), ("NUMBA_NUM_THREADS", numba_threads)):
         if value is None:
             monkeypatch.delenv(name, raising=False)

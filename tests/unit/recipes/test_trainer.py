@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from gang import FakeGang, Gangs
+from recipes.data_reader import DataError
 from recipes.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
 from recipes.errors import UserError
 from recipes.profiler import Profiler
@@ -31,7 +33,7 @@ from support.linear_regression import (
     reader,
     sequence_validation,
 )
-from units import TrainUnit
+from units import EvalUnit, Mean, MetricBag, TrainUnit
 
 
 class ListRecorder(MetricRecorder):
@@ -392,3 +394,145 @@ def test_what_an_async_save_may_copy_late_stays_unchanged_until_the_trainer_wait
     assert checkpointer.late_model_entries == [parameters] * 3  # Steps 2, 4 and 6.
     assert checkpointer.num_late_optimizer_tensors == [3 * 4] * 3  # step, exp_avg, exp_avg_sq of each.
     assert checkpointer.num_waits == 6
+
+
+# Data that fills no step -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "num_accumulate", "max_steps", "max_epochs", "step_rows"),
+    [
+        (16, 1, 5, None, "a step takes 16 rows (`batch_size` 16 per rank x 1 micro-batches"),  # a batch too big
+        (8, 2, 5, None, "a step takes 16 rows (`batch_size` 8 per rank x 2 micro-batches"),  # too much accumulation
+        (16, 1, None, 1, "a step takes 16 rows"),  # one epoch of nothing: once 0 steps and a checkpoint of step 0
+    ],
+    ids=["a_batch_larger_than_the_data", "too_much_accumulation", "one_epoch_of_nothing"],
+)
+def test_data_that_fills_no_step_stops_naming_its_rows_and_the_rows_of_a_step(
+    batch_size: int, num_accumulate: int, max_steps: int | None, max_epochs: int | None, step_rows: str
+) -> None:
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=max_steps, max_num_data_epochs=max_epochs),
+        data=reader(batch_size=batch_size, num_accumulate=num_accumulate, num_samples=8),
+    )
+
+    with pytest.raises(DataError) as raised:
+        trainer.run()
+
+    message = str(raised.value)
+    assert message.startswith("The training data fills no step of a data epoch (8 samples in memory; "), message
+    assert step_rows in message
+    assert message.endswith("is it empty, or smaller than one step?")
+    assert trainer.step_nr == 0
+
+
+# A stop on request ---------------------------------------------------------------------------
+
+
+class RecordingCheckpointer:
+    """Keeps a copy of what each save holds, as a checkpoint would, with its flags."""
+
+    def __init__(self) -> None:
+        self.saves: list[tuple[int, bool, bool]] = []  # (step, last, interrupted)
+        self.states: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def save(
+        self,
+        step_nr: int,
+        score: float | None,
+        shared_state: dict[str, Any],
+        rank_state: dict[str, Any],
+        last: bool,
+        unchanged_until_staged: Callable[[torch.Tensor], bool],
+        interrupted: bool = False,
+    ) -> None:
+        self.saves.append((step_nr, last, interrupted))
+        self.states[step_nr] = (copy.deepcopy(shared_state), copy.deepcopy(rank_state))
+
+    def wait_until_staged(self) -> None:
+        pass
+
+
+class StoppedAtUnit(SquaredErrorUnit):
+    """Asks its trainer to stop during step ``stop_at``, as the signal handler does."""
+
+    def __init__(self, model: nn.Module, stop_at: int | None) -> None:
+        super().__init__(model)
+        self.stop_at = stop_at
+        self.trainer: Trainer[Batch] | None = None
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+        if self.step_nr == self.stop_at and self.trainer is not None:
+            self.trainer.request_stop()
+        return super().__call__(batch)
+
+
+class ErrorEvalUnit(EvalUnit[Batch]):
+    """``score``: the model's mean squared error, so that it depends on the training alone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model, MetricBag(FakeGang()))
+        self.metric_bag.register("score", Mean())
+
+    def __call__(self, batch: Batch) -> None:
+        features, targets = batch
+        self.metric_bag["score"].update(((self.model(features).squeeze(1) - targets) ** 2).mean().detach())
+
+
+def early_stopping_trainer(
+    stop_at: int | None, recorder: ListRecorder, checkpointer: RecordingCheckpointer
+) -> Trainer[Batch]:
+    """Validates every 4 steps; the error falls at each, which `lower_better=False` takes for a worse score: with a
+    patience of 2, the run stops early at step 12 (best at step 4)."""
+    model = linear_model()
+    unit = StoppedAtUnit(model, stop_at)
+    trainer = make_trainer(
+        TrainerSection(
+            max_num_steps=40, validate_every_n_steps=4, publish_metrics_every_n_steps=4, score_metric="score"
+        ),
+        unit=unit,
+        validations=[Validation(ErrorEvalUnit(model), reader(batch_size=8))],
+        recorder=recorder,
+        early_stopper=PatienceEarlyStopper(2, lower_better=False),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),  # State that a resume must load.
+        checkpointer=checkpointer,
+    )
+    unit.trainer = trainer
+    return trainer
+
+
+def test_a_stop_on_request_publishes_and_validates_nothing_and_saves_a_resume_point_only() -> None:
+    recorder, checkpointer = ListRecorder(), RecordingCheckpointer()
+    trainer = early_stopping_trainer(5, recorder, checkpointer)
+
+    trainer.run()
+
+    assert trainer.step_nr == 5
+    assert recorder.steps("train") == [4]
+    assert recorder.steps("valid") == [4]
+    assert checkpointer.saves == [(2, False, False), (4, False, False), (5, True, True)]
+
+
+def test_a_run_stopped_on_request_and_resumed_ends_as_the_run_never_stopped() -> None:
+    """With early stopping, the stop's validation counted as one without a new best: the resumed run stopped at
+    step 8 rather than 12 (issue 31)."""
+    reference_recorder = ListRecorder()
+    reference = early_stopping_trainer(None, reference_recorder, RecordingCheckpointer())
+    reference.run()
+    assert reference.step_nr == 12
+
+    checkpointer = RecordingCheckpointer()
+    early_stopping_trainer(5, ListRecorder(), checkpointer).run()
+    shared, own = checkpointer.states[5]
+    recorder = ListRecorder()
+    resumed = early_stopping_trainer(None, recorder, RecordingCheckpointer())
+    resumed.load_state(shared, own, [own])
+    resumed.run()
+
+    assert resumed.step_nr == reference.step_nr
+    assert recorder.steps("valid") == [8, 12]
+    expected = [values for run, step, values in reference_recorder.records if run == "valid" and step > 5]
+    assert [values for run, _, values in recorder.records if run == "valid"] == expected
+    assert resumed.state.shared()["model"].keys() == reference.state.shared()["model"].keys()
+    for name, value in reference.state.shared()["model"].items():
+        torch.testing.assert_close(resumed.state.shared()["model"][name], value)

@@ -3,17 +3,20 @@ training: tests/integration/recipes/recorders/test_recorders.py)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from gang import FakeGang, Gangs
 from recipes.checkpointing import set_earlier_metrics_aside
-from recipes.errors import UserError
+from recipes.errors import UserError, WriteError
 from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
 from recipes.recorders.base import flatten
 
@@ -79,6 +82,78 @@ def test_jsonl_on_resume_refuses_a_broken_line_before_the_last_naming_file_and_l
 
     with pytest.raises(UserError, match=r"Line 2 of \S+train\.jsonl must be a JSON object with an integer step"):
         JsonlRecorder(str(tmp_path), resume_step=30)
+
+
+class Killed(BaseException):
+    """A kill -9, as far as the code under test can tell: nothing after it runs."""
+
+
+def test_a_kill_while_a_resume_rewrites_the_jsonl_loses_no_row(
+    tmp_path: Path, read_jsonl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was once truncated and rewritten in place: a kill then left it empty, its rows gone for good."""
+    first = JsonlRecorder(str(tmp_path))
+    for step in (10, 20, 30):
+        first.record("train", step, {"loss": float(step)})
+    rows = read_jsonl(tmp_path / "train.jsonl")
+    opened = LocalFileSystem.open
+
+    def killed_while_rewriting(fs: LocalFileSystem, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if mode != "w":  # (Text mode opens again in "wb".)
+            return opened(fs, path, mode, **kwargs)
+        with opened(fs, path, mode, **kwargs) as file:
+            file.write('{"step": 10, "lo')
+        raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(LocalFileSystem, "open", killed_while_rewriting)
+        with pytest.raises(Killed):
+            JsonlRecorder(str(tmp_path), resume_step=20)
+
+    assert read_jsonl(tmp_path / "train.jsonl") == rows
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train.jsonl", "train.jsonl.rewrite"]
+
+    JsonlRecorder(str(tmp_path), resume_step=20).record("train", 30, {"loss": 3.0})
+
+    assert read_jsonl(tmp_path / "train.jsonl") == [*rows[:2], {"step": 30, "loss": 3.0}]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train.jsonl"]  # The stale rewrite is gone.
+
+
+def test_a_full_disk_while_writing_a_jsonl_line_is_a_write_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = JsonlRecorder(str(tmp_path / "metrics"))
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalFileSystem, "open", full)
+
+    with pytest.raises(WriteError) as raised:
+        recorder.record("train", 10, {"loss": 0.5})
+
+    path = tmp_path / "metrics" / "train.jsonl"
+    assert str(raised.value) == f"Could not write {path}: [Errno 28] No space left on device."
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # The writer thread's, said again.
+def test_a_full_disk_under_the_tensorboard_writer_is_a_write_error_naming_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The writer's thread meets the error; the recorder says it in one line, with no thread traceback."""
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RecordWriter, "write", full)
+    recorder = TensorBoardRecorder(str(tmp_path / "tb"))
+
+    with pytest.raises(WriteError) as raised:
+        for step in range(1, 4):  # The thread's error surfaces at the flush after it.
+            recorder.record("train", step, {"loss": 2.0})
+
+    assert str(raised.value) == f"Could not write {tmp_path / 'tb'}/train: [Errno 28] No space left on device."
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_fresh_start_in_a_used_output_directory_moves_the_earlier_metrics_aside(

@@ -149,3 +149,16 @@ def test_a_seek_stops_the_thread_that_read_ahead(tmp_path: Path) -> None:
     reader.load_state_dict(reader.state_dict())
     list(reader)
     assert reading_threads() == before  # at the end of the files the thread has ended
+
+
+def test_a_directory_given_as_a_data_file_is_one_line_saying_so(tmp_path: Path) -> None:
+    """Once "does not exist", of a directory that does."""
+    folder = tmp_path / "day_0"
+    folder.mkdir()
+
+    with pytest.raises(DataError) as error:
+        stream.open_files(str(folder))
+
+    assert str(error.value) == (
+        f"`paths` must name files, but file://{folder} is a directory (a glob names its files)."
+    )

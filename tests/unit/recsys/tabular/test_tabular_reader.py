@@ -6,6 +6,7 @@ import csv
 import gzip
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,70 @@ def test_files_parsed_on_threads_give_the_same_batches(tmp_path: Path) -> None:
     expected = steps(1)
     assert len(expected) == 100
     assert steps(2) == expected and steps(4) == expected
+
+
+def test_a_header_naming_a_column_twice_stops_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("click,age,city,age\n1,1,a,2\n")
+
+    with pytest.raises(DataError) as error:
+        read(path, schema())
+
+    assert str(error.value) == f"The header of file://{path} must name each column once, but names age twice."
+
+
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [
+        ("click,age,city\n", "0 well-formed lines read this epoch, 0 malformed ones skipped"),  # a header alone
+        ("click,age,city\n1,x,a\n0,y,b\n", "0 well-formed lines read this epoch, 2 malformed ones skipped"),
+    ],
+    ids=["header_alone", "every_row_skipped"],
+)
+def test_a_file_that_fills_no_step_is_described_by_its_name_rows_and_the_rows_of_a_step(
+    tmp_path: Path, text: str, counts: str
+) -> None:
+    """What the Trainer says when the data fills no step (tests/unit/recipes/test_trainer.py); once the schema's
+    run stopped with "is the data empty?", naming no file."""
+    path = tmp_path / "rows.csv"
+    path.write_text(text)
+    reader = TabularReader(str(path), schema(), batch_size=4, shuffle=False, max_malformed_rows=5)
+
+    assert [step for step in reader] == []
+
+    assert reader.describe() == (
+        f"file://{path}: {counts}; a step takes 4 rows (`batch_size` 4 per rank x 1 micro-batches "
+        "(`trainer.grad_accumulation`) x 1 data-parallel ranks)"
+    )
+
+
+def cut_gzip(path: Path, rows: int) -> None:
+    with gzip.open(path, "wb") as file:
+        file.write(b"click,age,city\n" + b"".join(b"%d,%d,c%d\n" % (i % 2, i, i) for i in range(rows)))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (
+            lambda path: cut_gzip(path, 5000),
+            "EOFError: Compressed file ended before the end-of-stream marker was reached",
+        ),
+        (lambda path: path.write_bytes(b"click,age,city\n1,2,a\n"), "BadGzipFile: Not a gzipped file (b'cl')"),
+    ],
+    ids=["cut_short", "not_a_gzip"],
+)
+def test_a_gzip_cut_short_or_not_a_gzip_is_one_line_naming_the_file(
+    tmp_path: Path, make: Callable[[Path], None], reason: str
+) -> None:
+    """Once an EOFError or BadGzipFile traceback, exit 1, with no file named."""
+    path = tmp_path / "rows.csv.gz"
+    make(path)
+
+    with pytest.raises(DataError) as error:
+        read(path, schema(), batch_size=64)
+
+    assert str(error.value) == (
+        f"file://{path} must be a whole, valid compressed file, but reading it failed: {reason}."
+    )
