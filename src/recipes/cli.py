@@ -1,4 +1,5 @@
-"""``python -m recipes``: list, show, train, evaluate and predict with presets; export a run's tables.
+"""``python -m recipes``: list, show, train, evaluate and predict with presets; rank a run's features by
+permutation importance; export a run's tables.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
 with the cause; the traceback goes to the rank's log file), 130 interrupted by Ctrl-C (after
@@ -19,17 +20,27 @@ from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureErro
 from recipes.config import dump_yaml
 from recipes.errors import UserError
 from recipes.export_tables import export_tables
+from recipes.importance import format_table, importance
 from recipes.job import JobSpec, config_document, default_output_dir, list_checkpoints, resolve_job
 from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun, report_rank_error
 from recipes.registry import all_presets
 from recipes.run import train
 from recipes.scoring import score
 from recipes.stop_signals import TrainingInterrupted
+from units import TooManySlicesError
 
 log = logging.getLogger(__name__)
 
 # Mistakes in what the user asked for or gave: a bad preset, key, value, path, checkpoint or id.
-USER_ERRORS = (UserError, CheckpointError, EmbeddingConfigError, ShardedStateError, SparseFeatureError)
+# A slice column whose values the ranks' data only together show to be too many is found at a validation.
+USER_ERRORS = (
+    UserError,
+    CheckpointError,
+    EmbeddingConfigError,
+    ShardedStateError,
+    SparseFeatureError,
+    TooManySlicesError,
+)
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 
@@ -39,6 +50,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+CHECKPOINT_HELP = "which checkpoint: auto (default: the best scored one if any, else the last), last, best, or a step"
 
 
 def _job_arguments(parser: argparse.ArgumentParser, with_output: bool) -> None:
@@ -76,31 +90,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eval_parser = commands.add_parser("eval", help="score a checkpoint of a run on a split of its data")
     predict_parser = commands.add_parser("predict", help="write a checkpoint's predictions for every row of a split")
-    for scoring in (eval_parser, predict_parser):
-        _scoring_arguments(scoring, predict=scoring is predict_parser)
+    importance_parser = commands.add_parser(
+        "importance", help="rank the features of a split by how much a checkpoint's AUC drops when they are shuffled"
+    )
+    _scoring_arguments(eval_parser, "eval")
+    _scoring_arguments(predict_parser, "predict")
+    _scoring_arguments(importance_parser, "importance")
+    importance_parser.add_argument(
+        "--seed", type=int, default=0, help="the seed of the permutations (default 0): the same seed, the same table"
+    )
     checkpoints = commands.add_parser("checkpoints", help="list the checkpoints of an output directory")
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR")
     export = commands.add_parser("export-tables", help="write a checkpoint's sparse tables as Parquet files")
     export.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
-    export.add_argument("--checkpoint", default="last", help="last (default), best, or a step: N or step_N")
+    export.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="a new folder: one <table>.parquet each")
     return parser
 
 
-def _scoring_arguments(parser: argparse.ArgumentParser, predict: bool) -> None:
-    """``eval`` and ``predict`` share one signature: a run's OUTPUT_DIR (its config.yaml names the recipe), or
-    ``PRESET OUTPUT_DIR``; then the checkpoint, the split and overrides."""
+def _scoring_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """``eval``, ``predict`` and ``importance`` share one signature: a run's OUTPUT_DIR (its config.yaml names the
+    recipe), or ``PRESET OUTPUT_DIR``; then the checkpoint, the split and overrides. ``-o`` is the predictions'
+    file, the importance table's, or (for ``eval``) the run's output directory after a PRESET."""
     parser.add_argument("preset", metavar="OUTPUT_DIR|PRESET", help="a run's output directory, or a preset name/file")
     parser.add_argument("args", nargs="*", metavar="ARG", help="OUTPUT_DIR (after a PRESET) and/or overrides")
-    if predict:
+    if command == "predict":
         parser.add_argument("-o", "--output", required=True, metavar="FILE", help="the predictions: .csv or .parquet")
+    elif command == "importance":
+        parser.add_argument("-o", "--output", metavar="FILE", help="also write the table: .csv or .parquet")
     else:
         parser.add_argument("-o", "--output-dir", help="the run's output directory (after a PRESET)")
-    parser.add_argument("--checkpoint", default="last", help="which checkpoint: last (default), best, or a step")
+    parser.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     parser.add_argument("--split", default="valid", help="which data: valid (default), or a split such as test")
     parser.add_argument("--config-file", action="append", default=[], metavar="F", help="a YAML config file")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="an override")
-    parser.add_argument("--nproc", type=int, default=None, help="run N processes through torchrun's launcher")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        # `importance` takes it only to refuse it in a line of its own.
+        help=argparse.SUPPRESS if command == "importance" else "run N processes through torchrun's launcher",
+    )
 
 
 def _scoring_spec(args: argparse.Namespace) -> JobSpec:
@@ -178,6 +208,13 @@ def _score(args: argparse.Namespace) -> None:
         print(f"Wrote the predictions for every row of the {args.split} split to {predictions}.")
 
 
+def _importance(args: argparse.Namespace) -> None:
+    report = importance(_scoring_spec(args), args.checkpoint, args.split, args.seed, args.output)
+    print(format_table(report))
+    if args.output is not None:
+        print(f"Wrote the table to {args.output}.")
+
+
 def _checkpoints(output_dir: str) -> None:
     infos = list_checkpoints(output_dir)
     if not infos:
@@ -237,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _list()
         elif args.command == "show":
             _show(_job_spec(args, with_output=False))
+        elif args.command == "importance" and args.nproc is not None:
+            raise UserError(
+                "`importance` permutes each feature across all the split's rows, which one process holds, so "
+                f"`--nproc` must be left out, but is {args.nproc}."
+            )
         elif getattr(args, "nproc", None) is not None:
             if args.command == "train":
                 _check_output_dir(_job_spec(args, with_output=True))
@@ -247,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _train(spec)
         elif args.command in ("eval", "predict"):
             _score(args)
+        elif args.command == "importance":
+            _importance(args)
         elif args.command == "checkpoints":
             _checkpoints(args.output_dir)
         elif args.command == "export-tables":

@@ -130,16 +130,24 @@ def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
 
 
 def checkpoint_step(manager: CheckpointManager, which: str, output_dir: str) -> int:
-    """The step of ``--checkpoint WHICH`` (last, best or a step) among the run's committed checkpoints."""
+    """The step of ``--checkpoint WHICH`` (auto, last, best or a step) among the run's committed checkpoints.
+
+    ``auto`` is the best scored checkpoint where validation scored any (what a run with early stopping is for),
+    else the last: a run whose best checkpoint is kept is then scored by it without a flag to remember."""
     steps = [info.step for info in manager.list_checkpoints()]
-    if which == "last":
+    if which == "auto":
+        best = manager.best_step()
+        step = best if best is not None else max(steps, default=None)
+    elif which == "last":
         step = max(steps, default=None)
     elif which == "best":
         step = manager.best_step()
     elif which.isdigit() and int(which) in steps:
         step = int(which)
     else:
-        raise UserError(f"`--checkpoint` must be last, best or one of the steps {steps}, but is '{which}' instead.")
+        raise UserError(
+            f"`--checkpoint` must be auto, last, best or one of the steps {steps}, but is '{which}' instead."
+        )
     if step is None:
         raise UserError(f"{output_dir} holds no {'scored ' if which == 'best' else ''}checkpoint to load.")
     return step

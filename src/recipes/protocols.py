@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
+from embedding.features import SparseFeatures
 from recipes.data_reader import DataReader
 from units import EvalUnit
 
@@ -38,6 +39,17 @@ class Predictor(Protocol[BatchT_contra]):
     """
 
     def predict(self, batch: BatchT_contra) -> Mapping[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class SparseFeatureBatch(Protocol):
+    """A batch whose sparse features can be replaced, which ``python -m recipes importance`` needs to move a
+    feature's bags to other rows: a dataclass (the copies are made by ``dataclasses.replace``) with its
+    ``SparseFeatures`` in a ``sparse`` field. A ``dense`` field of ``[batch, num_dense]`` values, where the
+    batch has one, is permuted column by column too."""
+
+    @property
+    def sparse(self) -> SparseFeatures: ...
 
 
 @runtime_checkable

@@ -4,10 +4,14 @@ Nothing of training is built: no optimizer, no data parallelism, no train pipeli
 parts are built as for training (the same readers and units), the checkpoint's model and sparse
 tables are loaded, and the split's reader goes through ``evaluation.evaluate``, the pass that
 validation during training takes, so the metrics agree to the last bit on the same model and rows.
+``importance`` starts from the same loaded checkpoint (``loaded_checkpoint``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from gang import Gangs
@@ -17,12 +21,49 @@ from recipes.evaluation import evaluate
 from recipes.job import BuiltParts, JobSpec, build_parts, checkpoint_step, default_output_dir, job_gangs, resolve_job
 from recipes.parallel import load_model_state
 from recipes.parts import RecipeParts
-from recipes.precision import autocast_for
+from recipes.precision import Autocast, autocast_for
 from recipes.predictions import PredictionCollector, check_writable, write_predictions
 from recipes.protocols import Validation
 from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
 from recipes.sections import RecipeConfig
 from recipes.trainer_state import load_sharded_state
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint's model, in eval mode, with what scores the asked split: what ``eval``, ``predict`` and
+    ``importance`` share."""
+
+    config: RecipeConfig
+    output_dir: str
+    gangs: Gangs
+    built: BuiltParts
+    step: int
+    validations: dict[str, Validation[Any]]
+    """What scores the split, by the name its metrics are recorded under (see ``_split_validations``)."""
+    autocast: Autocast
+
+
+@contextlib.contextmanager
+def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool) -> Iterator[LoadedCheckpoint]:
+    """The job's gangs and parts with the model of a checkpoint of the output directory (``last``, ``best`` or a
+    step) loaded; ``one_unit``: only the first eval unit scores ``valid``.
+
+    The checkpoint and the split are checked before the state is read, so a misnamed one costs no load.
+    """
+    job = resolve_job(spec)
+    output_dir = default_output_dir(spec)
+    with job_gangs(job.config, output_dir) as gangs:
+        manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
+        step = checkpoint_step(manager, checkpoint, output_dir)
+        built = build_parts(job, gangs, output_dir)
+        validations = _split_validations(built.parts, split, one_unit)
+        loaded = manager.load(step, keys=["model"])
+        load_model_state(built.parts.train_unit.model, loaded.shared_state["model"])
+        load_sharded_state(built.sharded_state, rank_states_to_load(loaded, gangs)[1])
+        built.parts.train_unit.model.eval()
+        autocast = autocast_for(job.config.trainer.mixed_precision, gangs.root.device)
+        yield LoadedCheckpoint(job.config, output_dir, gangs, built, step, validations, autocast)
 
 
 def score(
@@ -34,25 +75,16 @@ def score(
     With ``predictions_path``, also write what the model predicts for every row of the split,
     in input order, as CSV or Parquet.
     """
-    job = resolve_job(spec)
-    output_dir = default_output_dir(spec)
     if predictions_path is not None:
         check_writable(predictions_path)
-    with job_gangs(job.config, output_dir) as gangs:
-        manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
-        step = checkpoint_step(manager, checkpoint, output_dir)
-        built = build_parts(job, gangs, output_dir)
-        validations = _split_validations(built.parts, split, predictions_path is not None)
-        loaded = manager.load(step, keys=["model"])
-        load_model_state(built.parts.train_unit.model, loaded.shared_state["model"])
-        load_sharded_state(built.sharded_state, rank_states_to_load(loaded, gangs)[1])
-        recorder = _recorder(job.config, output_dir, gangs)
+    with loaded_checkpoint(spec, checkpoint, split, one_unit=predictions_path is not None) as loaded:
+        recorder = _recorder(loaded.config, loaded.output_dir, loaded.gangs)
         try:
             collector = None if predictions_path is None else PredictionCollector()
-            results = _score(job.config, built, validations, step, recorder, gangs, collector)
+            results = _score(loaded, recorder, collector)
             if collector is not None:
-                columns = collector.gather(gangs.dp)
-                if columns is not None and gangs.root.rank == 0:
+                columns = collector.gather(loaded.gangs.dp)
+                if columns is not None and loaded.gangs.root.rank == 0:
                     write_predictions(predictions_path, columns)  # type: ignore[arg-type]
             return results
         finally:
@@ -60,32 +92,24 @@ def score(
 
 
 def _score(
-    config: RecipeConfig,
-    built: BuiltParts,
-    validations: dict[str, Validation[Any]],
-    step: int,
-    recorder: MetricRecorder,
-    gangs: Gangs,
-    predictions: PredictionCollector | None,
+    loaded: LoadedCheckpoint, recorder: MetricRecorder, predictions: PredictionCollector | None
 ) -> dict[str, dict[str, float]]:
     """Every validation's metrics, recorded under ``eval_<name>`` at the checkpoint's step."""
-    autocast = autocast_for(config.trainer.mixed_precision, gangs.root.device)
-    built.parts.train_unit.model.eval()
     results = {}
-    for name, validation in validations.items():
-        results[name] = evaluate(validation, autocast, predictions)
-        if gangs.root.rank == 0:
-            recorder.record(f"eval_{name}", step, results[name])
+    for name, validation in loaded.validations.items():
+        results[name] = evaluate(validation, loaded.autocast, predictions)
+        if loaded.gangs.root.rank == 0:
+            recorder.record(f"eval_{name}", loaded.step, results[name])
     return results
 
 
-def _split_validations(parts: RecipeParts, split: str, predicting: bool) -> dict[str, Validation[Any]]:
+def _split_validations(parts: RecipeParts, split: str, one_unit: bool) -> dict[str, Validation[Any]]:
     """What scores ``split``, by the name its metrics are recorded under: the recipe's validations (by unit) for
-    ``valid``, else its first eval unit over the split's reader (by the split); to predict, one unit only."""
+    ``valid``, else its first eval unit over the split's reader (by the split); ``one_unit``: the first only."""
     if not parts.validations:
         raise UserError("The recipe has no eval unit (`RecipeParts.validations` is empty), so nothing can score.")
     if split == "valid" and "valid" not in parts.splits:
-        validations = parts.validations[:1] if predicting else parts.validations
+        validations = parts.validations[:1] if one_unit else parts.validations
         return {validation.unit.name: validation for validation in validations}
     if split not in parts.splits:
         known = sorted({"valid", *parts.splits})

@@ -49,6 +49,9 @@ class TrainerSection:
     """Run autograd's anomaly detection (slow; for debugging NaNs)."""
     validate_every_n_steps: PositiveInt | None = None
     """Validate every N steps (and at the end); ``None``: only at the end."""
+    validate_every_n_data_epochs: PositiveInt | None = None
+    """Validate also after every N passes over the training data (at the first step of the next one), so that a
+    small file is validated as often as its epochs end and a large one every ``validate_every_n_steps``."""
     publish_metrics_every_n_steps: PositiveInt = 10
     """Write metrics to the recorders every N steps (and at the end)."""
     score_metric: str | None = None
@@ -86,6 +89,13 @@ class MetricsSection:
     """Where metrics go, by recorder name: ``tensorboard``, ``jsonl`` and ``console`` (a progress bar with step,
     loss, throughput and ETA, and a line per validation) are on, ``wandb`` off; ``console: false`` turns one off,
     ``wandb: {enabled: true, project: P}`` one on with its options."""
+    group_by: str | None = None
+    """A column whose values group the validation rows (the user id): adds ``gauc``, the AUC within each group
+    averaged with the groups' rows as weights (groups of one class left out), and ``gauc_groups``, how many
+    groups it counts. The recipe checks that its batches hold the column."""
+    slice_by: str | None = None
+    """A column of few values (at most 1,000: device type, hour) whose values slice the validation rows: adds
+    ``ne/<value>`` and ``calibration/<value>`` per value. The recipe checks that its batches hold the column."""
 
 
 @dataclass

@@ -180,8 +180,7 @@ class Trainer(Generic[BatchT]):
     def _after_step(self, epoch_ended: bool) -> None:
         if self.step_nr % self._config.publish_metrics_every_n_steps == 0:
             self._publish_metrics()
-        every_n = self._config.validate_every_n_steps
-        if every_n is not None and self.step_nr % every_n == 0:
+        if self._validation_due(epoch_ended):
             self._validate()
         if self._checkpoint_due(epoch_ended):
             self._checkpoint(last=self._should_stop())
@@ -209,9 +208,15 @@ class Trainer(Generic[BatchT]):
         at_limit = max_steps is not None and self.step_nr >= max_steps
         return self._stop_agreed and not self._counters.early_stopped and not at_limit
 
+    def _validation_due(self, epoch_ended: bool) -> bool:
+        config = self._config
+        return self._due(config.validate_every_n_steps, config.validate_every_n_data_epochs, epoch_ended)
+
     def _checkpoint_due(self, epoch_ended: bool) -> bool:
-        every_n_steps = self._checkpoint_every_n_steps
-        every_n_epochs = self._checkpoint_every_n_data_epochs
+        return self._due(self._checkpoint_every_n_steps, self._checkpoint_every_n_data_epochs, epoch_ended)
+
+    def _due(self, every_n_steps: int | None, every_n_epochs: int | None, epoch_ended: bool) -> bool:
+        """Whether a step or an epoch count just reached a multiple of its period."""
         if every_n_steps is not None and self.step_nr % every_n_steps == 0:
             return True
         return epoch_ended and every_n_epochs is not None and self._counters.data_epoch_nr % every_n_epochs == 0

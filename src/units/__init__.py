@@ -1,5 +1,12 @@
 """Units: what a batch means for training (``TrainUnit``) and validation (``EvalUnit``), and their metrics."""
 
+from units.grouped_metrics import (
+    MAX_SLICES,
+    GroupedAUC,
+    SlicedCalibration,
+    SlicedNormalizedEntropy,
+    TooManySlicesError,
+)
 from units.metric_bag import MetricBag
 from units.metrics import (
     BinaryAUC,
@@ -15,17 +22,22 @@ from units.metrics import (
 from units.unit import BatchT, EvalUnit, TrainUnit
 
 __all__ = [
+    "MAX_SLICES",
     "BatchT",
     "BinaryAUC",
     "BinaryAveragePrecision",
     "Calibration",
     "EvalUnit",
+    "GroupedAUC",
     "LogLoss",
     "Mean",
     "MetricBag",
     "NormalizedEntropy",
     "PositiveRate",
+    "SlicedCalibration",
+    "SlicedNormalizedEntropy",
     "Sum",
     "Throughput",
+    "TooManySlicesError",
     "TrainUnit",
 ]

@@ -16,8 +16,11 @@ class MetricBag:
     """The metrics of a unit, by name.
 
     ``compute()`` reduces every metric over ``gang`` (every rank must call it) and returns
-    plain floats for recorders. ``state_dict()`` holds the metrics' accumulated state, so a
-    resumed run publishes the same values as an uninterrupted one.
+    plain floats for recorders. A metric that computes several values (GAUC and the number of
+    its groups, NE per slice) returns a mapping from a suffix to each, reported as
+    ``name + suffix``: ``gauc`` and ``gauc_groups``, ``ne/`` and ``ne/mobile``. ``state_dict()``
+    holds the metrics' accumulated state, so a resumed run publishes the same values as an
+    uninterrupted one.
     """
 
     def __init__(self, gang: Gang) -> None:
@@ -65,7 +68,10 @@ class MetricBag:
             if not bool(seen):
                 continue
             value = metric.compute()
-            values[name] = float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+            if isinstance(value, Mapping):
+                values.update({name + suffix: _float(part) for suffix, part in value.items()})
+            else:
+                values[name] = _float(value)
         return values
 
     def reset(self) -> None:
@@ -82,6 +88,10 @@ class MetricBag:
                 setattr(metric, key, _on(value, self._gang.device))
             metric._update_count = state["update_count"]
             metric._computed = None  # torchmetrics caches the last compute(); it no longer holds.
+
+
+def _float(value: Any) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
 def _on(value: Any, device: torch.device) -> Any:

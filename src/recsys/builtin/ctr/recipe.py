@@ -67,4 +67,6 @@ def build_ctr(context: RecipeContext[CTRConfig]) -> RecipeParts:
     model.to(context.device)
     train_reader = InMemoryReader(train.batch, len(train), **reader_options(context, data.batch_size, train=True))
     valid_reader = InMemoryReader(valid.batch, len(valid), **reader_options(context, data.batch_size, train=False))
-    return click_prediction_parts(context, model, train_reader, valid_reader)
+    # Every feature holds one id per row, of `vocab_size` values: any may group or slice the metrics.
+    columns = dict.fromkeys(features, data.vocab_size)
+    return click_prediction_parts(context, model, train_reader, valid_reader, columns=columns)

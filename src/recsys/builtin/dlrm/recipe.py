@@ -110,7 +110,9 @@ def build_dlrm(context: RecipeContext[DLRMConfig]) -> RecipeParts:
         config.model.bottom_dims,
         config.model.top_dims,
     ).to(context.device)
-    return click_prediction_parts(context, model, train_reader, valid_reader, splits)
+    # Every categorical column holds one value per row, of a number only the data knows.
+    columns = dict.fromkeys(SPARSE_FEATURE_NAMES, None)
+    return click_prediction_parts(context, model, train_reader, valid_reader, splits, columns=columns)
 
 
 def _data_paths(context: RecipeContext[DLRMConfig]) -> tuple[str, str, str | None]:

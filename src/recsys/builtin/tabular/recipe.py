@@ -15,9 +15,11 @@ from recipes import (
     register_recipe,
 )
 from recsys.click.batch import CTRBatch
+from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
 from recsys.data.stream import StreamingReader
 from recsys.tabular.data_format import ColumnFormat, ColumnReader, data_format
+from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
@@ -38,6 +40,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     data = config.dataset
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
+    metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
 
     # Hash tables take each value's full 64-bit key; `num_buckets` then sizes them (the format's `tables`).
     files = data_format(with_full_keys(data) if config.model.embeddings.kind == "hash" else data)
@@ -63,7 +66,11 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     model = build_zoo_model(
         config.model, features.tables(), features.sparse_features(), len(data.dense_columns), gangs.dp, config.seed
     )
-    return click_prediction_parts(context, model, train_reader, valid_reader, splits)
+    # Any single-valued categorical column of the schema may group or slice the validation metrics.
+    slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
+    names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
+    columns = single_valued_columns(data, encodings)
+    return click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names)
 
 
 def _encodings(
