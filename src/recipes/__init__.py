@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     )
     from recipes.data_reader import DataError, DataReader
     from recipes.errors import UserError
+    from recipes.export_model import DenseForServing, PooledInput, ServableModel
     from recipes.parallel import TensorParallelModel, megatron_mlp_plan
     from recipes.parts import ReaderOptions, RecipeContext, RecipeParts, per_rank_batch_size, reader_options
     from recipes.protocols import Predictor, Validation
@@ -38,6 +39,9 @@ _EXPORTS = {
     "DataError": "recipes.data_reader",
     "DataReader": "recipes.data_reader",
     "UserError": "recipes.errors",
+    "DenseForServing": "recipes.export_model",
+    "PooledInput": "recipes.export_model",
+    "ServableModel": "recipes.export_model",
     "TensorParallelModel": "recipes.parallel",
     "megatron_mlp_plan": "recipes.parallel",
     "ReaderOptions": "recipes.parts",
@@ -57,8 +61,10 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DataReader",
+    "DenseForServing",
     "NonNegativeFloat",
     "NonNegativeInt",
+    "PooledInput",
     "PositiveFloat",
     "PositiveInt",
     "Predictor",
@@ -68,6 +74,7 @@ __all__ = [
     "RecipeContext",
     "RecipeParts",
     "Seed",
+    "ServableModel",
     "TensorParallelModel",
     "UserError",
     "Validation",

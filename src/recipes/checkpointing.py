@@ -9,24 +9,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from fnmatch import fnmatchcase
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
 import torch
 
-from checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    CheckpointPolicy,
-    LoadedCheckpoint,
-    load_model_state_for_init,
-)
+from checkpoint import CheckpointManager, CheckpointPolicy, LoadedCheckpoint
 from gang import FakeGang, Gangs
 from recipes.config import ConfigError, to_dict
+from recipes.left_out import WHY, SaveFilter, check_left_out, fill_for_resume, forget_optimizer_state
+from recipes.model_bank import ModelBank
 from recipes.recorders.base import flatten
-from recipes.sections import CheckpointSection, RecipeConfig
+from recipes.sections import CheckpointSection, ModelBankSource, RecipeConfig
 from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -37,6 +32,7 @@ log = logging.getLogger(__name__)
 RESUMABLE_CHANGES = (
     "trainer.max_num_steps",
     "trainer.max_num_data_epochs",
+    "trainer.max_num_windows",
     "trainer.pipeline",
     "trainer.keep_freed_memory",
     "metrics.",
@@ -73,10 +69,17 @@ def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs, clea
 class TrainerCheckpointer:
     """Saves what the Trainer hands over, as the ``checkpoint`` section asks."""
 
-    def __init__(self, manager: CheckpointManager, section: CheckpointSection, config: RecipeConfig) -> None:
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        section: CheckpointSection,
+        config: RecipeConfig,
+        save_filter: Callable[[str], bool] | None = None,
+    ) -> None:
         self._manager = manager
         self._section = section
         self._config = to_dict(config)
+        self._filter = SaveFilter(section.exclude, save_filter)
 
     def save(
         self,
@@ -92,16 +95,24 @@ class TrainerCheckpointer:
         model_only = mode == "all" or (mode == "all_but_last" and not last)
         if model_only:  # The model: its dense part, and its sparse tables, which are sharded.
             shared_state, rank_state = {"model": shared_state["model"]}, {"sharded": rank_state["sharded"]}
+        left_out: dict[str, Any] = {}
+        if self._filter.active:
+            shared_state, rank_state, names = self._filter.apply(shared_state, rank_state)
+            left_out = {"left_out": names}
         self._manager.save(
             step_nr,
             shared_state,
             rank_state,
             score=score,
             model_only=model_only,
-            extras={"config": self._config, **({"interrupted": True} if interrupted else {})},
+            extras={"config": self._config, **left_out, **({"interrupted": True} if interrupted else {})},
             blocking=last or not self._section.async_save,
             unchanged_until_staged=unchanged_until_staged,
         )
+
+    def use_save_filter(self, save_filter: Callable[[str], bool] | None) -> None:
+        """Also leave out what the recipe's ``save_filter`` refuses (its parts are built after this checkpointer)."""
+        self._filter = SaveFilter(self._section.exclude, save_filter)
 
     def wait_until_staged(self) -> None:
         self._manager.wait_until_staged()
@@ -121,6 +132,7 @@ def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> 
     if loaded is None:
         return None
     step = loaded.step
+    check_left_out(loaded)
     saved = loaded.metadata.extras.get("config")
     if saved is not None:
         changed = changed_keys(saved, to_dict(config))
@@ -176,7 +188,20 @@ def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> Non
             rank if rank < loaded.num_ranks else 0,
         )
     own, pieces = rank_states_to_load(loaded, gangs)
+    fresh: list[str] = []
+    if loaded.metadata.extras.get("left_out"):
+        pieces = list(pieces)
+        fresh = fill_for_resume(trainer.state, loaded, pieces)
+        if fresh:
+            line = (
+                f"Resuming from step {loaded.step}: its checkpoint left out {len(fresh)} parameters and tables "
+                f"({WHY}), re-initialised with fresh optimizer state: {', '.join(fresh)}."
+            )
+            log.info(line)
+            if rank == 0:
+                print(line)
     trainer.load_state(loaded.shared_state, own, pieces)
+    forget_optimizer_state(trainer.state.model, trainer.state.optimizer, fresh)
     log.info("Resumed from the checkpoint of step %d.", loaded.step)
 
 
@@ -204,73 +229,47 @@ def all_rank_states(loaded: LoadedCheckpoint) -> list[dict[str, Any]]:
     return [loaded.load_rank_state(k) for k in range(loaded.num_ranks)]
 
 
-def initialize_from(model: torch.nn.Module, sharded_state: Mapping[str, Any], section: CheckpointSection) -> None:
-    """Copy the selected parameters and sparse tables of another run's checkpoint (``checkpoint.init_from``).
-
-    Patterns match parameter names (``mlp.0.weight``) and sparse tables as
-    ``<sharded state>.<table>`` (``embeddings.cat_0``). With ``init_strict``, selecting
-    nothing at all is an error too.
-    """
-    assert section.init_from is not None
-    dense = load_model_state_for_init(
-        section.init_from,
-        model.state_dict(),
-        include=section.init_include,
-        exclude=section.init_exclude,
-        strict=section.init_strict,
-    )
-    model.load_state_dict(dense, strict=False)
-    num_tables = _initialize_sharded_state(sharded_state, section) if sharded_state else 0
-    if section.init_strict and not dense and num_tables == 0:
-        raise CheckpointError(
-            f"`checkpoint.init_include`/`init_exclude` must select something of {section.init_from}, "
-            "but select nothing."
+def model_bank_sources(section: CheckpointSection) -> list[tuple[str, ModelBankSource]]:
+    """The run's model-bank sources with the config key that names each: ``init_from`` (with its old
+    ``init_include``/``init_exclude``/``init_strict``) first, then ``model_bank``'s."""
+    sources = []
+    if section.init_from is not None:
+        legacy = ModelBankSource(
+            path=section.init_from,
+            load=list(section.init_include),
+            exclude=list(section.init_exclude),
+            ignore_missing=not section.init_strict,
         )
-    log.info("Initialised %d tensors and %d sparse tables from %s.", len(dense), num_tables, section.init_from)
+        sources.append(("checkpoint.init_from", legacy))
+    sources += [(f"checkpoint.model_bank[{index}]", source) for index, source in enumerate(section.model_bank)]
+    return sources
 
 
-def _initialize_sharded_state(sharded_state: Mapping[str, Any], section: CheckpointSection) -> int:
-    """Load the selected tables of the source's rank files; returns how many were selected.
-
-    A rank loads only the rows it owns, so its own current rows stand in for the tables that
-    are not selected.
-    """
-    assert section.init_from is not None
-    source = open_checkpoint(section.init_from)
-    old_ranks = all_rank_states(source)
-    num_selected = 0
-    for name, stateful in sharded_state.items():
-        own = stateful.sharded_state_dict()
-        selected = {
-            table for table in own["tables"] if _selected(f"{name}.{table}", section.init_include, section.init_exclude)
-        }
-        pieces = [
-            {"tables": {t: v for t, v in old["sharded"][name]["tables"].items() if t in selected}} for old in old_ranks
-        ]
-        pieces.append({"tables": {t: v for t, v in own["tables"].items() if t not in selected}})
-        stateful.load_sharded_state_dict(pieces)
-        num_selected += len(selected)
-    return num_selected
-
-
-def _selected(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
-    return any(fnmatchcase(name, p) for p in include) and not any(fnmatchcase(name, p) for p in exclude)
-
-
-def open_checkpoint(path: str) -> LoadedCheckpoint:
-    """The checkpoint at ``path`` (a ``step_N`` directory, or a checkpoints directory meaning its last one),
-    for its rank states: none of its shared state is read."""
-    root, _, leaf = path.rstrip("/").rpartition("/")
-    manager_root, step = (
-        (root, int(leaf[len("step_") :])) if leaf.startswith("step_") and leaf[5:].isdigit() else (path, None)
+def build_model_bank(
+    model: torch.nn.Module, sharded_state: Mapping[str, Any], section: CheckpointSection, gangs: Gangs
+) -> ModelBank:
+    """The run's model bank (``init_from`` included), for the start and the Trainer's periodic reloads."""
+    return ModelBank(
+        model_bank_sources(section),
+        model,
+        sharded_state,
+        gangs.root,
+        every_n_steps=section.reload_every_n_steps,
+        every_n_data_epochs=section.reload_every_n_data_epochs,
+        every_n_windows=section.reload_every_n_windows,
     )
-    manager = CheckpointManager(manager_root, FakeGang(), clean_up=False)
-    if step is None:
-        steps = [info.step for info in manager.list_checkpoints()]
-        if not steps:
-            raise CheckpointError(f"`checkpoint.init_from` must name a checkpoint, but {path} holds none.")
-        step = max(steps)
-    return manager.load(step, keys=[])
+
+
+def initialize_from(
+    model: torch.nn.Module, sharded_state: Mapping[str, Any], section: CheckpointSection, gangs: Gangs | None = None
+) -> None:
+    """Load the model bank's sources into a run that starts from step 0 (``init_from`` and ``model_bank``).
+
+    Patterns match parameter names (``mlp.0.weight``) and sparse tables as ``<sharded state>.<table>``
+    (``embeddings.cat_0``); see ``recipes.model_bank``.
+    """
+    gang = gangs.root if gangs is not None else FakeGang()
+    ModelBank(model_bank_sources(section), model, sharded_state, gang).load()
 
 
 def set_earlier_metrics_aside(output_dir: str, loaded: LoadedCheckpoint | None, gangs: Gangs) -> None:

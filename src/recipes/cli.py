@@ -1,5 +1,5 @@
 """``python -m recipes``: list, show, train, evaluate and predict with presets; rank a run's features by
-permutation importance; export a run's tables.
+permutation importance; export a run's tables, or the whole model for serving.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
 with the cause; the traceback goes to the rank's log file), 130 interrupted by Ctrl-C (after
@@ -19,6 +19,7 @@ from checkpoint import CheckpointError
 from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureError
 from recipes.config import dump_yaml
 from recipes.errors import UserError
+from recipes.export import export
 from recipes.export_tables import export_tables
 from recipes.importance import format_table, importance
 from recipes.job import JobSpec, config_document, default_output_dir, list_checkpoints, resolve_job
@@ -101,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     checkpoints = commands.add_parser("checkpoints", help="list the checkpoints of an output directory")
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR")
+    serving = commands.add_parser("export", help="write a checkpoint for serving: dense program, tables, schema")
+    serving.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
+    serving.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
+    serving.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder")
+    serving.add_argument("--since", metavar="STEP", help="only the rows changed since this checkpoint, and evictions")
     export = commands.add_parser("export-tables", help="write a checkpoint's sparse tables as Parquet files")
     export.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
     export.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
@@ -238,6 +244,16 @@ def _export_tables(args: argparse.Namespace) -> None:
         print(f"{table.name}: {table.num_rows:,} rows x {table.dim} -> {table.path}")
 
 
+def _export(args: argparse.Namespace) -> None:
+    summary = export(args.output_dir, args.checkpoint, args.output, args.since)
+    what = "full" if summary.since is None else f"delta since step {summary.since}"
+    print(f"Exported step {summary.step} ({what}) to {args.output}: {summary.num_bytes / 1e6:.2f} MB")
+    print(f"  dense part: {summary.program}")
+    for name, rows in summary.rows.items():
+        evicted = f", {summary.evicted[name]:,} evicted" if name in summary.evicted else ""
+        print(f"  {name}: {rows:,} rows{evicted}")
+
+
 def _quiet_tracebacks() -> None:
     """Keep tracebacks off the terminal, where an error is one line: before the rank's log file is set up,
     records go nowhere (Python's last-resort handler would print them); a thread's uncaught exception goes to
@@ -293,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _importance(args)
         elif args.command == "checkpoints":
             _checkpoints(args.output_dir)
+        elif args.command == "export":
+            _export(args)
         elif args.command == "export-tables":
             _export_tables(args)
         return 0

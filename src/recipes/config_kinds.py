@@ -176,6 +176,14 @@ class ListKind(Kind):
     def coerce(self, value: Any) -> Any:
         return [self.item.coerce(v) for v in value] if isinstance(value, list) else value
 
+    def merge(self, base: Any, layer: Any, at: Place) -> Any:
+        """A list of sections (``checkpoint.model_bank``) is merged element by element onto their defaults, so that
+        an unknown or mistyped key names its element; any other list as a whole."""
+        if isinstance(layer, list) and any(True for _ in self.item.children()):
+            places = [dataclasses.replace(at, key=f"{at.key}[{index}]", nullable=False) for index in range(len(layer))]
+            return [self.item.merge(None, element, place) for element, place in zip(layer, places)]
+        return super().merge(base, layer, at)
+
     def check(self, value: Any, at: Place) -> None:
         for index, element in enumerate(value):
             self.item.check(element, dataclasses.replace(at, key=f"{at.key}[{index}]", nullable=False))

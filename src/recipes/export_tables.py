@@ -48,8 +48,8 @@ class ExportedTable:
 
 
 @dataclass
-class _Table:
-    """The rows of one table gathered from the pieces of every rank."""
+class TableRows:
+    """The rows of one table gathered from the pieces of every rank (``export`` reads them too)."""
 
     kind: str
     dim: int
@@ -72,16 +72,16 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
         raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
     fs, target = fsspec.core.url_to_fs(destination)
     target = target.rstrip("/")
-    _check_destination(fs, target, destination)
+    check_destination(fs, target, destination)
     config = resolve_job(JobSpec(config_path)).config
     # Read-only, like `checkpoints`: a reader of a running job's directory must not delete its save in progress.
     manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
     if not manager.list_checkpoints():
         raise UserError(f"{output_dir} holds no checkpoint to export tables from.")
-    step = checkpoint_step(manager, _step_number(which), output_dir)
-    temp = _make_temp_folder(fs, target, destination)
+    step = checkpoint_step(manager, step_number(which), output_dir)
+    temp = make_temp_folder(fs, target, destination)
     try:
-        tables = _gather_tables(manager.load(step, keys=[]))
+        tables = gather_tables(manager.load(step, keys=[]))
         if not tables:
             raise UserError(f"The checkpoint of step {step} in {output_dir} holds no sparse table to export.")
         written = _write_tables(fs, temp, destination, tables)
@@ -94,13 +94,13 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
     return written
 
 
-def _step_number(which: str) -> str:
+def step_number(which: str) -> str:
     """``step_N`` (the checkpoint folder's name) as ``eval`` names a step, ``N``; anything else unchanged."""
     number = which.removeprefix("step_")
     return number if which.startswith("step_") and number.isdigit() else which
 
 
-def _check_destination(fs: Any, target: str, destination: str) -> None:
+def check_destination(fs: Any, target: str, destination: str) -> None:
     """Refuse a destination that holds anything: exporting must never mix with or replace a user's files."""
     if not fs.exists(target):
         return
@@ -110,7 +110,7 @@ def _check_destination(fs: Any, target: str, destination: str) -> None:
         raise UserError(f"`-o` must be a new or empty folder, but {destination} is not empty.")
 
 
-def _make_temp_folder(fs: Any, target: str, destination: str) -> str:
+def make_temp_folder(fs: Any, target: str, destination: str) -> str:
     """The folder beside ``target`` that the files go to first, made before any work so that a destination
     that cannot be written is a user error then, not a failure after reading every rank's file."""
     parent, base = os.path.split(target)
@@ -122,9 +122,9 @@ def _make_temp_folder(fs: Any, target: str, destination: str) -> str:
     return temp
 
 
-def _gather_tables(loaded: LoadedCheckpoint) -> dict[tuple[str, str], _Table]:
+def gather_tables(loaded: LoadedCheckpoint) -> dict[tuple[str, str], TableRows]:
     """Every table of every sharded state, by ``(sharded state name, table name)``, in the order saved."""
-    tables: dict[tuple[str, str], _Table] = {}
+    tables: dict[tuple[str, str], TableRows] = {}
     for old_rank in range(loaded.num_ranks):
         rank_state = loaded.load_rank_state(old_rank)
         for state_name, state in (rank_state.get("sharded") or {}).items():
@@ -137,12 +137,12 @@ def _gather_tables(loaded: LoadedCheckpoint) -> dict[tuple[str, str], _Table]:
     return tables
 
 
-def _add_piece(tables: dict[tuple[str, str], _Table], key: tuple[str, str], piece: Mapping[str, Any]) -> None:
+def _add_piece(tables: dict[tuple[str, str], TableRows], key: tuple[str, str], piece: Mapping[str, Any]) -> None:
     """Keep the rows of ``piece``: each row once, as replicas (a replicated table, or the ranks of a
     tensor-parallel group, which hold the same tables) hold the same rows."""
     weight = piece["weight"]
     kind = "hash" if piece.get("kind") == "hash" else "fixed"
-    table = tables.setdefault(key, _Table(kind, int(weight.size(1))))
+    table = tables.setdefault(key, TableRows(kind, int(weight.size(1))))
     if table.kind != kind or table.dim != int(weight.size(1)):
         raise ShardedStateError(
             f"The ranks of the checkpoint must hold table '{key[1]}' with one kind and dim, but hold a "
@@ -168,7 +168,7 @@ def _rows(weight: torch.Tensor) -> npt.NDArray[np.float32]:
     return weight.detach().to("cpu", torch.float32).numpy()
 
 
-def _ids_and_rows(name: str, table: _Table) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+def ids_and_rows(name: str, table: TableRows) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     """The table's ids, sorted, and their rows."""
     if table.kind == "hash":
         keys = np.concatenate(table.hash_keys)
@@ -184,7 +184,7 @@ def _ids_and_rows(name: str, table: _Table) -> tuple[npt.NDArray[np.int64], npt.
     return np.arange(len(table.fixed_rows), dtype=np.int64), table.fixed_rows
 
 
-def _file_names(tables: Mapping[tuple[str, str], _Table]) -> dict[tuple[str, str], str]:
+def file_names(tables: Mapping[tuple[str, str], TableRows]) -> dict[tuple[str, str], str]:
     """``<table>``, or ``<sharded state>.<table>`` where two sharded states hold tables of one name."""
     counts: dict[str, int] = {}
     for _, table_name in tables:
@@ -193,17 +193,25 @@ def _file_names(tables: Mapping[tuple[str, str], _Table]) -> dict[tuple[str, str
 
 
 def _write_tables(
-    fs: Any, folder: str, destination: str, tables: Mapping[tuple[str, str], _Table]
+    fs: Any, folder: str, destination: str, tables: Mapping[tuple[str, str], TableRows]
 ) -> list[ExportedTable]:
     """Write every table to ``folder``; the paths returned are those the files will have in ``destination``."""
-    names = _file_names(tables)
+    names = file_names(tables)
     written: list[ExportedTable] = []
     for key, table in tables.items():
-        ids, rows = _ids_and_rows(names[key], table)
-        embedding = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1), pa.float32()), table.dim)
-        with fs.open(f"{folder}/{names[key]}.parquet", "wb") as file:
-            pa_parquet.write_table(pa.table({"id": pa.array(ids, pa.int64()), "embedding": embedding}), file)
+        ids, rows = ids_and_rows(names[key], table)
+        write_rows(fs, f"{folder}/{names[key]}.parquet", ids, rows, table.dim)
         written.append(
             ExportedTable(names[key], len(ids), table.dim, f"{destination.rstrip('/')}/{names[key]}.parquet")
         )
     return written
+
+
+def write_rows(fs: Any, path: str, ids: npt.NDArray[np.int64], rows: npt.NDArray[np.float32] | None, dim: int) -> None:
+    """``(id, embedding)`` Parquet, or ``id`` alone without ``rows`` (the ids a delta export evicts)."""
+    columns: dict[str, pa.Array] = {"id": pa.array(ids, pa.int64())}
+    if rows is not None:
+        values = pa.array(np.ascontiguousarray(rows, dtype=np.float32).reshape(-1), pa.float32())
+        columns["embedding"] = pa.FixedSizeListArray.from_arrays(values, dim)
+    with fs.open(path, "wb") as file:
+        pa_parquet.write_table(pa.table(columns), file)

@@ -21,7 +21,7 @@ from recipes.evaluation import evaluate
 from recipes.job import JobSpec
 from recipes.permutation import HeldReader, Steps, feature_names, hold_split, num_rows, permuted
 from recipes.precision import Autocast
-from recipes.predictions import check_writable, write_predictions
+from recipes.predictions import check_writable, refuse_overwriting_inputs, write_predictions
 from recipes.protocols import Validation
 from recipes.scoring import LoadedCheckpoint, loaded_checkpoint
 from units import EvalUnit
@@ -66,6 +66,8 @@ def importance(
     if table_path is not None:
         check_writable(table_path)
     with loaded_checkpoint(spec, checkpoint, split, one_unit=True) as loaded:
+        if table_path is not None:
+            refuse_overwriting_inputs(table_path, loaded.config)
         if loaded.gangs.root.size > 1:
             raise UserError(
                 "`importance` permutes each feature across all the split's rows, which one process holds, so it "

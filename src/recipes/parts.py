@@ -57,6 +57,10 @@ class RecipeParts:
     splits: dict[str, DataReader[Any]] = field(default_factory=dict)
     make_optimizer: Callable[[nn.Module], Optimizer] | None = None
     sharded_state: dict[str, ShardedStateful] = field(default_factory=dict)
+    save_filter: Callable[[str], bool] | None = None
+    """RecIS' ``save_filter_fn``: whether a checkpoint keeps a parameter (``mlp.0.weight``), a table
+    (``embeddings.cat_0``) or a part of the run's state (``optimizer``), beside ``checkpoint.exclude``. A
+    resume re-initialises the parameters and tables left out, and refuses a checkpoint without run state."""
 
 
 def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:

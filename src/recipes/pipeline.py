@@ -128,6 +128,11 @@ class PipelinedReader(DataReader[BatchT]):
             self._submit()
         return [_to_device(batch, self._device) for batch in read.batches]
 
+    @property
+    def wrapped(self) -> DataReader[BatchT]:
+        """The reader read ahead: between its data epochs (or windows) no step is read ahead of the Trainer."""
+        return self._reader
+
     def reset(self) -> None:
         assert self._pending is None, "An epoch ends with no step read ahead."
         self._reader.reset()

@@ -8,8 +8,10 @@ last, so a file at the given path is always whole.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -87,6 +89,34 @@ def check_writable(path: str) -> None:
         fs.rm(probe)
     except OSError as ex:
         raise UserError(f"`-o` must be a writable file, but {path} cannot be written: {ex}") from None
+
+
+def refuse_overwriting_inputs(path: str, config: Any) -> None:
+    """Fail if ``path`` is a file the run's config names (its test data, say): writing there would replace it."""
+    target = _local_or_url(path)
+    for key, value in _config_strings(
+        dataclasses.asdict(config) if dataclasses.is_dataclass(config) and not isinstance(config, type) else config
+    ):
+        if _local_or_url(value) == target:
+            raise UserError(f"`-o` must not name a file the run reads, but {path} is its `{key}`.")
+
+
+def _config_strings(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _config_strings(value, f"{prefix}{key}.")
+    elif isinstance(node, list | tuple):
+        for index, value in enumerate(node):
+            yield from _config_strings(value, f"{prefix}{index}.")
+    elif isinstance(node, str) and node:
+        yield prefix.rstrip("."), node
+
+
+def _local_or_url(path: str) -> str:
+    """A path as one string per file: local paths absolute and normalised, URLs as given."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    return path if "://" in path else os.path.realpath(path)
 
 
 def write_predictions(path: str, columns: Mapping[str, npt.NDArray[np.generic]]) -> None:

@@ -60,6 +60,44 @@ class SparseGradientScaling(Protocol):
     def scale_sparse_gradients(self, factor: float) -> None: ...
 
 
+@runtime_checkable
+class WindowedReader(Protocol):
+    """A train reader whose data is a sequence of time windows, read in time order, one at a time.
+
+    Its ``next()`` raises ``StopIteration`` at the end of each window; the Trainer then decides what a
+    window's end means (a checkpoint every N windows, the window limit) and moves it on. So that every rank
+    moves on together, moving is two calls: ``next_window_ready`` (asked on every rank, and agreed) and
+    ``start_next_window``. ``window_index`` and ``window_name`` are part of the reader's state, so a resume
+    continues in the same window at the same row.
+    """
+
+    @property
+    def window_index(self) -> int:
+        """How many windows were started before the current one (its index); -1 before the first."""
+
+    @property
+    def window_name(self) -> str:
+        """The current window's name (its time: ``2026-11-27``, ``2026-11-27T14``); '' before the first."""
+
+    @property
+    def poll_interval_s(self) -> float:
+        """How long to wait before asking again when the next window is not there yet."""
+
+    def next_window_ready(self) -> bool | None:
+        """Whether the window after the current one is there (complete); ``None``: there is none and there will
+        be none (the end of the data), ``False``: not yet (the reader follows the data as it lands)."""
+
+    def start_next_window(self) -> None:
+        """Read the next window from now on (its first step is the next ``next()``)."""
+
+    def window_scoring_reader(self) -> DataReader[Any]:
+        """A reader of the current window's rows, each once, dealt to the ranks as a scored split's are: what
+        the current model is scored on before it trains on the window (predict, then train)."""
+
+    def waiting_for(self) -> str:
+        """What the reader waits for when the next window is not there yet, for a line that says so."""
+
+
 class ShardedStateful(Protocol):
     """State split over ranks (sparse embedding tables), which can be reloaded on another layout.
 

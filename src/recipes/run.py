@@ -9,9 +9,9 @@ from gang import Gangs
 from recipes.checkpointing import (
     TrainerCheckpointer,
     archive_checkpoints,
+    build_model_bank,
     checkpoint_manager,
     find_resume_checkpoint,
-    initialize_from,
     resume,
     set_earlier_metrics_aside,
 )
@@ -70,6 +70,7 @@ def train(spec: JobSpec) -> str:
             resume_step = 0  # Hide the earlier run's curves too.
         checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
         trainer, recorder, built = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
+        checkpointer.use_save_filter(built.parts.save_filter)
         train_reader = built.parts.train_reader
         try:
             if loaded is not None:
@@ -99,8 +100,9 @@ def build_trainer(
     device = gangs.root.device
     built = build_parts(job, gangs, output_dir)
     parts, tables = built.parts, built.tables
-    if config.checkpoint.init_from is not None and resume_step is None:
-        initialize_from(parts.train_unit.model, built.sharded_state, config.checkpoint)
+    model_bank = build_model_bank(parts.train_unit.model, built.sharded_state, config.checkpoint, gangs)
+    if resume_step is None:
+        model_bank.load()
     if config.trainer.pipeline:
         parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device, gangs)
     model = data_parallel(parts.train_unit.model, gangs)
@@ -140,7 +142,9 @@ def build_trainer(
             checkpointer=checkpointer,
             checkpoint_every_n_steps=config.checkpoint.every_n_steps,
             checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
+            checkpoint_every_n_windows=config.checkpoint.every_n_windows,
             state_metrics=lambda: hash_table_metrics(tables),
+            reloads=model_bank if model_bank.reloads else None,
         )
     except BaseException:
         recorder.close()

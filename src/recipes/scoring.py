@@ -19,14 +19,13 @@ from recipes.checkpointing import checkpoint_manager, rank_states_to_load
 from recipes.errors import UserError
 from recipes.evaluation import evaluate
 from recipes.job import BuiltParts, JobSpec, build_parts, checkpoint_step, default_output_dir, job_gangs, resolve_job
-from recipes.parallel import load_model_state
+from recipes.left_out import load_model_of
 from recipes.parts import RecipeParts
 from recipes.precision import Autocast, autocast_for
-from recipes.predictions import PredictionCollector, check_writable, write_predictions
+from recipes.predictions import PredictionCollector, check_writable, refuse_overwriting_inputs, write_predictions
 from recipes.protocols import Validation
 from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
 from recipes.sections import RecipeConfig
-from recipes.trainer_state import load_sharded_state
 
 
 @dataclass
@@ -59,8 +58,8 @@ def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool
         built = build_parts(job, gangs, output_dir)
         validations = _split_validations(built.parts, split, one_unit)
         loaded = manager.load(step, keys=["model"])
-        load_model_state(built.parts.train_unit.model, loaded.shared_state["model"])
-        load_sharded_state(built.sharded_state, rank_states_to_load(loaded, gangs)[1])
+        pieces = rank_states_to_load(loaded, gangs)[1]  # What the checkpoint left out is filled as a resume does.
+        load_model_of(loaded, built.parts.train_unit.model, built.sharded_state, pieces)
         built.parts.train_unit.model.eval()
         autocast = autocast_for(job.config.trainer.mixed_precision, gangs.root.device)
         yield LoadedCheckpoint(job.config, output_dir, gangs, built, step, validations, autocast)
@@ -78,6 +77,8 @@ def score(
     if predictions_path is not None:
         check_writable(predictions_path)
     with loaded_checkpoint(spec, checkpoint, split, one_unit=predictions_path is not None) as loaded:
+        if predictions_path is not None:
+            refuse_overwriting_inputs(predictions_path, loaded.config)
         recorder = _recorder(loaded.config, loaded.output_dir, loaded.gangs)
         try:
             collector = None if predictions_path is None else PredictionCollector()

@@ -39,6 +39,9 @@ class TrainerSection:
     """Stop after this many optimizer steps; ``None``: no limit (then set ``max_num_data_epochs``)."""
     max_num_data_epochs: PositiveInt | None = None
     """Stop after this many passes over the training data; ``None``: no limit."""
+    max_num_windows: PositiveInt | None = None
+    """With data in windows (``dataset.windows``), stop after training on this many windows (RecIS'
+    ``window_iter``); ``None``: at the end of the data (never, when the reader follows new windows)."""
     grad_accumulation: PositiveInt = 1
     """Micro-batches per optimizer step."""
     max_grad_norm: PositiveFloat | None = None
@@ -74,8 +77,9 @@ class TrainerSection:
 
     def __post_init__(self) -> None:
         _require(
-            self.max_num_steps is not None or self.max_num_data_epochs is not None,
-            "`max_num_steps` and `max_num_data_epochs` must not both be null, or training never ends.",
+            self.max_num_steps is not None or self.max_num_data_epochs is not None or self.max_num_windows is not None,
+            "`max_num_steps` and `max_num_data_epochs` must not both be null, or training never ends "
+            "(unless `max_num_windows` is set, for data in windows).",
         )
 
 
@@ -107,10 +111,36 @@ class ProfilerSection:
 
 
 @dataclass
+class ModelBankSource:
+    """One source of ``checkpoint.model_bank``: which parameters and tables of another run to load, and as what."""
+
+    path: str = ""
+    """Another run's output directory, its ``checkpoints`` directory, or one ``step_N`` of it; a directory is
+    read at its newest intact checkpoint each time the source loads."""
+    load: list[str] = field(default_factory=lambda: ["*"])
+    """Glob patterns of the source's parameter names (``mlp.0.weight``) and tables (``embeddings.cat_0``) to load;
+    each must match something unless ``ignore_missing``."""
+    exclude: list[str] = field(default_factory=list)
+    """Glob patterns of names (the source's) to leave out."""
+    rename: dict[str, str] = field(default_factory=dict)
+    """Old prefix -> new prefix: a source name's longest matching prefix is replaced to give this model's name."""
+    reset_tables: list[str] = field(default_factory=list)
+    """Glob patterns of this model's hash tables to clear before they load: only the source's ids remain."""
+    ignore_missing: bool = False
+    """Warn about, rather than refuse, patterns that match nothing and names the model lacks or shapes it lacks."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "`path` must name a run or checkpoint of the model bank, but is empty.")
+
+
+@dataclass
 class CheckpointSection:
     every_n_steps: PositiveInt | None = None
     """Save every N steps; a final checkpoint is always saved at the end of training."""
     every_n_data_epochs: PositiveInt | None = None
+    every_n_windows: PositiveInt | None = None
+    """With data in windows, save after every N windows (RecIS' ``save_every_n_windows``), before the next one
+    is waited for or scored."""
     keep_last_n: PositiveInt | None = None
     """Keep the N newest checkpoints; with no keep policy at all, every checkpoint is kept."""
     keep_best_n: PositiveInt | None = None
@@ -128,6 +158,26 @@ class CheckpointSection:
     init_strict: bool = True
     start_over: bool = False
     """Ignore existing checkpoints in the output directory and train from scratch."""
+    model_bank: list[ModelBankSource] = field(default_factory=list)
+    """Other runs' parameters and tables to load at the start (``init_from`` is one more, loaded first) and every
+    ``reload_every_n_*`` (``recipes.model_bank``)."""
+    reload_every_n_steps: PositiveInt | None = None
+    """Reload every model-bank source from its newest intact checkpoint every N steps; ``None``: never."""
+    reload_every_n_data_epochs: PositiveInt | None = None
+    """Reload every model-bank source after every N passes over the training data; ``None``: never."""
+    reload_every_n_windows: PositiveInt | None = None
+    """Reload every model-bank source after every N data windows (``dataset.windows``); ``None``: never."""
+    exclude: list[str] = field(default_factory=list)
+    """Glob patterns of parameters (``mlp.0.weight``) and tables (``embeddings.cat_0``) left out of checkpoints; a
+    resume re-initialises them."""
+
+    def __post_init__(self) -> None:
+        reloads = self.reload_every_n_steps is not None or self.reload_every_n_data_epochs is not None
+        _require(
+            not reloads or bool(self.model_bank) or self.init_from is not None,
+            "`reload_every_n_steps`/`reload_every_n_data_epochs` must come with a `model_bank` source to reload, "
+            "but there is none.",
+        )
 
 
 @dataclass

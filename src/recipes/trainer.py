@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 from torch.optim import Optimizer
@@ -23,12 +23,23 @@ from recipes.data_reader import DataError, DataReader
 from recipes.parallel import DenseGradients, gradient_sync, tensors_changed_by_step
 from recipes.precision import autocast_for
 from recipes.profiler import Profiler
-from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, SparseGradientScaling, Validation
+from recipes.protocols import (
+    NOOP_CHECKPOINTER,
+    Checkpointer,
+    ShardedStateful,
+    SparseGradientScaling,
+    Validation,
+    WindowedReader,
+)
 from recipes.recorders import MetricRecorder
 from recipes.sections import TrainerSection
 from recipes.trainer_state import TrainerCounters, TrainingState
 from recipes.validator import NOOP_VALIDATOR, Validator
+from recipes.windows import wait_for_next_window, windows_of
 from units import Mean, MetricBag, Throughput, TrainUnit
+
+if TYPE_CHECKING:
+    from recipes.model_bank import ModelBank
 
 # Validation, Checkpointer and ShardedStateful live in recipes.protocols; importing them from here still works.
 __all__ = ["Checkpointer", "LossNotFiniteError", "ShardedStateful", "Trainer", "Validation"]
@@ -82,6 +93,8 @@ class Trainer(Generic[BatchT]):
         checkpoint_every_n_steps: int | None = None,
         checkpoint_every_n_data_epochs: int | None = None,
         state_metrics: Callable[[], Mapping[str, float]] = dict,
+        checkpoint_every_n_windows: int | None = None,
+        reloads: ModelBank | None = None,
     ) -> None:
         self._unit = unit
         self._reader = data_reader
@@ -96,6 +109,11 @@ class Trainer(Generic[BatchT]):
         self._checkpoint_every_n_steps = checkpoint_every_n_steps
         self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
         self._state_metrics = state_metrics
+        self._checkpoint_every_n_windows = checkpoint_every_n_windows
+        self._windows = windows_of(data_reader)
+        """The reader of data in windows (``WindowedReader``) behind ``data_reader``, if it is one."""
+        self._reloads = reloads
+        """The model bank's periodic reloads (``checkpoint.reload_every_n_*``), before anything sees the step."""
 
         self._autocast = autocast_for(config.mixed_precision, device)
         self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
@@ -178,6 +196,8 @@ class Trainer(Generic[BatchT]):
         return counters.early_stopped or self._stop_agreed or (max_steps is not None and counters.step_nr >= max_steps)
 
     def _after_step(self, epoch_ended: bool) -> None:
+        if self._reloads is not None:
+            self._reloads.after_step(self.step_nr, epoch_ended, self._counters.data_epoch_nr)
         if self.step_nr % self._config.publish_metrics_every_n_steps == 0:
             self._publish_metrics()
         if self._validation_due(epoch_ended):
@@ -260,6 +280,8 @@ class Trainer(Generic[BatchT]):
             return batches, False
         except StopIteration:
             pass
+        if self._windows is not None:
+            return self._next_window_batches(self._windows), False
         if self._steps_in_epoch == 0:
             raise DataError(self._no_step_message())
         self._steps_in_epoch = 0
@@ -275,6 +297,47 @@ class Trainer(Generic[BatchT]):
             raise DataError(self._no_step_message()) from None
         self._steps_in_epoch = 1
         return batches, True
+
+    # Windows ---------------------------------------------------------------------------------
+
+    def _next_window_batches(self, windows: WindowedReader) -> list[BatchT] | None:
+        """The first step of the next window, once the current one has ended (``None``: training ends).
+
+        At a window's end the Trainer checkpoints every ``checkpoint_every_n_windows`` windows (before it waits
+        for the next, so a kill while waiting loses nothing) and stops at ``max_num_windows``. Each new window is
+        first scored by the current model, then trained on: predict, then train. A window that fills no step
+        is scored and passed over.
+        """
+        while True:
+            if windows.window_index >= 0 and not self._end_window(windows):
+                return None
+            waited = wait_for_next_window(windows, self._gangs.root, lambda: self._stop_requested)
+            if waited != "ready":
+                self._stop_agreed = waited == "stop"  # A stop while waiting saves a checkpoint, as any stop does.
+                return None
+            windows.start_next_window()
+            log.info("Window %d (%s) starts at step %d.", windows.window_index, windows.window_name, self.step_nr)
+            self._validator.score_window(
+                self.step_nr + 1, windows.window_index, windows.window_name, windows.window_scoring_reader()
+            )
+            try:
+                return next(self._reader)
+            except StopIteration:
+                log.warning("The window %s fills no training step; it is passed over.", windows.window_name)
+
+    def _end_window(self, windows: WindowedReader) -> bool:
+        """Whether training goes on after the window just read; checkpoints it if due."""
+        num_done = windows.window_index + 1
+        log.info("Window %s is done (%d windows so far) at step %d.", windows.window_name, num_done, self.step_nr)
+        limit = self._config.max_num_windows
+        if limit is not None and num_done >= limit:
+            return False  # The end of training saves the last checkpoint.
+        if self._reloads is not None:
+            self._reloads.after_window(num_done)  # The next window trains on the sources' newest state.
+        every = self._checkpoint_every_n_windows
+        if every is not None and num_done % every == 0 and self._checkpointed_step != self.step_nr:
+            self._checkpoint(last=False)
+        return True
 
     def _no_step_message(self) -> str:
         described = self._reader.describe()

@@ -14,12 +14,16 @@ from typing import Any
 
 from torch import nn
 
+from recipes.data_reader import DataReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
 from recipes.errors import UserError, closest
 from recipes.evaluation import evaluate
 from recipes.precision import Autocast
 from recipes.protocols import Validation
 from recipes.recorders import MetricRecorder
+
+WINDOW_RUN = "window"
+"""The run that holds the metrics of each window of the training data, scored before it is trained on."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Validator(ABC):
 
     @abstractmethod
     def validate(self, step_nr: int) -> Validated: ...
+
+    def score_window(self, step_nr: int, window_index: int, window_name: str, reader: DataReader[Any]) -> None:
+        """Score the current model on a window of the training data before it trains on it (predict, then train:
+        the online metric), recorded as the run ``window`` at ``step_nr``, the step its training starts from.
+        A run without eval units scores nothing."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -101,6 +110,21 @@ class EvalUnitValidator(Validator):
         score = None if self._score_key is None else scores.get(self._score_key)
         stop = score is not None and self._early_stopper.should_stop(step_nr, score)
         return Validated(score, stop)
+
+    def score_window(self, step_nr: int, window_index: int, window_name: str, reader: DataReader[Any]) -> None:
+        """Scored by the first eval unit (the one a score names by default), with the window's index among the
+        values so that every recorder can tell the windows apart."""
+        if not self._validations:
+            return
+        self._model.eval()
+        try:
+            values = evaluate(Validation(self._validations[0].unit, reader), self._autocast)
+        finally:
+            self._model.train()
+        reader.close()
+        values["window_index"] = float(window_index)
+        if self._rank == 0:
+            self._recorder.record_window(WINDOW_RUN, step_nr, window_name, values)
 
     def _score_key_of(self, name: str) -> str:
         key = name if "/" in name or not self._validations else f"{self._validations[0].unit.name}/{name}"

@@ -24,6 +24,12 @@ class MetricRecorder(ABC):
     @abstractmethod
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None: ...
 
+    def record_window(self, run: str, step_nr: int, window: str, values: Mapping[str, float]) -> None:
+        """The metrics of a window of the data (``window`` is its name, ``2026-11-27``), at the step its training
+        starts from. A recorder that can keep a text with the numbers (a JSONL row) overrides it; the others
+        record the numbers, which hold the window's index."""
+        self.record(run, step_nr, values)
+
     def record_config(self, config: Mapping[str, Any]) -> None:
         """Told once, before training, the resolved config (hyper-parameters)."""
 
@@ -66,6 +72,10 @@ class CompositeRecorder(MetricRecorder):
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
         for recorder in self._recorders:
             recorder.record(run, step_nr, values)
+
+    def record_window(self, run: str, step_nr: int, window: str, values: Mapping[str, float]) -> None:
+        for recorder in self._recorders:
+            recorder.record_window(run, step_nr, window, values)
 
     def record_config(self, config: Mapping[str, Any]) -> None:
         for recorder in self._recorders:

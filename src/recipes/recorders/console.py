@@ -28,6 +28,9 @@ class ConsoleRecorder(MetricRecorder):
             text = " ".join(f"{name}={value:.4g}" for name, value in values.items())
             self._bar.write(f"step {step_nr} {run}: {text}")
 
+    def record_window(self, run: str, step_nr: int, window: str, values: Mapping[str, float]) -> None:
+        self.record(f"{run} {window}", step_nr, values)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

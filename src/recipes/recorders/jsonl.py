@@ -66,7 +66,13 @@ class JsonlRecorder(MetricRecorder):
         self._fs.mv(aside, path)
 
     def record(self, run: str, step_nr: int, values: Mapping[str, float]) -> None:
-        line = json.dumps({"step": step_nr, **values}, allow_nan=True)
+        self._append(run, {"step": step_nr, **values})
+
+    def record_window(self, run: str, step_nr: int, window: str, values: Mapping[str, float]) -> None:
+        self._append(run, {"step": step_nr, "window": window, **values})
+
+    def _append(self, run: str, row: Mapping[str, object]) -> None:
+        line = json.dumps(row, allow_nan=True)
         path = f"{self._root}/{run}.jsonl"
         try:
             with self._fs.open(path, "a") as f:

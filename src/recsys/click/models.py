@@ -2,17 +2,92 @@
 
 Both take ``embeddings``, a module mapping a batch's sparse features to ``[B, dim]`` per feature:
 sparse sharded tables or dense embedding bags (see ``recsys.models.embeddings``). More models, by
-name, are in ``recsys.zoo``."""
+name, are in ``recsys.zoo``.
+
+Every model here is a ``PooledModel``: its sparse lookups (``lookups``) apart from its dense part
+(``dense_logits``), so that ``python -m recipes export`` can write the dense part alone for serving
+(``dense_for_serving``, the framework's ``ServableModel``)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from recipes import megatron_mlp_plan
+from embedding import ShardedEmbeddingCollection
+from recipes import DenseForServing, PooledInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
+from recsys.models.embeddings import DenseEmbeddingBags
 from recsys.models.mlp import mlp
+
+VECTORS, FIRST_ORDER = "vectors", "first_order"
+"""The roles of a model's embedding modules: the features' vectors, and the dim-1 first-order weights."""
+
+Pooled = Mapping[str, Mapping[str, torch.Tensor]]
+"""A batch's pooled vectors ``[B, dim]`` by the role of the embedding module that pooled them, then by feature."""
+
+
+class PooledModel(nn.Module):
+    """A click model as sparse lookups (``lookups``), then a dense part over the pooled vectors and the dense
+    features (``dense_logits``): the cut at which a serving system takes over the lookups.
+
+    ``forward`` is the two in turn, so training and serving run the same dense code.
+    """
+
+    num_dense: int
+
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        """Each embedding module by its role, with the features the dense part takes from it, in order."""
+        raise NotImplementedError
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        """The click logit of every sample, ``[B]``, from the dense features ``[B, num_dense]`` and pooled vectors."""
+        raise NotImplementedError
+
+    def forward(self, batch: CTRBatch) -> torch.Tensor:
+        """The click logit of every sample, ``[B]``."""
+        pooled = {role: module(batch.sparse) for role, (module, _) in self.lookups().items()}
+        return self.dense_logits(batch.dense, pooled)
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The dense part, scoring (a probability, as ``predict`` writes) from the pooled vectors in a list."""
+        keys = [(role, feature) for role, (_, features) in self.lookups().items() for feature in features]
+        inputs = tuple(
+            pooled_input(module, feature) for module, features in self.lookups().values() for feature in features
+        )
+        return DenseForServing(_ServingDense(self, keys), self.num_dense, inputs)
+
+
+class _ServingDense(nn.Module):
+    """``model.dense_logits`` over a list of pooled vectors, as a probability: what ``torch.export`` traces."""
+
+    def __init__(self, model: PooledModel, keys: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.model = model
+        self.keys = keys
+
+    def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        by_role: dict[str, dict[str, torch.Tensor]] = {}
+        for (role, feature), vectors in zip(self.keys, pooled):
+            by_role.setdefault(role, {})[feature] = vectors
+        return torch.sigmoid(self.model.dense_logits(dense, by_role).float())
+
+
+def pooled_input(module: nn.Module, feature: str) -> PooledInput:
+    """Which table of ``module`` pools ``feature``, with its dim and pooling."""
+    if isinstance(module, ShardedEmbeddingCollection):
+        table = next(table for table in module.tables if feature in table.features)
+        if table.pooling == "none":
+            raise ValueError(f"Table '{table.name}' must pool its rows to be served, but its pooling is none.")
+        return PooledInput(table.name, feature, table.dim, table.pooling)
+    if isinstance(module, DenseEmbeddingBags):
+        name = module.table_of[feature]
+        bag = module.bags[name]
+        assert isinstance(bag, nn.EmbeddingBag)
+        return PooledInput(name, feature, bag.embedding_dim, "mean" if bag.mode == "mean" else "sum")
+    raise TypeError(f"An embedding module must be sparse tables or embedding bags, but is {type(module).__name__}.")
 
 
 def mlp_with_dropout(in_dim: int, hidden_dims: list[int], out_dim: int, dropout: float = 0.0) -> nn.Sequential:
@@ -30,7 +105,7 @@ def mlp_with_dropout(in_dim: int, hidden_dims: list[int], out_dim: int, dropout:
     return nn.Sequential(*layers)
 
 
-class CTRModel(nn.Module):
+class CTRModel(PooledModel):
     """The pooled embedding of every categorical feature, concatenated with the dense features, into an MLP.
 
     The deep tower of Wide & Deep (Cheng et al., DLRS 2016) and of YouTube's recommender (Covington et al.,
@@ -49,20 +124,22 @@ class CTRModel(nn.Module):
         super().__init__()
         self.embeddings = embeddings
         self.feature_names = feature_names
+        self.num_dense = num_dense
         self.mlp = mlp_with_dropout(num_dense + embedding_dim * len(feature_names), hidden_dims, 1, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        pooled = self.embeddings(batch.sparse)
-        features = torch.cat([batch.dense, *(pooled[name] for name in self.feature_names)], dim=1)
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {VECTORS: (self.embeddings, self.feature_names)}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        features = torch.cat([dense, *(pooled[VECTORS][name] for name in self.feature_names)], dim=1)
         logits: torch.Tensor = self.mlp(features).squeeze(1)
         return logits
 
 
-class DLRM(nn.Module):
+class DLRM(PooledModel):
     """Pairwise dot products of the fields' vectors and the dense features' bottom-MLP vector, into a top MLP
     (Naumov et al., Deep Learning Recommendation Model, 2019).
 
@@ -84,20 +161,24 @@ class DLRM(nn.Module):
         super().__init__()
         self.embeddings = embeddings
         self.feature_names = feature_names
+        self.num_dense = num_dense
         self.bottom_mlp = nn.Sequential(mlp(num_dense, bottom_dims, embedding_dim), nn.ReLU())
         num_vectors = len(feature_names) + 1
         num_interactions = num_vectors * (num_vectors - 1) // 2
         self.top_mlp = mlp_with_dropout(embedding_dim + num_interactions, top_dims, 1, dropout)
-        self._pair_rows, self._pair_cols = torch.triu_indices(num_vectors, num_vectors, offset=1)
+        pairs = torch.triu_indices(num_vectors, num_vectors, offset=1)
+        # Copies: views of one tensor would be saved by `torch.export` as one storage, which it warns of.
+        self._pair_rows, self._pair_cols = pairs[0].clone(), pairs[1].clone()
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.top_mlp, "top_mlp")  # The bottom MLP sees a handful of dense features.
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        dense = self.bottom_mlp(batch.dense)
-        pooled = self.embeddings(batch.sparse)
-        vectors = torch.stack([dense, *(pooled[name] for name in self.feature_names)], dim=1)
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {VECTORS: (self.embeddings, self.feature_names)}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        dense = self.bottom_mlp(dense)
+        vectors = torch.stack([dense, *(pooled[VECTORS][name] for name in self.feature_names)], dim=1)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))
         interactions = dots[:, self._pair_rows.to(dots.device), self._pair_cols.to(dots.device)]
         logits: torch.Tensor = self.top_mlp(torch.cat([dense, interactions], dim=1)).squeeze(1)

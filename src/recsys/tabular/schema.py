@@ -158,6 +158,29 @@ class SplitByValue:
 
 
 @dataclass
+class WindowsSection:
+    """The training data as a sequence of time windows, trained on one after the other (``recsys.tabular.windows``)."""
+
+    by: Literal["none", "path", "column"] = "none"
+    """``path``: ``train_path`` is a glob whose files (or folders) carry a time in their paths
+    (``logs/*/hour=*/*.parquet``), those of one time forming a window; ``column``: the rows of ``train_path``
+    in consecutive ranges of ``column``'s values, ``every`` long; ``none``: no windows."""
+    column: str | None = None
+    """``by: column``: the time column (seconds since 1970); ``null``: ``split.column``."""
+    every: str = "1d"
+    """``by: column``: a window's length: a number and ``d``, ``h``, ``m`` or ``s`` (``1d``, ``6h``); windows
+    start at multiples of it since 1970 (UTC days), or since ``start``."""
+    start: Annotated[float, Range()] | None = None
+    """``by: column``: the first window starts here; the rows before it form one window before it, named
+    ``before-<time>``: the history a model learns from before it goes online. ``null``: no such window."""
+    done_file: str | None = None
+    """``by: path``: a window is there once every folder of its files holds this file (``_SUCCESS``); ``null``:
+    once its files are. Files whose names start with ``_`` or ``.`` are never data."""
+    poll_interval_s: Annotated[float, Range(gt=0)] = 10.0
+    """With ``follow``: how often to look for the next window while waiting."""
+
+
+@dataclass
 class JoinedTable:
     """A side table whose columns join the rows by key: the attributes of an item or a user.
 
@@ -283,6 +306,10 @@ class TabularDataSection:
     """Rows shuffled together (a bounded window: memory does not grow with the files)."""
     max_malformed_rows: NonNegativeInt = 100
     """Malformed rows skipped (each logged with file and line) before the run stops with an error."""
+    windows: WindowsSection = field(default_factory=WindowsSection)
+    follow: bool = False
+    """With ``windows.by: path``: at the last window, wait for the next to appear rather than end (online
+    training); a SIGTERM while waiting stops the run, saved."""
     parse_threads: PositiveInt = 1
     """Threads that parse the chunks after the one being batched, meanwhile: for a run whose reading is the
     bottleneck, on a machine with cores to spare (the rows and their order are the same)."""
@@ -300,6 +327,10 @@ class TabularDataSection:
                 f"be set for {ordered}, but is not."
             )
         self._check_histories()
+        if self.follow and self.windows.by != "path":
+            raise ValueError(
+                f"`follow` waits for new windows of files, so `windows.by` must be `path`, but is `{self.windows.by}`."
+            )
         added = [*(name for join in self.joins for name in join.columns), *(column.name for column in self.derived)]
         twice = sorted({name for name in added if added.count(name) > 1})
         if twice:

@@ -11,8 +11,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from components import PositiveInt
 from recipes import megatron_mlp_plan
-from recsys.click.batch import CTRBatch
-from recsys.click.models import DLRM, CTRModel, mlp_with_dropout
+from recsys.click.models import DLRM, VECTORS, CTRModel, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.linear import LogisticRegression
 from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, stack_fields
 
@@ -37,7 +36,7 @@ class CrossLayer(nn.Module):
         return crossed
 
 
-class DCNv2(nn.Module):
+class DCNv2(PooledModel):
     """Cross layers over ``x0 = [dense, field vectors]``, then a deep MLP and a linear head, stacked
     (Wang et al., DCN V2: Improved Deep & Cross Network, WWW 2021).
 
@@ -59,6 +58,7 @@ class DCNv2(nn.Module):
         super().__init__()
         self.embeddings = embeddings
         self.features = features
+        self.num_dense = num_dense
         in_dim = num_dense + dim * len(features)
         self.cross = nn.ModuleList([CrossLayer(in_dim, cross_rank) for _ in range(cross_layers)])
         self.mlp = mlp_with_dropout(in_dim, hidden_dims, 1, dropout)
@@ -66,10 +66,12 @@ class DCNv2(nn.Module):
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        fields = stack_fields(self.embeddings(batch.sparse), self.features)
-        x0 = torch.cat([batch.dense, fields.flatten(1)], dim=1)
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {VECTORS: (self.embeddings, self.features)}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        fields = stack_fields(pooled[VECTORS], self.features)
+        x0 = torch.cat([dense, fields.flatten(1)], dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -77,7 +79,7 @@ class DCNv2(nn.Module):
         return logits
 
 
-class WideDeep(nn.Module):
+class WideDeep(PooledModel):
     """Wide & Deep (Cheng et al., DLRS 2016): logistic regression's weights (the wide part, which memorises ids
     and dense features' linear effects) and ``mlp``'s tower over the fields' vectors (the deep part, which
     generalises), trained jointly, their logits summed."""
@@ -86,13 +88,16 @@ class WideDeep(nn.Module):
         super().__init__()
         self.wide = wide
         self.deep = deep
+        self.num_dense = deep.num_dense
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return {f"deep.{name}": style for name, style in self.deep.tensor_parallel_plan().items()}
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        logits: torch.Tensor = self.wide(batch) + self.deep(batch)
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {**self.wide.lookups(), **self.deep.lookups()}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        logits: torch.Tensor = self.wide.dense_logits(dense, pooled) + self.deep.dense_logits(dense, pooled)
         return logits
 
 

@@ -12,8 +12,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from recipes import megatron_mlp_plan
-from recsys.click.batch import CTRBatch
-from recsys.click.models import mlp_with_dropout
+from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, ZooModelConfig, stack_fields
 
 
@@ -37,7 +36,7 @@ def fm_interaction(vectors: torch.Tensor) -> torch.Tensor:
     return 0.5 * (summed.square() - vectors.square().sum(dim=1)).sum(dim=1)
 
 
-class LogisticRegression(nn.Module):
+class LogisticRegression(PooledModel):
     """A weight per id and per dense feature, and a bias: the baseline every CTR model must beat.
 
     The weights are dim-1 tables that start at zero, so a hashed id space of any size costs one
@@ -48,19 +47,22 @@ class LogisticRegression(nn.Module):
         super().__init__()
         self.first_order = first_order
         self.features = features
+        self.num_dense = num_dense
         self.dense = DenseLinear(num_dense)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return {}  # Weights per id and a bias: nothing to split.
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        weights = stack_fields(self.first_order(batch.sparse), self.features)
-        logits: torch.Tensor = self.dense(batch.dense) + weights.sum(dim=(1, 2))
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {FIRST_ORDER: (self.first_order, self.features)}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        weights = stack_fields(pooled[FIRST_ORDER], self.features)
+        logits: torch.Tensor = self.dense(dense) + weights.sum(dim=(1, 2))
         return logits
 
 
-class FM(nn.Module):
+class FM(PooledModel):
     """Logistic regression plus every pairwise interaction of the fields' vectors (Rendle, ICDM 2010).
 
     Dense features enter as Rendle's real-valued inputs do: dense feature ``j`` has a weight ``w_j``
@@ -75,25 +77,28 @@ class FM(nn.Module):
         self.first_order = first_order
         self.embeddings = embeddings
         self.features = features
+        self.num_dense = num_dense
         self.dense = DenseLinear(num_dense)
         # Small, as the tables start: interactions begin near zero and the linear terms lead early on.
         self.dense_vectors = nn.Parameter(torch.randn(num_dense, dim) * 0.01)
 
-    def fm_logits(self, batch: CTRBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def fm_logits(self, dense: torch.Tensor, pooled: Pooled) -> tuple[torch.Tensor, torch.Tensor]:
         """The FM's logit ``[B]`` and the fields' vectors ``[B, F, dim]`` (for DeepFM's deep part to share)."""
-        weights = stack_fields(self.first_order(batch.sparse), self.features)
-        fields = stack_fields(self.embeddings(batch.sparse), self.features)
-        dense_fields = batch.dense.unsqueeze(2) * self.dense_vectors
+        weights = stack_fields(pooled[FIRST_ORDER], self.features)
+        fields = stack_fields(pooled[VECTORS], self.features)
+        dense_fields = dense.unsqueeze(2) * self.dense_vectors
         interaction = fm_interaction(torch.cat([dense_fields, fields], dim=1))
-        logits = self.dense(batch.dense) + weights.sum(dim=(1, 2)) + interaction
+        logits = self.dense(dense) + weights.sum(dim=(1, 2)) + interaction
         return logits, fields
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return {}  # A sum of products: nothing to split.
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        return self.fm_logits(batch)[0]
+    def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
+        return {FIRST_ORDER: (self.first_order, self.features), VECTORS: (self.embeddings, self.features)}
+
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        return self.fm_logits(dense, pooled)[0]
 
 
 class DeepFM(FM):
@@ -119,10 +124,9 @@ class DeepFM(FM):
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
 
-    def forward(self, batch: CTRBatch) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``."""
-        fm, fields = self.fm_logits(batch)
-        deep: torch.Tensor = self.mlp(torch.cat([batch.dense, fields.flatten(1)], dim=1)).squeeze(1)
+    def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
+        fm, fields = self.fm_logits(dense, pooled)
+        deep: torch.Tensor = self.mlp(torch.cat([dense, fields.flatten(1)], dim=1)).squeeze(1)
         return fm + deep
 
 

@@ -178,12 +178,14 @@ def test_best_exports_the_best_scored_checkpoint(
 
     best = export_ok(capsys, run, tmp_path / "best", "--checkpoint", "best")
     step_3 = export_ok(capsys, run, tmp_path / "step_3", "--checkpoint", "step_3")
-    last = export_ok(capsys, run, tmp_path / "last")
+    last = export_ok(capsys, run, tmp_path / "last", "--checkpoint", "last")
+    by_default = export_ok(capsys, run, tmp_path / "auto")  # the best scored checkpoint, where there is one
 
     assert best.keys() == step_3.keys() == last.keys()
     tables = loaded_tables(run, 3)
     for name, rows in best.items():
         np.testing.assert_array_equal(rows, step_3[name])
+        np.testing.assert_array_equal(rows, by_default[name])
         np.testing.assert_array_equal(rows, look_up(tables[name], np.arange(len(rows))))
     assert any(not np.array_equal(best[name], last[name]) for name in best), "steps 3 and 6 must differ"
 
@@ -193,8 +195,8 @@ def test_best_exports_the_best_scored_checkpoint(
     [
         ("no run", "is not a run's output directory"),
         ("no checkpoint", "holds no checkpoint"),
-        ("unknown step", "`--checkpoint` must be last, best or one of the steps [3, 6], but is '99'"),
-        ("unknown word", "`--checkpoint` must be last, best or one of the steps [3, 6], but is 'newest'"),
+        ("unknown step", "`--checkpoint` must be auto, last, best or one of the steps [3, 6], but is '99'"),
+        ("unknown word", "`--checkpoint` must be auto, last, best or one of the steps [3, 6], but is 'newest'"),
         ("destination not empty", "`-o` must be a new or empty folder, but"),
         ("destination a file", "is a file"),
         ("destination unwritable", "`-o` must be a folder that can be written, but /proc/no/tables cannot be"),

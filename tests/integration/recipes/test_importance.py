@@ -105,7 +105,7 @@ def test_the_feature_that_determines_the_label_ranks_first_and_noise_drops_nothi
     ("args", "fragments"),
     [
         (["--split", "test"], ["`--split` must be a split the recipe has data for (valid), but is 'test'"]),
-        (["--checkpoint", "999"], ["`--checkpoint` must be last, best or one of the steps [20], but is '999'"]),
+        (["--checkpoint", "999"], ["`--checkpoint` must be auto, last, best or one of the steps [20], but is '999'"]),
         (["-o", "table.txt"], ["`-o` must end in .csv or .parquet, but is table.txt"]),
         (["-o", "out/config.yaml/table.csv"], ["`-o` must be a writable file, but out/config.yaml/table.csv"]),
         (["--nproc", "2"], ["`--nproc` must be left out, but is 2"]),

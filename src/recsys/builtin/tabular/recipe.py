@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from recipes import (
     ConfigError,
+    DataReader,
     RecipeConfig,
     RecipeContext,
     RecipeParts,
@@ -18,10 +19,11 @@ from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
 from recsys.data.stream import StreamingReader
-from recsys.tabular.data_format import ColumnFormat, ColumnReader, data_format
+from recsys.tabular.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
 from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
+from recsys.tabular.windows import windowed_train_reader
 from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
 
 ENCODINGS_FILE = "vocabularies.npz"
@@ -59,7 +61,20 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         tabular.check_first_rows()  # A wrong delimiter or column stops the run now, not after training.
         return tabular
 
-    train_reader, valid_reader = reader(train_path, "train"), reader(resolve_path(data.valid_path), "valid")
+    def window_reader(window_files: DataFormat, paths: list[str], split: str, train: bool) -> StreamingReader[CTRBatch]:
+        # A window's last, smaller step is trained on too: a window of a few rows is still learnt from.
+        options_of_split = {**options, **reader_options(context, data.batch_size, train), "drop_last": False}
+        tabular = window_files.reader(paths, split=split, encodings=encodings, **options_of_split)
+        tabular.check_first_rows()
+        return tabular
+
+    if data.windows.by == "none":
+        train_reader: DataReader[CTRBatch] = reader(train_path, "train")
+    else:  # One window after another, each scored before it is trained on (`recsys.tabular.windows`).
+        # Windows by column are written one file each, by every rank in its own folder (no rank waits for another).
+        folder = os.path.join(context.output_dir, "windows", f"rank_{gangs.root.rank}")
+        train_reader = windowed_train_reader(data, files, train_path, window_reader, folder)
+    valid_reader = reader(resolve_path(data.valid_path), "valid")
     splits = {} if data.test_path is None else {"test": reader(resolve_path(data.test_path), "test")}
 
     features = data_format(data)

@@ -96,14 +96,26 @@ def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
     if preset == "avazu":
         data.append("dataset.parse_threads=2")  # the key reaches the reader (same rows: test_tabular_reader.py)
 
-    check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *data, *SMALL, timeout=600))
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+    checkpoint_at_validations = "checkpoint.every_n_steps=10"  # as the preset's own periods are aligned
+    check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *data, *SMALL, checkpoint_at_validations, timeout=600))
+    if preset == "avazu":  # Writing the predictions over the test data the run reads is refused.
+        result = run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", str(paths["test"]))
+        assert result.returncode == 2 and "must not name a file the run reads" in result.stderr
+    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "predictions.csv"))
 
     valid = metric_history(tmp_path / "out")["valid"]
     assert valid[-1]["auc"] > 0.7
+    # Trained until validation stopped improving (early stopping, not the 100 epochs), and scored by the best
+    # checkpoint, not the last: `eval` of the valid split repeats that checkpoint's validation.
+    listing = check_ok(run_recipes(tmp_path, "checkpoints", "out")).stdout
+    best_step = int(next(line for line in listing.splitlines() if line.endswith("<- best")).split()[0])
+    last_step = max(row["step"] for row in valid)
+    assert best_step < last_step and "Early stopping at step" in (tmp_path / "out/logs/rank_0.log").read_text()
+    [best] = [row for row in valid if row["step"] == best_step]
+    assert f"auc={best['auc']:.6g}" in check_ok(run_recipes(tmp_path, "eval", "out")).stdout
     assert {"auc", "log_loss", "ne", "calibration", "pr_auc"} <= set(valid[-1])
     assert "test: auc=" in predicted.stdout
-    assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
+    assert pa_csv.read_csv(tmp_path / "predictions.csv").num_rows == 500
 
 
 def test_a_file_in_the_wrong_format_stops_before_training(tmp_path: Path) -> None:
@@ -159,7 +171,7 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     assert "Loaded the vocabularies and counts of site_id, device_ip" in log.read_text()
     predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
     assert "test: auc=" in predicted.stdout
-    assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
+    assert pa_csv.read_csv(tmp_path / "predictions.csv").num_rows == 500
     assert (tmp_path / "out" / "vocabularies.npz").exists()
     assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7
 

@@ -1,0 +1,55 @@
+"""The split of a model into sparse lookups and a dense part, which ``export`` needs and a model declares.
+
+A serving system holds the tables in its own store (a key-value service, a parameter server) and
+runs only the dense part: it looks each feature's ids up in that feature's table, pools the rows,
+and hands the pooled vectors and the dense features to a program. The framework cannot find that
+cut by itself (a model may pool a feature in two tables, as a factorization machine's weights and
+vectors do, or mix the dense features in anywhere), so a model that can be served says where it is
+by ``dense_for_serving``, as TorchRec's inference models keep their sparse arch apart from their
+dense one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PooledInput:
+    """One pooled vector the dense part takes: ``feature``'s ids looked up in ``table`` and pooled.
+
+    ``pooling``: ``sum`` (of the rows, each times its id's weight if the feature has weights) or
+    ``mean`` (that sum over the bag's number of ids, at least 1). An id the table holds no row for
+    reads as zeros, as a hash table's lookups do.
+    """
+
+    table: str
+    feature: str
+    dim: int
+    pooling: Literal["sum", "mean"]
+
+
+@dataclass(frozen=True)
+class DenseForServing:
+    """The dense part of a model and what it takes.
+
+    ``module.forward(dense, pooled)`` maps the dense features ``[B, num_dense]`` (float32) and the
+    pooled vectors (a list of ``[B, dim]`` float32 tensors, in the order of ``inputs``) to the score
+    of every row, ``[B]``: what ``predict`` writes (a probability for a click model), not a logit.
+    """
+
+    module: nn.Module
+    num_dense: int
+    inputs: tuple[PooledInput, ...]
+
+
+@runtime_checkable
+class ServableModel(Protocol):
+    """A model whose dense part can be exported apart from its tables."""
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The dense part, sharing this model's parameters (no copy)."""
+        ...

@@ -1,0 +1,155 @@
+"""Data in time windows: a train reader that reads one window after another, in time order, and resumes in one.
+
+A production recommender trains on logs as they land, an hour or a day at a time (RecIS' ``window_iter``):
+each window is read whole by a reader of its own (any ``DataReader``: shuffled, sharded, resumable as
+usual), and the next window is the first whose time is after the current one's. Where the windows come from
+is a ``WindowSource``'s: files grouped by the time in their paths, or the value ranges of a time column of
+one table (``recsys.tabular.windows``). Following the data, the source is asked again until a window is
+there, so one that lands while the run waits, or while it is down, is taken in its order.
+
+The reader's state is the current window's name, its index and its own reader's state: a resume finds the
+window by its name and continues at the same row. The Trainer sees it through ``recipes``'
+``WindowedReader`` protocol: ``next()`` stops at each window's end, and the Trainer moves it on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from recipes import DataError, DataReader
+
+logger = logging.getLogger(__name__)
+
+BatchT = TypeVar("BatchT")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of the data: ``name`` (its time as text, which names it in metrics and checkpoints),
+    ``start`` (its time, seconds since 1970, which orders the windows), and its files."""
+
+    name: str
+    start: float
+    paths: tuple[str, ...]
+
+
+class WindowSource(Protocol):
+    """Where the windows come from."""
+
+    def windows(self) -> Sequence[Window]:
+        """The windows there now (complete ones only), in time order."""
+
+    def describe(self) -> str:
+        """What a window is made of, for a line saying that the run waits for the next."""
+
+
+class WindowSequence(DataReader[BatchT], Generic[BatchT]):
+    """Reads the windows of ``source`` in time order with a reader each: ``reader_of(window)`` for training,
+    ``scoring_reader_of(window)`` to score the current model on it first. With ``follow``, the end of the
+    windows there is not the end of the data: the next is waited for, asking ``source`` every
+    ``poll_interval_s`` seconds. It implements ``recipes.protocols.WindowedReader``."""
+
+    def __init__(
+        self,
+        source: WindowSource,
+        reader_of: Callable[[Window], DataReader[BatchT]],
+        scoring_reader_of: Callable[[Window], DataReader[Any]],
+        *,
+        follow: bool = False,
+        poll_interval_s: float = 10.0,
+    ) -> None:
+        self._source = source
+        self._reader_of = reader_of
+        self._scoring_reader_of = scoring_reader_of
+        self._follow = follow
+        self._poll_interval_s = poll_interval_s
+        self._window: Window | None = None
+        self._index = -1
+        self._reader: DataReader[BatchT] | None = None
+        self._next: Window | None = None
+
+    # DataReader ----------------------------------------------------------------------------------
+
+    def __next__(self) -> list[BatchT]:
+        if self._reader is None:
+            raise StopIteration  # Before the first window: the Trainer starts it.
+        return next(self._reader)
+
+    def reset(self) -> None:
+        """Windows are read once: there is no next pass over them."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "window": "" if self._window is None else self._window.name,
+            "window_index": self._index,
+            "reader": {} if self._reader is None else self._reader.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        name = str(state_dict["window"])
+        self._index = int(state_dict["window_index"])
+        if not name:
+            return
+        found = [window for window in self._source.windows() if window.name == name]
+        if not found:
+            raise DataError(
+                f"The window {name} of the checkpoint must still be in the data to resume in it, but is gone "
+                f"({self._source.describe()})."
+            )
+        self._open(found[0])
+        assert self._reader is not None
+        self._reader.load_state_dict(state_dict["reader"])
+
+    def describe(self) -> str:
+        if self._reader is None:
+            return f"no window started yet ({self._source.describe()})"
+        return f"window {self._index} ({self.window_name}): {self._reader.describe()}"
+
+    def close(self, wait: bool = True) -> None:
+        if self._reader is not None:
+            self._reader.close(wait)
+
+    # WindowedReader --------------------------------------------------------------------------------
+
+    @property
+    def window_index(self) -> int:
+        return self._index
+
+    @property
+    def window_name(self) -> str:
+        return "" if self._window is None else self._window.name
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self._poll_interval_s
+
+    def next_window_ready(self) -> bool | None:
+        after = -float("inf") if self._window is None else self._window.start
+        self._next = next((window for window in self._source.windows() if window.start > after), None)
+        if self._next is not None:
+            return True
+        return False if self._follow else None
+
+    def start_next_window(self) -> None:
+        if self._next is None:
+            raise RuntimeError("`start_next_window` must follow a `next_window_ready` that is True, but does not.")
+        if self._reader is not None:
+            self._reader.close()
+        self._index += 1
+        self._open(self._next)
+        self._next = None
+
+    def window_scoring_reader(self) -> DataReader[Any]:
+        if self._window is None:
+            raise RuntimeError("`window_scoring_reader` must follow `start_next_window`, but no window is started.")
+        return self._scoring_reader_of(self._window)
+
+    def waiting_for(self) -> str:
+        return self._source.describe()
+
+    def _open(self, window: Window) -> None:
+        self._window = window
+        self._reader = self._reader_of(window)

@@ -1,0 +1,122 @@
+"""``export``: the README's plain-torch scorer of an export scores every validation row as ``predict`` does, and a
+delta export applied over the full export of its ``--since`` step scores as the full export of the later step;
+runs of 1 rank (MovieLens, fixed tables, sum and mean pooling) and 2 ranks (DLRM, fixed and hash tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pa_parquet
+import pytest
+import torch
+
+from support.resume_helpers import check_ok, one_line_error, run_recipes
+from support.serving_scorer import readme_scorer, scores, split_rows
+
+KEEP_ALL = ["checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null", "metrics.recorders.console=false"]
+MOVIELENS = [
+    "trainer.max_num_data_epochs=null",
+    "trainer.max_num_steps=20",
+    "trainer.validate_every_n_steps=10",
+    "checkpoint.every_n_steps=10",
+    *KEEP_ALL,
+]
+MOVIELENS_VALID_ROWS = 20_001
+DLRM = [
+    "trainer.max_num_steps=6",
+    "trainer.validate_every_n_steps=3",
+    "checkpoint.every_n_steps=3",
+    "dataset.synthetic_rows=4000",
+    "dataset.batch_size=64",
+    *KEEP_ALL,
+]
+# Hash tables of 16 rows for 1000 categories a feature: LRU evicts between the checkpoints, so a delta has tombstones.
+SMALL_HASH_TABLES = ["dataset.num_embeddings_per_feature=[16]", "model.embeddings.hash.min_count=1"]
+
+
+def table_files(export: Path) -> list[Path]:
+    return [path for path in (export / "tables").glob("*.parquet") if not path.name.endswith(".evicted.parquet")]
+
+
+def predicted(run_root: Path, step: int) -> np.ndarray:
+    check_ok(run_recipes(run_root, "predict", "out", "--checkpoint", str(step), "-o", f"predicted_{step}.csv"))
+    return pa_csv.read_csv(run_root / f"predicted_{step}.csv").column("score").to_numpy()
+
+
+def export_all(run_root: Path, first: int, last: int) -> None:
+    """Full exports of ``first`` and ``last``, and the delta of ``last`` since ``first``."""
+    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(first), "-o", "full_first"))
+    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(last), "-o", "full_last"))
+    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(last), "--since", str(first), "-o", "delta"))
+
+
+def check_scores_and_delta(run_root: Path, first: int, last: int, num_rows: int | None = None) -> int:
+    """The scorer's scores of ``last`` against ``predict``'s, and the delta's against the full export; the number of
+    ids the delta evicts."""
+    scorer = readme_scorer()
+    rows = split_rows(run_root / "out")
+    full_first, full_last = scorer.load(run_root / "full_first"), scorer.load(run_root / "full_last")
+    delta = scorer.load(run_root / "delta", base=full_first)
+
+    plain = scores(scorer, full_last, rows)
+    expected = predicted(run_root, last)
+    if num_rows is not None:
+        assert len(plain) == num_rows
+    assert len(plain) == len(expected)
+    np.testing.assert_allclose(plain, expected, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(scores(scorer, delta, rows), plain)
+    assert not np.array_equal(scores(scorer, full_first, rows), plain)  # the steps differ, so the delta mattered
+    for name, (ids, vectors) in full_last["tables"].items():
+        assert torch.equal(delta["tables"][name][0], ids)
+        assert torch.equal(delta["tables"][name][1], vectors)
+    return sum(len(pa_parquet.read_table(path)) for path in (run_root / "delta/tables").glob("*.evicted.parquet"))
+
+
+def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_delta_as_a_full_export(
+    tmp_path: Path,
+) -> None:
+    check_ok(run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *MOVIELENS, timeout=600))
+    export_all(tmp_path, 10, 20)
+
+    evicted = check_scores_and_delta(tmp_path, 10, 20, num_rows=MOVIELENS_VALID_ROWS)
+
+    assert evicted == 0  # fixed tables evict nothing
+    assert readme_scorer().num_lines <= 50
+    delta_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "delta"))
+    full_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "full_last"))
+    assert 0 < delta_rows < full_rows  # 10 steps of 512 rows touch a fraction of the rows
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra", "evicts"),
+    [("dlrm_criteo_tiny", [], False), ("dlrm_criteo_tiny_dynamic", SMALL_HASH_TABLES, True)],
+)
+def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
+    tmp_path: Path, preset: str, extra: list[str], evicts: bool
+) -> None:
+    check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *DLRM, *extra, "--nproc", "2", timeout=600))
+    export_all(tmp_path, 3, 6)
+
+    evicted = check_scores_and_delta(tmp_path, 3, 6)
+
+    assert (evicted > 0) == evicts
+
+
+def test_misuse_of_export_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    check_ok(run_recipes(tmp_path, "train", "dlrm_criteo_tiny", "-o", "out", *DLRM))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken/file").write_text("x")
+    cases = [
+        (["out", "--since", "4", "-o", "a"], "`--since` must name a checkpoint of out (steps [3, 6]), but step 4"),
+        (["out", "--since", "6", "-o", "b"], "`--since` must name a step before the exported 6, but is 6"),
+        (["nowhere", "-o", "c"], "OUTPUT_DIR must be a run's output directory, but nowhere has no config.yaml"),
+        (["out", "-o", "taken"], "`-o` must be a new or empty folder, but taken is not empty"),
+    ]
+    for args, fragment in cases:
+        result = run_recipes(tmp_path, "export", *args)
+        assert result.returncode == 2, result.stderr
+        assert fragment in one_line_error(result)
+    assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
+    assert [path.name for path in (tmp_path / "taken").iterdir()] == ["file"]

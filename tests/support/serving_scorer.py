@@ -1,0 +1,47 @@
+"""The README's plain-torch scorer of an export, run as its text has it, and a split's rows read as it takes them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from recipes.job import JobSpec
+from recipes.scoring import loaded_checkpoint
+from support.paths import README
+
+
+def readme_scorer() -> SimpleNamespace:
+    """``load`` and ``score`` of the first Python block of the README's "Export for serving" section, executed."""
+    section = README.read_text().split("## Export for serving", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None, "the README's Export for serving section must hold a Python block"
+    code = match.group(1)
+    imported = {line.split()[1].split(".")[0] for line in code.splitlines() if line.startswith(("import ", "from "))}
+    assert imported == {"json", "pyarrow", "torch"}, imported  # nothing of this project
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md:export-for-serving", "exec"), namespace)
+    return SimpleNamespace(load=namespace["load"], score=namespace["score"], num_lines=len(code.splitlines()))
+
+
+def split_rows(run: Path, split: str = "valid") -> list[tuple[torch.Tensor, dict[str, Any]]]:
+    """Every batch of ``split`` as the scorer takes it, in input order: the dense features and, per feature, its ids,
+    offsets and weights (read by the run's own readers, in this process)."""
+    spec = JobSpec(str(run / "config.yaml"), str(run))
+    batches = []
+    with loaded_checkpoint(spec, "last", split, one_unit=True) as loaded:
+        validation = next(iter(loaded.validations.values()))
+        for step in validation.reader:
+            for batch in step:
+                features = {name: (f.ids.clone(), f.offsets.clone(), f.weights) for name, f in batch.sparse.items()}
+                batches.append((batch.dense.clone(), features))
+        validation.reader.reset()
+    return batches
+
+
+def scores(scorer: SimpleNamespace, model: Any, rows: list[tuple[torch.Tensor, dict[str, Any]]]) -> np.ndarray:
+    return np.concatenate([scorer.score(model, dense, features).numpy() for dense, features in rows])

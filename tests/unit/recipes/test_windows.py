@@ -1,0 +1,205 @@
+"""Data in windows as the Trainer runs it (``recipes.windows``): each window scored, then trained on; checkpoints
+every N windows; the window limit; waiting for the next window, and a stop while waiting."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from gang import FakeGang, Gangs
+from recipes.data_reader import DataReader
+from recipes.profiler import Profiler
+from recipes.protocols import WindowedReader
+from recipes.recorders.jsonl import JsonlRecorder
+from recipes.sections import TrainerSection
+from recipes.trainer import Trainer
+from recipes.validator import NoopValidator
+from recipes.windows import wait_for_next_window, windows_of
+from recsys.data.memory import InMemoryReader
+from support.linear_regression import FEATURES, TARGETS, Batch, SquaredErrorUnit, linear_model, sequence_validation
+from unit.recipes.test_trainer import ListRecorder, RecordingCheckpointer, make_trainer
+
+ROWS_PER_WINDOW = 32  # 4 steps of 8 rows.
+
+
+class ListWindows(DataReader[Batch]):
+    """Windows ``names`` of 32 rows each; with ``follow``, then none yet, asking ``on_wait`` at each look."""
+
+    def __init__(self, names: list[str], events: list[tuple[str, Any]], follow: bool = False) -> None:
+        self.names = names
+        self.events = events
+        self.follow = follow
+        self.index = -1
+        self.reader: InMemoryReader[Batch] | None = None
+        self.looks = 0
+        self.on_wait = lambda: None
+
+    def _window_reader(self) -> InMemoryReader[Batch]:
+        rows = slice(ROWS_PER_WINDOW * (self.index % 2), ROWS_PER_WINDOW * (self.index % 2 + 1))
+        features, targets = FEATURES[rows], TARGETS[rows]
+        return InMemoryReader(lambda r: (features[r], targets[r]), ROWS_PER_WINDOW, 8, shuffle=False)
+
+    def __next__(self) -> list[Batch]:
+        if self.reader is None:
+            raise StopIteration
+        return next(self.reader)
+
+    def reset(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "reader": None if self.reader is None else self.reader.state_dict()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    @property
+    def window_index(self) -> int:
+        return self.index
+
+    @property
+    def window_name(self) -> str:
+        return self.names[self.index] if self.index >= 0 else ""
+
+    @property
+    def poll_interval_s(self) -> float:
+        return 0.01
+
+    def next_window_ready(self) -> bool | None:
+        self.looks += 1
+        if self.index + 1 < len(self.names):
+            return True
+        self.on_wait()
+        return False if self.follow else None
+
+    def start_next_window(self) -> None:
+        self.index += 1
+        self.reader = self._window_reader()
+
+    def window_scoring_reader(self) -> DataReader[Any]:
+        return self._window_reader()
+
+    def waiting_for(self) -> str:
+        return "more windows"
+
+
+class ScoringValidator(NoopValidator):
+    def __init__(self, events: list[tuple[str, Any]]) -> None:
+        self.events = events
+
+    def score_window(self, step_nr: int, window_index: int, window_name: str, reader: DataReader[Any]) -> None:
+        self.events.append(("score", (step_nr, window_index, window_name, sum(1 for _ in reader))))
+
+
+class StepRecordingUnit(SquaredErrorUnit):
+    def __init__(self, events: list[tuple[str, Any]]) -> None:
+        super().__init__(linear_model())
+        self.events = events
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+        self.events.append(("step", self.step_nr))
+        return super().__call__(batch)
+
+
+def windowed_trainer(
+    windows: ListWindows, config: TrainerSection, checkpointer: RecordingCheckpointer, every_n_windows: int | None
+) -> Trainer[Batch]:
+    unit = StepRecordingUnit(windows.events)
+    optimizer = torch.optim.SGD(unit.model.parameters(), lr=0.05)
+    gang = FakeGang()
+    return Trainer(
+        unit=unit,
+        data_reader=windows,
+        optimizer=optimizer,
+        lr_scheduler=LambdaLR(optimizer, lambda step: 1.0),
+        gangs=Gangs(root=gang, dp=gang, tp=gang),
+        device=torch.device("cpu"),
+        config=config,
+        recorder=ListRecorder(),
+        profiler=Profiler(False, 0, 1, "unused", 0),
+        validator=ScoringValidator(windows.events),
+        checkpointer=checkpointer,
+        checkpoint_every_n_windows=every_n_windows,
+    )
+
+
+UNLIMITED = TrainerSection(max_num_steps=None, max_num_data_epochs=1)
+
+
+def test_each_window_is_scored_then_trained_on_and_checkpointed_every_n_windows() -> None:
+    events: list[tuple[str, Any]] = []
+    checkpointer = RecordingCheckpointer()
+    windowed_trainer(ListWindows(["w0", "w1", "w2"], events), UNLIMITED, checkpointer, every_n_windows=2).run()
+
+    steps = [("step", step) for step in range(1, 13)]
+    assert events == [
+        ("score", (1, 0, "w0", 4)),
+        *steps[0:4],
+        ("score", (5, 1, "w1", 4)),
+        *steps[4:8],
+        ("score", (9, 2, "w2", 4)),
+        *steps[8:12],
+    ]
+    assert checkpointer.saves == [(8, False, False), (12, True, False)]
+    assert checkpointer.states[8][1]["data_reader"]["index"] == 1
+
+
+def test_max_num_windows_stops_after_that_many_windows() -> None:
+    events: list[tuple[str, Any]] = []
+    checkpointer = RecordingCheckpointer()
+    config = TrainerSection(max_num_steps=None, max_num_windows=2)
+    windowed_trainer(ListWindows(["w0", "w1", "w2"], events), config, checkpointer, every_n_windows=1).run()
+
+    assert [payload[2] for kind, payload in events if kind == "score"] == ["w0", "w1"]
+    assert checkpointer.saves == [(4, False, False), (8, True, False)]
+
+
+def test_a_following_reader_is_waited_for_and_a_stop_while_waiting_saves(caplog: pytest.LogCaptureFixture) -> None:
+    events: list[tuple[str, Any]] = []
+    checkpointer = RecordingCheckpointer()
+    windows = ListWindows(["w0"], events, follow=True)
+    trainer = windowed_trainer(windows, UNLIMITED, checkpointer, every_n_windows=None)
+
+    def stop_at_the_third_look() -> None:
+        if windows.looks == 3:
+            trainer.request_stop()
+
+    windows.on_wait = stop_at_the_third_look
+    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+        trainer.run()
+
+    assert checkpointer.saves == [(4, True, True)]  # A resume point, saved at the stop.
+    assert windows.looks == 3
+    assert caplog.messages.count("Waiting for the next window after w0: more windows") == 1
+
+
+def test_the_end_of_the_windows_ends_the_wait() -> None:
+    windows = ListWindows([], [])
+    assert wait_for_next_window(windows, FakeGang(), lambda: False) == "end"
+    assert windows_of(windows) is windows
+    assert isinstance(windows, WindowedReader)
+
+
+def test_a_plain_reader_has_no_windows() -> None:
+    assert windows_of(make_trainer(UNLIMITED).state.reader) is None
+
+
+def test_eval_units_score_a_window_and_jsonl_names_it(tmp_path: Path) -> None:
+    from recipes.validator import WINDOW_RUN, make_validator
+
+    model = linear_model()
+    recorder = JsonlRecorder(str(tmp_path))
+    validator = make_validator([sequence_validation(model, [0.25, 0.5])], model, recorder, 0, nullcontext)
+    data = InMemoryReader(lambda r: (FEATURES[r], TARGETS[r]), 8, 8, shuffle=False)
+    validator.score_window(5, 1, "2026-11-27T14", data)
+
+    row = json.loads((tmp_path / f"{WINDOW_RUN}.jsonl").read_text())
+    assert row == {"step": 5, "window": "2026-11-27T14", "score": 0.25, "window_index": 1.0}
