@@ -145,6 +145,7 @@ def build_trainer(
             checkpoint_every_n_windows=config.checkpoint.every_n_windows,
             state_metrics=lambda: hash_table_metrics(tables),
             reloads=model_bank if model_bank.reloads else None,
+            checkpoint_new_best=config.checkpoint.keep_best_n is not None,
         )
     except BaseException:
         recorder.close()

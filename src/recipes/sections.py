@@ -144,7 +144,8 @@ class CheckpointSection:
     keep_last_n: PositiveInt | None = None
     """Keep the N newest checkpoints; with no keep policy at all, every checkpoint is kept."""
     keep_best_n: PositiveInt | None = None
-    """Keep the N best by validation score (``trainer.score_metric``, ``trainer.lower_better``)."""
+    """Keep the N best by validation score (``trainer.score_metric``, ``trainer.lower_better``); a validation that
+    beats the best so far is checkpointed at once, between the ``every_n_*`` periods too."""
     keep_every_n_steps: PositiveInt | None = None
     """Keep checkpoints whose step is a multiple of N."""
     model_only: Literal["none", "all", "all_but_last"] = "none"

@@ -95,6 +95,7 @@ class Trainer(Generic[BatchT]):
         state_metrics: Callable[[], Mapping[str, float]] = dict,
         checkpoint_every_n_windows: int | None = None,
         reloads: ModelBank | None = None,
+        checkpoint_new_best: bool = False,
     ) -> None:
         self._unit = unit
         self._reader = data_reader
@@ -113,6 +114,10 @@ class Trainer(Generic[BatchT]):
         self._windows = windows_of(data_reader)
         """The reader of data in windows (``WindowedReader``) behind ``data_reader``, if it is one."""
         self._reloads = reloads
+        self._checkpoint_new_best = checkpoint_new_best
+        """Checkpoint at every validation that improves on the best score (``checkpoint.keep_best_n``): the best
+        checkpoint is then the best validation, whatever the checkpoint periods."""
+        self._improved_step = -1
         """The model bank's periodic reloads (``checkpoint.reload_every_n_*``), before anything sees the step."""
 
         self._autocast = autocast_for(config.mixed_precision, device)
@@ -202,7 +207,8 @@ class Trainer(Generic[BatchT]):
             self._publish_metrics()
         if self._validation_due(epoch_ended):
             self._validate()
-        if self._checkpoint_due(epoch_ended):
+        new_best = self._checkpoint_new_best and self._improved_step == self.step_nr
+        if new_best or self._checkpoint_due(epoch_ended):
             self._checkpoint(last=self._should_stop())
 
     def _finish(self) -> None:
@@ -458,9 +464,18 @@ class Trainer(Generic[BatchT]):
         validated = self._validator.validate(self.step_nr)
         self._validated_step = self.step_nr
         self._counters.last_score = validated.score
+        if validated.score is not None and self._improves(validated.score):
+            self._counters.best_score = validated.score
+            self._improved_step = self.step_nr
         if validated.stop:
             log.info("Early stopping at step %d: the score stopped improving.", self.step_nr)
             self._counters.early_stopped = True
+
+    def _improves(self, score: float) -> bool:
+        best = self._counters.best_score
+        if best is None:
+            return True
+        return score < best if self._config.lower_better else score > best
 
     def _checkpoint(self, last: bool, interrupted: bool = False) -> None:
         score = self._counters.last_score if self._validated_step == self.step_nr else None

@@ -34,6 +34,8 @@ class TrainerCounters:
     data_epoch_nr: int = 0
     num_consecutive_skipped: int = 0
     last_score: float | None = None
+    best_score: float | None = None
+    """The best validation score so far, which a new best must beat to be checkpointed at once."""
     early_stopped: bool = False
 
 

@@ -54,6 +54,21 @@ class CsvConfig(DataFormatConfig):
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
 
+    def check(self, schema: TabularDataSection) -> None:
+        """Named columns must hold every column the schema reads from the file, so that ``show`` and the config
+        check refuse a short list before any file is opened."""
+        if self.column_names is None:
+            return
+        added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
+        read = [schema.label.column, *schema.dense_columns, *schema.categorical_columns, schema.split.column]
+        missing = [name for name in read if name is not None and name not in added and name not in self.column_names]
+        if missing:
+            raise ValueError(
+                f"`format.column_names` must name every column the schema reads from the files, but lacks "
+                f"{missing[:5]}{' ...' if len(missing) > 5 else ''} (it names {self.column_names[:8]}"
+                f"{' ...' if len(self.column_names) > 8 else ''})."
+            )
+
     @property
     def field_delimiter(self) -> str:
         return self.delimiter or ","

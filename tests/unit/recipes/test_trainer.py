@@ -57,6 +57,8 @@ def make_trainer(
     early_stopper: PatienceEarlyStopper | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     checkpointer: Checkpointer | None = None,
+    checkpoint_every_n_steps: int | None = 2,
+    checkpoint_new_best: bool = False,
 ) -> Trainer[Batch]:
     unit = unit or SquaredErrorUnit(linear_model())
     optimizer = optimizer or torch.optim.SGD(unit.model.parameters(), lr=0.05)
@@ -78,7 +80,8 @@ def make_trainer(
         profiler=Profiler(False, 0, 1, "unused", 0),
         validator=validator,
         checkpointer=checkpointer or NOOP_CHECKPOINTER,
-        checkpoint_every_n_steps=None if checkpointer is None else 2,
+        checkpoint_every_n_steps=None if checkpointer is None else checkpoint_every_n_steps,
+        checkpoint_new_best=checkpoint_new_best,
     )
 
 
@@ -536,3 +539,27 @@ def test_a_run_stopped_on_request_and_resumed_ends_as_the_run_never_stopped() ->
     assert resumed.state.shared()["model"].keys() == reference.state.shared()["model"].keys()
     for name, value in reference.state.shared()["model"].items():
         torch.testing.assert_close(resumed.state.shared()["model"][name], value)
+
+
+@pytest.mark.parametrize("lower_better", [False, True])
+def test_with_keep_best_a_validation_that_beats_the_best_is_checkpointed_between_the_periods(
+    lower_better: bool,
+) -> None:
+    """Validations every 2 steps, checkpoints every 6: the best checkpoint must be the best validation's step."""
+    model = linear_model()
+    scores = [0.5, 0.7, 0.6, 0.9, 0.8, 0.4] if not lower_better else [0.5, 0.3, 0.4, 0.1, 0.2, 0.6]
+    checkpointer = RecordingCheckpointer()
+    trainer = make_trainer(
+        TrainerSection(max_num_steps=12, validate_every_n_steps=2, score_metric="score", lower_better=lower_better),
+        unit=SquaredErrorUnit(model),
+        validations=[sequence_validation(model, scores)],
+        checkpointer=checkpointer,
+        checkpoint_every_n_steps=6,
+        checkpoint_new_best=True,
+    )
+
+    trainer.run()
+
+    # New bests at steps 2, 4 and 8; the periods add 6 and 12 (the last).
+    assert [step for step, _, _ in checkpointer.saves] == [2, 4, 6, 8, 12]
+    assert trainer.state.counters.best_score == pytest.approx(0.1 if lower_better else 0.9)

@@ -131,3 +131,17 @@ def test_a_schema_of_another_format_is_refused_by_a_reader_and_a_format_must_be_
         TabularDataSection().format_options(LibSVMConfig)
     with pytest.raises(LookupError, match=r"'function' must be registered as a DataFormat subclass, but is <function"):
         data_format(TabularDataSection(format=DataFormatConfig("function")))
+
+
+def test_column_names_that_lack_a_column_the_schema_reads_are_refused_before_any_file_is_opened() -> None:
+    headerless = {"name": "tsv", "header": False}
+    schema = {"label": {"column": "label"}, "categorical": [{"columns": ["C1", "C2"]}]}
+
+    with pytest.raises(ConfigError, match=r"`format.column_names` must name every column the schema reads from the "
+                       r"files, but lacks \['C2'\] \(it names \['label', 'C1'\]\)"):  # fmt: skip
+        dataset({**schema, "format": {**headerless, "column_names": ["label", "C1"]}})
+    # A column a join or a derived column adds is not the file's to name.
+    derived = {"derived": [{"name": "C2", "source": "C1", "transform": "count"}]}
+    assert (
+        dataset({**schema, **derived, "format": {**headerless, "column_names": ["label", "C1"]}}).format.name == "tsv"
+    )
