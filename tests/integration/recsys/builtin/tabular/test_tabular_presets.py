@@ -169,7 +169,7 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     check_ok(run_recipes(tmp_path, "train", "out/config.yaml", "-o", "out", "trainer.max_num_steps=30", *SMALL))
 
     assert "Loaded the vocabularies and counts of site_id, device_ip" in log.read_text()
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "predictions.csv"))
     assert "test: auc=" in predicted.stdout
     assert pa_csv.read_csv(tmp_path / "predictions.csv").num_rows == 500
     assert (tmp_path / "out" / "vocabularies.npz").exists()
