@@ -28,6 +28,9 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 SHORT_NAMES = {"dlrm_criteo_tiny": "fixed", "dlrm_criteo_tiny_dynamic": "hash"}
 
@@ -61,11 +64,20 @@ def steps_per_second(preset: str, steps: int, threads: int | None, output_dir: P
     if run.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
     threads_line = next((line for line in run.stdout.splitlines() if line.startswith("threads:")), "")
-    config = (output_dir / "config.yaml").read_text()
-    batch_size = int(next(line.split(":")[1] for line in config.splitlines() if line.strip().startswith("batch_size")))
+    config = yaml.safe_load((output_dir / "config.yaml").read_text())
+    batch_size = int(next(value for value in _values(config, "batch_size") if value is not None))  # dataset's
     lines = (output_dir / "metrics" / "train.jsonl").read_text().splitlines()
     rates = [float(json.loads(line)["throughput"]) for line in lines[1:]]
     return float(statistics.median(rates)) / batch_size, threads_line
+
+
+def _values(node: Any, key: str) -> Iterator[Any]:
+    """Every value of ``key`` in a nested mapping, depth first."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            if name == key:
+                yield value
+            yield from _values(value, key)
 
 
 def main() -> None:
