@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -39,21 +38,19 @@ import yaml
 from torch import nn
 
 from checkpoint import CheckpointManager
-from gang import FakeGang
-from recipes.checkpointing import checkpoint_policy
 from recipes.errors import UserError
 from recipes.export_model import DenseForServing, ServableModel
 from recipes.export_tables import (
     TableRows,
-    check_destination,
     file_names,
     gather_tables,
     ids_and_rows,
     make_temp_folder,
+    open_destination,
     step_number,
     write_rows,
 )
-from recipes.job import JobSpec, checkpoint_step, resolve_job
+from recipes.job import JobSpec, checkpoint_step, read_only_checkpoints
 from recipes.scoring import loaded_checkpoint
 
 EXPORT_FORMAT = 1
@@ -83,12 +80,8 @@ def export(output_dir: str, which: str, destination: str, since: str | None = No
     config_path = f"{output_dir}/config.yaml"
     if not os.path.isfile(config_path):
         raise UserError(f"OUTPUT_DIR must be a run's output directory, but {output_dir} has no config.yaml.")
-    fs, target = fsspec.core.url_to_fs(destination)
-    target = target.rstrip("/")
-    check_destination(fs, target, destination)
-    config = resolve_job(JobSpec(config_path)).config
-    # Read-only, like `checkpoints`: a reader of a running job's directory must not delete its save in progress.
-    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
+    fs, target = open_destination(destination)
+    manager = read_only_checkpoints(output_dir)
     step = checkpoint_step(manager, step_number(which), output_dir)
     since_step = None if since is None else _since_step(manager, since, step, output_dir)
     temp = make_temp_folder(fs, target, destination)

@@ -29,12 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pa_parquet
 import torch
 
-from checkpoint import CheckpointManager, LoadedCheckpoint
+from checkpoint import LoadedCheckpoint
 from embedding import ShardedStateError
-from gang import FakeGang
-from recipes.checkpointing import checkpoint_policy
 from recipes.errors import UserError
-from recipes.job import JobSpec, checkpoint_step, resolve_job
+from recipes.job import checkpoint_step, read_only_checkpoints
 
 
 @dataclass(frozen=True)
@@ -70,12 +68,8 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
     config_path = f"{output_dir}/config.yaml"
     if not os.path.isfile(config_path):
         raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
-    fs, target = fsspec.core.url_to_fs(destination)
-    target = target.rstrip("/")
-    check_destination(fs, target, destination)
-    config = resolve_job(JobSpec(config_path)).config
-    # Read-only, like `checkpoints`: a reader of a running job's directory must not delete its save in progress.
-    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
+    fs, target = open_destination(destination)
+    manager = read_only_checkpoints(output_dir)
     if not manager.list_checkpoints():
         raise UserError(f"{output_dir} holds no checkpoint to export tables from.")
     step = checkpoint_step(manager, step_number(which), output_dir)
@@ -98,6 +92,14 @@ def step_number(which: str) -> str:
     """``step_N`` (the checkpoint folder's name) as ``eval`` names a step, ``N``; anything else unchanged."""
     number = which.removeprefix("step_")
     return number if which.startswith("step_") and number.isdigit() else which
+
+
+def open_destination(destination: str) -> tuple[Any, str]:
+    """The filesystem and path of ``destination``, a new or empty folder (``check_destination``)."""
+    fs, target = fsspec.core.url_to_fs(destination)
+    target = target.rstrip("/")
+    check_destination(fs, target, destination)
+    return fs, target
 
 
 def check_destination(fs: Any, target: str, destination: str) -> None:

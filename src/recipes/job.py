@@ -116,15 +116,19 @@ def default_output_dir(spec: JobSpec) -> str:
     return spec.output_dir or os.path.join("runs", Path(spec.preset).stem)
 
 
+def read_only_checkpoints(output_dir: str) -> CheckpointManager:
+    """The checkpoints of the run in ``output_dir`` (its ``config.yaml`` must exist), under the run's keep policy,
+    read-only: a reader of a running job's directory must not delete its save in progress."""
+    config = resolve_job(JobSpec(f"{output_dir}/config.yaml")).config
+    return CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
+
+
 def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
     """The checkpoints of a run, judged by the keep policy of the run's own ``config.yaml``, and the damaged
     ones (``damage`` set), which a user must be able to find since they are never deleted."""
-    config_path = f"{output_dir}/config.yaml"
-    if not os.path.isfile(config_path):
+    if not os.path.isfile(f"{output_dir}/config.yaml"):
         raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
-    config = resolve_job(JobSpec(config_path)).config
-    # Read-only: listing a running job's directory must not delete its save in progress.
-    manager = CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
+    manager = read_only_checkpoints(output_dir)
     infos = manager.list_checkpoints() + manager.list_damaged()
     return sorted(infos, key=lambda info: (info.step, info.damage is not None, info.path))
 
