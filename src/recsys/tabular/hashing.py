@@ -82,14 +82,24 @@ def column_basis(column: str) -> np.uint64:
 
 def bucket_ids(keys: npt.NDArray[np.uint64], num_buckets: int | npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     """The ids of ``keys`` in tables of ``num_buckets`` rows (one number, or one per last-axis column); with 0
-    rows, the keys themselves as int64 (for a hash table, which takes any id)."""
-    num_buckets = np.asarray(num_buckets, dtype=np.uint64)
-    modulus = np.maximum(num_buckets, np.uint64(2)) - np.uint64(1)
-    ids = (keys % modulus + np.uint64(1)).astype(np.int64)
-    ids[keys == 0] = 0
-    if not np.any(num_buckets == 0):
-        return ids
-    return np.where(num_buckets == 0, keys.astype(np.int64), ids)
+    rows, the keys themselves as int64 (for a hash table, which takes any id).
+
+    One compiled pass: numpy's uint64 modulo, the casts and the masks cost a reader more than the
+    tokenising of the text they come from."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    if keys.size == 0:
+        return np.zeros(keys.shape, dtype=np.int64)
+    columns = np.ascontiguousarray(np.broadcast_to(np.asarray(num_buckets, dtype=np.uint64), keys.shape[-1:]))
+    return _bucket_ids(keys.reshape(-1, columns.size), columns).reshape(keys.shape)  # type: ignore[no-any-return]
+
+
+@numba.njit(cache=True)
+def _bucket_ids(keys, num_buckets):  # type: ignore[no-untyped-def]
+    ids = np.empty(keys.shape, dtype=np.int64)
+    for row in range(keys.shape[0]):
+        for column in range(keys.shape[1]):
+            ids[row, column] = bucket_id(keys[row, column], num_buckets[column])
+    return ids
 
 
 def span_keys(

@@ -28,6 +28,7 @@ from recipes import PositiveInt, Range
 from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import ParsedLines, StreamingLineReader
 from recsys.models.embeddings import TableSpec
+from recsys.tabular.bags import object_array, split_rows
 from recsys.tabular.data_format import DataFormat
 from recsys.tabular.hashing import bucket_ids, span_keys
 from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection
@@ -261,7 +262,7 @@ class LibSVMReader(StreamingLineReader[CTRBatch]):
         return _with_weights(batch, weights)
 
     def empty_columns(self) -> tuple[npt.NDArray[Any], ...]:
-        empty = _object_array([])
+        empty = object_array([])
         return (np.zeros(0, np.float32), *([empty, empty] * len(self.feature_names)))
 
     def _clicks(self, labels: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
@@ -300,21 +301,12 @@ class LibSVMFormat(DataFormat):
         return [TableSpec(name, num_buckets, (name,)) for name in self.sparse_features()]
 
 
-def _object_array(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
-    array = np.empty(len(parts), dtype=object)
-    for index, part in enumerate(parts):
-        array[index] = part
-    return array
-
-
 def _per_line_bags(
     lines: npt.NDArray[np.int64], ids: npt.NDArray[np.int64], values: npt.NDArray[np.float32], num_lines: int
 ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """Per line, the bag of ids of its tokens and their values (tokens come in line order)."""
     bounds = np.searchsorted(lines, np.arange(num_lines + 1))
-    id_bags = [ids[bounds[i] : bounds[i + 1]] for i in range(num_lines)]
-    value_bags = [values[bounds[i] : bounds[i + 1]] for i in range(num_lines)]
-    return _object_array(id_bags), _object_array(value_bags)
+    return split_rows(ids, bounds), split_rows(values, bounds)
 
 
 def _with_weights(batch: CTRBatch, weights: dict[str, npt.NDArray[np.float32]]) -> CTRBatch:

@@ -23,6 +23,7 @@ from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import START, ParsedLines, StreamingLineReader, reading
 from recsys.tabular import delimited
 from recsys.tabular.added_columns import AddedColumns, dense_column
+from recsys.tabular.bags import object_array, split_rows
 from recsys.tabular.data_format import ColumnFormat, ColumnReader
 from recsys.tabular.delimited import ColumnPlan, TokenizedLines
 from recsys.tabular.hashing import bucket_ids, column_basis
@@ -243,7 +244,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             np.zeros(0, np.float32),
             np.zeros((0, len(self._schema.dense_columns)), np.float32),
             np.zeros((0, len(self._single)), np.int64),
-            *(_object_array([]) for _ in self._bags),
+            *(object_array([]) for _ in self._bags),
         )
 
     # Columns ---------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
 
     def _bag_ids(self, name: str, keys: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """Per line, the ids of the values of its multi-hot field of column ``name``."""
-        return _object_array(np.split(self._ids(name, keys), offsets[1:-1]))
+        return split_rows(self._ids(name, keys), offsets)
 
     def _separator(self, name: str) -> str:
         """What splits a multi-hot field of ``name``: its group's separator, or (a field of one value) a byte that no
@@ -363,14 +364,6 @@ class _Chunk:
     bags: dict[str, Bags]
     file_keys: dict[str, npt.NDArray[np.uint64]]
     file_numbers: dict[str, npt.NDArray[np.float64]]
-
-
-def _object_array(parts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[Any]:
-    """An object array of id arrays, one per row (numpy would stack equal-length arrays otherwise)."""
-    bags = np.empty(len(parts), dtype=object)
-    for index, part in enumerate(parts):
-        bags[index] = part
-    return bags
 
 
 @DATA_FORMATS.register("tsv", TsvConfig)

@@ -23,7 +23,6 @@ one pass each), never row by row in Python.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import numba
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys.tabular.added_columns import AddedColumns, AddedValues, dense_column
+from recsys.tabular.bags import object_array, split_rows
 from recsys.tabular.hashing import bucket_ids, hash_ids, text_keys
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection
 from recsys.tabular.tokens import SMALL_COUNT_LOGS, log_count
@@ -151,7 +151,7 @@ class TypedRows:
         num_buckets = self._groups[name].num_buckets
         if name in added.bags:
             keys, offsets = added.bags[name]
-            return object_array(np.split(bucket_ids(keys, num_buckets), offsets[1:-1]))
+            return split_rows(bucket_ids(keys, num_buckets), offsets)
         if name in added.keys:
             return bucket_ids(added.keys[name], num_buckets)
         if name in self.multi_hot:
@@ -196,7 +196,7 @@ class TypedRows:
         lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
         ids = hash_ids(values.flatten(), name, group.num_buckets)
         missing = np.zeros(1, np.int64)
-        bags = np.split(ids, np.cumsum(lengths)[:-1]) if len(values) else []
+        bags = split_rows(ids, np.concatenate([[0], np.cumsum(lengths)]))
         return object_array([bag if len(bag) else missing for bag in bags])
 
 
@@ -298,11 +298,3 @@ def _note(problems: dict[int, str], bad: npt.NDArray[np.bool_], values: pa.Array
     for row in np.flatnonzero(bad):
         if int(row) not in problems:
             problems[int(row)] = f"{what}, but is {values[int(row)].as_py()!r} instead"
-
-
-def object_array(parts: Sequence[npt.NDArray[np.int64]]) -> npt.NDArray[Any]:
-    """An object array of id arrays, one per row (numpy would stack equal-length arrays otherwise)."""
-    bags = np.empty(len(parts), dtype=object)
-    for index, part in enumerate(parts):
-        bags[index] = part
-    return bags
