@@ -9,6 +9,7 @@ learning rate (0.01, 0.03, 0.1) chosen on the validation file, scored on the tes
 
     python benchmarks/preset_quality.py --preset criteo_kaggle --train T --valid V --test S [--seeds 0 1 2]
     python benchmarks/preset_quality.py --generated OUT_DIR [--rows 8000 1000 1000] [--seeds 0 1 2]
+    python benchmarks/preset_quality.py --generated OUT_DIR -- model.dropout=0.3   # overrides for every train
 
 ``--generated`` writes the files with ``benchmarks/public_format_samples.py`` (one draw per seed) and runs all
 three presets. Prints a line per preset and seed and, per preset, the means: ``preset_auc= lr_auc= gap=``.
@@ -46,8 +47,9 @@ class Files:
     test: str
 
 
-def preset_test_auc(preset: str, files: Files, seed: int, work_dir: str) -> float:
-    """Train ``preset`` on the files as a user would, then ``eval --split test``; the test AUC."""
+def preset_test_auc(preset: str, files: Files, seed: int, work_dir: str, overrides: list[str]) -> float:
+    """Train ``preset`` on the files as a user would (with ``overrides``), then ``eval --split test``; the test
+    AUC."""
     output_dir = os.path.join(work_dir, f"{preset}_seed{seed}")
     paths = [
         f"dataset.train_path={files.train}",
@@ -55,7 +57,7 @@ def preset_test_auc(preset: str, files: Files, seed: int, work_dir: str) -> floa
         f"dataset.test_path={files.test}",
     ]
     for command in (
-        ["train", preset, "-o", output_dir, *paths, f"seed={seed}", "metrics.recorders.console=false"],
+        ["train", preset, "-o", output_dir, *paths, f"seed={seed}", "metrics.recorders.console=false", *overrides],
         ["eval", output_dir, "--split", "test"],
     ):
         result = subprocess.run([sys.executable, "-m", "recipes", *command], capture_output=True, text=True)
@@ -153,6 +155,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs=3, default=[8000, 1000, 1000])
     parser.add_argument("--formats", nargs="+", choices=list(PRESET_OF_FORMAT), default=list(PRESET_OF_FORMAT))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every train command")
     args = parser.parse_args()
     if args.generated is None and None in (args.preset, args.train, args.valid, args.test):
         parser.error("give --preset, --train, --valid and --test, or --generated OUT_DIR")
@@ -168,7 +171,7 @@ def main() -> None:
                 files = Files(paths["train"], paths["valid"], paths["test"])
             else:
                 files = Files(args.train, args.valid, args.test)
-            preset_aucs.append(preset_test_auc(preset, files, seed, work_dir))
+            preset_aucs.append(preset_test_auc(preset, files, seed, work_dir, args.overrides))
             lr_aucs.append(logistic_regression_test_auc(files, name, seed))
             print(f"{preset} seed={seed} preset_auc={preset_aucs[-1]:.4f} lr_auc={lr_aucs[-1]:.4f}", flush=True)
         preset_mean, lr_mean = statistics.mean(preset_aucs), statistics.mean(lr_aucs)

@@ -78,7 +78,7 @@ class SparseOptimizer:
             check_memory(self.state_bytes, gang.device, gang.rank, what="The sparse tables' optimizer state")
         for group, group_config in zip(self._groups, self._configs):
             weight = group.weight
-            fill = {state.name: state.initial_value for state in spec_of(group_config).states}
+            fill = {state.name: state.initial_value for state in spec_of(group_config).layout}
             group.set_optimizer_state(
                 init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device), fill
             )

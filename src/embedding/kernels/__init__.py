@@ -147,7 +147,7 @@ def _check_tensor(
 
 def _check_state(config: SparseOptimizerConfig, state: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
     """``state`` is laid out as the optimizer's spec says: its tensors by name, per row or per element."""
-    layout = spec_of(config).states
+    layout = spec_of(config).layout
     if state.keys() != {tensor.name for tensor in layout}:
         raise SparseOptimizerError(
             f"`state` of optimizer '{config.name}' must have the keys {sorted(tensor.name for tensor in layout)}, "

@@ -12,7 +12,7 @@ import torch
 from numba.extending import overload
 
 from embedding.optimizers import SparseOptimizerConfig
-from embedding.optimizers.spec import SparseOptimizerSpec
+from embedding.optimizers.spec import TOUCHES, SparseOptimizerSpec
 
 
 def state_tensors(
@@ -20,6 +20,11 @@ def state_tensors(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """The per-row and the per-element state tensors, each in the order the spec's updates take them."""
     return tuple(state[name] for name in spec.row_states), tuple(state[name] for name in spec.element_states)
+
+
+def touch_counts(spec: SparseOptimizerSpec, state: dict[str, torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    """The rows' touch counts if the optimizer keeps them, else an empty tensor the kernel never reads."""
+    return state[TOUCHES.name] if spec.counts_touches else weight.new_empty(0)
 
 
 def step_factors(

@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from embedding import compiled_source
-from embedding.kernels.common import gather, scatter, state_tensors, step_factors
+from embedding.kernels.common import gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
 
@@ -89,11 +89,13 @@ def fused_step(
     sorted_ids, order = torch.sort(keys, stable=True)
 
     row_states, element_states = state_tensors(spec, state)
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply)
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, spec.weight_decay.per_touch)
     kernel(
         _as_numpy(weight),
         tuple(_as_numpy(tensor) for tensor in row_states),
         tuple(_as_numpy(tensor) for tensor in element_states),
+        _as_numpy(touch_counts(spec, state, weight)),
+        spec.counts_touches,
         _as_numpy(sorted_ids),
         _as_numpy(order),
         *_piece_layout(grad_rows),
@@ -125,7 +127,10 @@ def _as_numpy(tensor: torch.Tensor) -> npt.NDArray[Any]:
 
 @functools.cache
 def _step_kernel(
-    update_element: UpdateFunction, update_row: UpdateFunction | None, weight_decay: UpdateFunction
+    update_element: UpdateFunction,
+    update_row: UpdateFunction | None,
+    weight_decay: UpdateFunction,
+    decay_per_touch: Callable[[Any, Any], Any],
 ) -> Callable[..., None]:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
@@ -133,13 +138,15 @@ def _step_kernel(
     has_row_step = update_row is not None
     # numba checks only this file for changes to the cached kernel: a digest of the files that
     # define the functions it compiles in, captured too, makes an edited optimizer compile anew.
-    source_digest = compiled_source.source_digest(update_element, update_row, weight_decay, gather)
+    source_digest = compiled_source.source_digest(update_element, update_row, weight_decay, decay_per_touch, gather)
 
     @njit(parallel=True, cache=True, fastmath=False)
     def fused_step_kernel(  # type: ignore[no-untyped-def]
         weight,
         row_states,
         element_states,
+        touches,
+        counts_touches,
         sorted_ids,
         order,
         piece_addresses,
@@ -186,11 +193,17 @@ def _step_kernel(
                 row = np.intp(sorted_ids[begin])
                 _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
 
+                row_decay = decay
+                if counts_touches:
+                    touched = touches[row] + np.float32(1)
+                    touches[row] = touched
+                    row_decay = decay_per_touch(decay, touched)
+
                 multiplier = np.float32(1)
                 if has_row_step:  # It takes the whole row's gradient, decayed first.
                     if decays:
                         for d in range(dim):
-                            weight[row, d], grad[d] = weight_decay(weight[row, d], grad[d], decay)
+                            weight[row, d], grad[d] = weight_decay(weight[row, d], grad[d], row_decay)
                     squared = np.float32(0)
                     for d in range(dim):
                         squared += grad[d] * grad[d]
@@ -200,7 +213,7 @@ def _step_kernel(
                 for d in range(dim):
                     new_weight, new_grad = weight[row, d], grad[d]
                     if decays and not has_row_step:
-                        new_weight, new_grad = weight_decay(new_weight, new_grad, decay)
+                        new_weight, new_grad = weight_decay(new_weight, new_grad, row_decay)
                     element_values = gather(element_states, (row, d))
                     weight[row, d], element_values = update_element(
                         new_weight, new_grad, multiplier, element_values, factors

@@ -22,7 +22,7 @@ It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
+from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
 
@@ -90,11 +90,13 @@ def fused_step(
             as_device_array(grad_index), scale, grad_scale is not None, as_device_array(chunk_sums),
         )  # fmt: skip
 
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply)
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, spec.weight_decay.per_touch)
     kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes](
         as_device_array(weight),
         tuple(as_device_array(tensor) for tensor in row_states),
         tuple(as_device_array(tensor) for tensor in element_states),
+        as_device_array(touch_counts(spec, state, weight)),
+        spec.counts_touches,
         as_device_array(sorted_ids),
         as_device_array(order),
         as_device_array(segment_starts),
@@ -162,7 +164,10 @@ def _chunk_sum_kernel(order, chunk_bounds, grad_rows, grad_index, grad_scale, ha
 
 @functools.cache
 def _step_kernel(
-    update_element: UpdateFunction, update_row: UpdateFunction | None, weight_decay: UpdateFunction
+    update_element: UpdateFunction,
+    update_row: UpdateFunction | None,
+    weight_decay: UpdateFunction,
+    decay_per_touch: Callable[[Any, Any], Any],
 ) -> Any:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process."""
@@ -173,6 +178,8 @@ def _step_kernel(
         weight,
         row_states,
         element_states,
+        touches,
+        counts_touches,
         sorted_ids,
         order,
         segment_starts,
@@ -195,6 +202,11 @@ def _step_kernel(
         row = sorted_ids[begin]
         dim = weight.shape[1]
 
+        row_decay = decay
+        if counts_touches:
+            touched = touches[row] + numba.float32(1)
+            row_decay = decay_per_touch(decay, touched)
+
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             if chunks_end > chunks_begin:
                 grad = numba.float32(0)
@@ -205,7 +217,7 @@ def _step_kernel(
 
             new_weight = weight[row, d]
             if decays:
-                new_weight, grad = weight_decay(new_weight, grad, decay)
+                new_weight, grad = weight_decay(new_weight, grad, row_decay)
             if has_row_step:
                 weight[row, d] = new_weight
                 row_grad[d] = grad  # updated below, once the whole row's gradient is known
@@ -215,6 +227,11 @@ def _step_kernel(
                     new_weight, grad, numba.float32(1), element_values, factors
                 )
                 scatter(element_states, (row, d), element_values)
+
+        if counts_touches:
+            cuda.syncthreads()  # Every thread has read the count before it changes.
+            if cuda.threadIdx.x == 0:
+                touches[row] = touched
 
         if has_row_step:
             cuda.syncthreads()

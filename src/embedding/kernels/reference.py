@@ -15,6 +15,7 @@ import torch
 
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
 from embedding.optimizers import SparseOptimizerConfig, spec_of
+from embedding.optimizers.spec import TOUCHES
 
 
 def fused_step(
@@ -47,9 +48,15 @@ def fused_step(
     grad.index_add_(0, occurrence_row, occurrence_grads)
 
     row_states, element_states = state_tensors(spec, state)
+    row_decay: torch.Tensor | np.float32 = decay
+    if spec.counts_touches:
+        touches = state[TOUCHES.name]
+        touched = touches[rows] + 1
+        touches[rows] = touched
+        row_decay = spec.weight_decay.per_touch(decay, touched).unsqueeze(1)
     w = weight[rows]
     if decays:
-        w, grad = spec.weight_decay.apply(w, grad, decay)
+        w, grad = spec.weight_decay.apply(w, grad, row_decay)
     multiplier: torch.Tensor | np.float32 = np.float32(1)
     if spec.update_row is not None:
         row_values, row_multiplier = spec.update_row(gather(row_states, rows), grad.square().mean(dim=1), factors)

@@ -11,7 +11,7 @@ with :func:`spec_of`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,10 +38,24 @@ class SparseOptimizerConfig:
     lr: NonNegativeFloat = 0.01
     """0 freezes the table."""
     weight_decay: NonNegativeFloat = 0.0
-    """An L2 penalty added to the gradient, unless the optimizer decouples it (``adamw``)."""
+    """An L2 penalty added to the gradient, unless the optimizer decouples it (``adamw``).
+
+    It acts on the rows a step touches, only: an id seen in a thousand steps is decayed a
+    thousand times, one seen once, once. A decay strong enough to restrain the rare ids, the
+    ones that overfit on small data, crushes the frequent ones; see ``weight_decay_by_frequency``."""
+    weight_decay_by_frequency: bool = False
+    """Divide a row's decay by the number of steps that have touched it, this one included, so
+    that an id's decay grows with the log of its count rather than with the count (DIN's
+    mini-batch aware regularisation, with the counts kept as training goes rather than counted
+    over the data first). The counts are one float per row, saved and resharded with the rest of
+    the optimizer's state."""
 
     def __post_init__(self) -> None:
         SPARSE_OPTIMIZERS.check_config(self, SparseOptimizerError)
+        if self.weight_decay_by_frequency and self.weight_decay == 0:
+            raise SparseOptimizerError(
+                "`weight_decay` must be greater than 0 when `weight_decay_by_frequency` is set, but is 0 instead."
+            )
 
 
 SpecOf = Callable[[Any], SparseOptimizerSpec]
@@ -55,7 +69,8 @@ through the entry-point group."""
 
 def spec_of(config: SparseOptimizerConfig) -> SparseOptimizerSpec:
     """The spec of the optimizer that ``config`` configures, as ``config`` sets it."""
-    return SPARSE_OPTIMIZERS.get(config.name).value(config)
+    spec = SPARSE_OPTIMIZERS.get(config.name).value(config)
+    return replace(spec, counts_touches=True) if config.weight_decay_by_frequency else spec
 
 
 def sparse_optimizer_config(name: str, **options: Any) -> SparseOptimizerConfig:

@@ -60,22 +60,37 @@ def _decoupled_decay(weight: Any, grad: Any, keep: Any) -> tuple[Any, Any]:
     return keep * weight, grad
 
 
+@register_jitable  # type: ignore[untyped-decorator]
+def _penalty_per_touch(weight_decay: Any, touches: Any) -> Any:
+    return weight_decay / touches
+
+
+@register_jitable  # type: ignore[untyped-decorator]
+def _keep_per_touch(keep: Any, touches: Any) -> Any:
+    one = touches / touches  # 1 in the type of ``touches`` on every target: a literal would be a float64
+    return one - (one - keep) / touches
+
+
 @dataclass(frozen=True)
 class WeightDecay:
     """How ``weight_decay`` acts on an element before its update, when it is not 0.
 
     ``apply(weight, grad, factor) -> (weight, grad)`` is ``register_jitable``; ``factor(lr,
     weight_decay)`` is the number it takes, rounded to float32 once per step.
+    ``per_touch(factor, touches) -> factor``, also ``register_jitable``, is the factor of a row
+    whose id has been stepped ``touches`` times (this step included), for optimizers configured
+    with ``weight_decay_by_frequency``: the decay divided by ``touches``.
     """
 
     apply: UpdateFunction
     factor: Callable[[float, float], float]
+    per_touch: Callable[[Any, Any], Any]
 
 
-L2_PENALTY = WeightDecay(_l2_penalty, lambda lr, weight_decay: weight_decay)
+L2_PENALTY = WeightDecay(_l2_penalty, lambda lr, weight_decay: weight_decay, _penalty_per_touch)
 """Weight decay as an L2 penalty added to the gradient: what most optimizers do."""
 
-DECOUPLED = WeightDecay(_decoupled_decay, lambda lr, weight_decay: 1.0 - lr * weight_decay)
+DECOUPLED = WeightDecay(_decoupled_decay, lambda lr, weight_decay: 1.0 - lr * weight_decay, _keep_per_touch)
 """Weight decay decoupled from the gradient, as ``torch.optim.AdamW`` does it."""
 
 
@@ -88,6 +103,11 @@ class OptimizerState:
     per_row: bool = False
     initial_value: float = 0.0
     """The value of a row that no step has touched yet."""
+
+
+TOUCHES = OptimizerState("touches", per_row=True)
+"""The steps that have touched each row: the state that ``weight_decay_by_frequency`` adds to any
+optimizer's, kept and checkpointed with it."""
 
 
 @dataclass(frozen=True)
@@ -108,17 +128,22 @@ class SparseOptimizerSpec:
       one element's weight, gradient and per-element state values (a tuple, in declared order),
       and the row's multiplier (1 without a row step); it returns the element's new weight and
       state values.
+
+    With ``counts_touches`` (the config's ``weight_decay_by_frequency``) the kernel also counts in
+    :data:`TOUCHES` the steps that touch each row, and decays the row by ``weight_decay.per_touch``.
     """
 
     states: tuple[OptimizerState, ...]
+    """The optimizer's own state, which its update functions take."""
     factors: Callable[[int, float], tuple[float, ...]]
     """The numbers an update takes, from the step (this one included) and the learning rate."""
     update_element: UpdateFunction
     update_row: UpdateFunction | None = None
     weight_decay: WeightDecay = L2_PENALTY
+    counts_touches: bool = False
 
     def __post_init__(self) -> None:
-        names = [state.name for state in self.states]
+        names = [state.name for state in self.layout]
         if len(set(names)) != len(names):
             raise ValueError(f"The states of a sparse optimizer must have distinct names, but are {names} instead.")
         if self.row_states and self.update_row is None:
@@ -126,6 +151,11 @@ class SparseOptimizerSpec:
                 f"A sparse optimizer with per-row state must have a row step to update it, but has per-row states "
                 f"{list(self.row_states)} and no row step instead."
             )
+
+    @property
+    def layout(self) -> tuple[OptimizerState, ...]:
+        """Every state tensor the optimizer keeps for a table: its own, then the touch counts if it counts them."""
+        return (*self.states, TOUCHES) if self.counts_touches else self.states
 
     @property
     def row_states(self) -> tuple[str, ...]:
@@ -139,7 +169,7 @@ class SparseOptimizerSpec:
 
     def floats_per_row(self, dim: int) -> int:
         """The floats one row of a ``dim``-wide table takes with its state."""
-        return dim + sum(1 if state.per_row else dim for state in self.states)
+        return dim + sum(1 if state.per_row else dim for state in self.layout)
 
     def fresh_state(
         self, num_rows: int, dim: int, dtype: torch.dtype, device: torch.device | str
@@ -149,5 +179,5 @@ class SparseOptimizerSpec:
             state.name: torch.full(
                 (num_rows,) if state.per_row else (num_rows, dim), state.initial_value, dtype=dtype, device=device
             )
-            for state in self.states
+            for state in self.layout
         }

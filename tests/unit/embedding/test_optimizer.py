@@ -196,3 +196,23 @@ def test_state_dict_round_trips_through_weights_only_load() -> None:
     torch.testing.assert_close(
         restored_collection.shards["t"].optimizer_state["sum"], collection.shards["t"].optimizer_state["sum"]
     )
+
+
+def test_weight_decay_by_frequency_counts_each_rows_steps_in_state_that_is_saved_and_accounted() -> None:
+    config = sparse_optimizer_config("rowwise_adagrad", lr=0.1, weight_decay=0.01, weight_decay_by_frequency=True)
+    collection = ShardedEmbeddingCollection([TABLE])
+    optimizer = SparseOptimizer(collection, config)
+    features = batch(0)
+    for _ in range(3):
+        backward(collection, features)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    expected = torch.zeros(12)
+    expected[torch.unique(torch.cat([f.ids for f in features.values()]))] = 3.0
+    torch.testing.assert_close(collection.shards["t"].optimizer_state["touches"], expected)
+    assert optimizer.state_bytes == 12 * (1 + 1) * 4  # the row's squared-gradient sum and its touches
+    restored = ShardedEmbeddingCollection([TABLE], seed=1)
+    SparseOptimizer(restored, config)
+    restored.load_sharded_state_dict([collection.sharded_state_dict()])
+    torch.testing.assert_close(restored.shards["t"].optimizer_state["touches"], expected)

@@ -165,6 +165,10 @@ def test_a_bad_score_metric_prints_one_line(isolated_presets: Path, capsys: pyte
             "model.embeddings.sparse_optimizer.lr=-1",
             "`model.embeddings.sparse_optimizer.lr` must be a finite number >= 0, but is -1 instead",
         ),
+        (
+            "model.embeddings.sparse_optimizer.weight_decay_by_frequency=true",
+            "`weight_decay` must be greater than 0 when `weight_decay_by_frequency` is set, but is 0 instead.",
+        ),
         ("optimizer.lr=inf", "`optimizer.lr` must be a finite number > 0, but is inf instead"),
         ("optimizer.lr=.nan", "`optimizer.lr` must be a finite number > 0, but is nan instead"),
         ("trainer.early_stopping.min_delta=nan", "`trainer.early_stopping.min_delta` must be a finite number >= 0"),

@@ -108,3 +108,13 @@ def test_gradient_rows_in_pieces_are_read_in_place_as_their_concatenation(name, 
     torch.testing.assert_close(in_pieces.weight, concatenated.weight, rtol=1e-5, atol=1e-6)
     for key in in_pieces.state:
         torch.testing.assert_close(in_pieces.state[key], concatenated.state[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
+@pytest.mark.parametrize("dim", [1, 16])
+@pytest.mark.parametrize("duplicates", [True, False])
+def test_matches_reference_with_weight_decay_by_frequency(name, dim, duplicates, make_step_inputs, reference_check):
+    config = sparse_optimizer_config(name, lr=0.05, weight_decay=0.05, weight_decay_by_frequency=True)
+    steps = [make_step_inputs(seed, NUM_ROWS, dim, 80, duplicates, True) for seed in range(3)]
+
+    reference_check(config, NUM_ROWS, dim, steps, "cpu")

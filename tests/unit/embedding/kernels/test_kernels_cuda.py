@@ -50,3 +50,11 @@ def test_rowwise_adagrad_sums_a_row_wider_than_a_block_like_the_reference(make_s
     """300 elements over 256 threads: some threads square two elements before the tree sums them."""
     steps = [make_step_inputs(0, NUM_ROWS, 300, 6, True, True)]
     reference_check(RowwiseAdagradConfig(lr=0.05), NUM_ROWS, 300, steps, "cuda")
+
+
+@pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adamw"])
+def test_matches_reference_with_weight_decay_by_frequency(name, make_step_inputs, reference_check):
+    config = sparse_optimizer_config(name, lr=0.05, weight_decay=0.05, weight_decay_by_frequency=True)
+    steps = [make_step_inputs(seed, NUM_ROWS, 3, 20, True, True) for seed in range(2)]
+
+    reference_check(config, NUM_ROWS, 3, steps, "cuda")

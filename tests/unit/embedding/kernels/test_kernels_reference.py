@@ -130,3 +130,23 @@ def test_adamw_decays_the_weight_apart_from_the_gradient():
     fused_step(adam, decayed_then_adam, init_optimizer_state(adam, NUM_ROWS, DIM), *batch, 1, backend="reference")
 
     torch.testing.assert_close(weight, decayed_then_adam)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])  # As an L2 penalty and decoupled: the same shrink here.
+def test_weight_decay_by_frequency_divides_a_rows_decay_by_the_steps_that_touched_it(name):
+    """With no gradient, the k-th step that touches a row shrinks it by lr * weight_decay / k; a row
+    occurring three times in one step is touched once."""
+    config = sparse_optimizer_config(name, lr=0.1, weight_decay=0.5, weight_decay_by_frequency=True)
+    weight = torch.ones(NUM_ROWS, DIM)
+    state = init_optimizer_state(config, NUM_ROWS, DIM)
+    ids = torch.tensor([2, 2, 2, 5])
+    expected = torch.ones(NUM_ROWS)
+    for step_nr in range(1, 5):
+        grads = (ids, torch.zeros(1, DIM), torch.zeros(4, dtype=torch.int64), None)
+        fused_step(config, weight, state, *grads, step_nr, backend="reference")
+        expected[[2, 5]] *= 1 - 0.1 * 0.5 / step_nr
+
+    torch.testing.assert_close(weight[:, 0], expected)
+    touches = torch.zeros(NUM_ROWS)
+    touches[[2, 5]] = 4.0
+    torch.testing.assert_close(state["touches"], touches)

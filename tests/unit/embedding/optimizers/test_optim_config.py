@@ -52,6 +52,10 @@ from embedding.optimizers.sgd import SGDConfig
             lambda: SparseOptimizerConfig(name="sgd"),
             r"must be of class SGDConfig, but is of class SparseOptimizerConfig",
         ),
+        (
+            lambda: RowwiseAdagradConfig(weight_decay_by_frequency=True),
+            r"`weight_decay` must be greater than 0 when `weight_decay_by_frequency` is set, but is 0",
+        ),
     ],
 )
 def test_rejects_invalid_fields(make, message):
@@ -75,6 +79,7 @@ def test_a_config_by_name_takes_only_its_optimizers_options():
     ("config", "shapes", "initial"),
     [
         (SGDConfig(), {}, 0.0),
+        (SGDConfig(weight_decay=0.1, weight_decay_by_frequency=True), {"touches": (7,)}, 0.0),
         (RowwiseAdagradConfig(initial_accumulator_value=0.5), {"sum": (7,)}, 0.5),
         (AdagradConfig(initial_accumulator_value=0.5), {"sum": (7, 3)}, 0.5),
         (AdamConfig(), {"exp_avg": (7, 3), "exp_avg_sq": (7, 3)}, 0.0),
