@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from checkpoint import LoadedCheckpoint
-from embedding import CombinedOptimizer
+from embedding import CombinedOptimizer, ShardedEmbeddingCollection
 from recipes.errors import ConfigError
 from recipes.parallel import load_model_state, model_state, optimizer_state, unwrap
 from recipes.protocols import ShardedStateful
@@ -95,6 +95,36 @@ class SaveFilter:
                 left_out += [f"{name}.{t}" for t in dropped]
             per_rank["sharded"] = sharded
         return shared, per_rank, left_out
+
+
+def refuse_unmatched_exclude(
+    patterns: Sequence[str], model: nn.Module, sharded_state: Mapping[str, ShardedStateful]
+) -> None:
+    """Stop at start-up on a ``checkpoint.exclude`` pattern that matches nothing: a misspelt name would leave in
+    the checkpoints what the user meant to keep out, silently.
+
+    :raises ConfigError: naming the pattern and some of the names it could match.
+    """
+    names = [*unwrap(model).state_dict(keep_vars=True), *_table_names(sharded_state)]
+    for pattern in patterns:
+        if pattern not in RUN_STATE and not any(fnmatchcase(name, pattern) for name in names):
+            some = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise ConfigError(
+                f"`checkpoint.exclude` pattern '{pattern}' must match a parameter or table of the model, or name "
+                f"run state ({', '.join(RUN_STATE)}), but matches none (the model has {some or 'nothing'})."
+            )
+
+
+def _table_names(sharded_state: Mapping[str, ShardedStateful]) -> list[str]:
+    """Every table as a checkpoint names it: all of a collection's tables, whichever rank holds them."""
+    names = []
+    for name, stateful in sharded_state.items():
+        if isinstance(stateful, ShardedEmbeddingCollection):
+            held = [table.name for table in stateful.tables]
+        else:
+            held = list(stateful.sharded_state_dict()["tables"])
+        names += [f"{name}.{table}" for table in held]
+    return names
 
 
 def _dense(state: Mapping[str, Any]) -> Mapping[str, Any]:

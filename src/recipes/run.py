@@ -28,6 +28,7 @@ from recipes.job import (
     resolve_job,
     write_text,
 )
+from recipes.left_out import refuse_unmatched_exclude
 from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer
 from recipes.parallel import data_parallel
@@ -100,6 +101,7 @@ def build_trainer(
     device = gangs.root.device
     built = build_parts(job, gangs, output_dir)
     parts, tables = built.parts, built.tables
+    refuse_unmatched_exclude(config.checkpoint.exclude, parts.train_unit.model, built.sharded_state)
     model_bank = build_model_bank(parts.train_unit.model, built.sharded_state, config.checkpoint, gangs)
     if resume_step is None:
         model_bank.load()

@@ -191,6 +191,19 @@ def test_a_bad_value_is_refused_with_one_line_before_anything_is_written(
     assert not (isolated_presets / "out").exists()
 
 
+def test_a_checkpoint_exclude_pattern_that_matches_nothing_is_refused(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt name (``embedding`` for ``embeddings``) would keep in every checkpoint what it meant to leave out."""
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "checkpoint.exclude=[embedding.*]")
+
+    assert code == 2
+    assert_one_line_error(
+        err, "`checkpoint.exclude` pattern 'embedding.*' must match a parameter or table of the model, or name run"
+    )
+    assert not (isolated_presets / "out" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("output", ["taken.txt", "taken.txt/run"])
 def test_an_output_dir_that_is_a_file_is_refused_before_anything_is_written(
     output: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
