@@ -33,7 +33,8 @@ import torch
 
 from gang import FakeGang, Gangs
 from recipes.data_reader import DataReader
-from recipes.job import JobSpec, ResolvedJob, resolve_job
+from recipes.job import ResolvedJob, resolve_job
+from recipes.job_spec import JobSpec
 from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer
 from recipes.parts import RecipeContext, RecipeParts

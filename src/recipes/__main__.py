@@ -13,7 +13,7 @@ def run() -> NoReturn:
     size_numba_pool()  # before anything imports numba
 
     from recipes.errors import UserError
-    from recipes.registry import refuse_shadowing_modules
+    from recipes.shadowing import refuse_shadowing_modules
 
     # Before the CLI imports the framework's packages: from a folder holding a user's `units.py`,
     # `python -m recipes` would import that file instead, and fail far from the cause.

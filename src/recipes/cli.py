@@ -15,33 +15,30 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from checkpoint import CheckpointError
-from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureError
-from recipes.config import dump_yaml
-from recipes.errors import UserError
-from recipes.export import export
-from recipes.export_tables import export_tables
-from recipes.importance import format_table, importance
-from recipes.job import JobSpec, config_document, default_output_dir, list_checkpoints, resolve_job
+from recipes.errors import TrainingInterrupted, UserError
+from recipes.job_spec import JobSpec, default_output_dir
 from recipes.launch import EXIT_INTERRUPTED, die_with_launcher, launch_with_torchrun, report_rank_error
-from recipes.registry import all_presets
-from recipes.run import train
-from recipes.scoring import score
-from recipes.stop_signals import TrainingInterrupted
-from units import TooManySlicesError
+
+# The framework is imported by the command that needs it, not here: the launcher of `train --nproc N`, which only
+# starts the ranks, took a second and a half of CPU to import what it never ran, at every launch.
 
 log = logging.getLogger(__name__)
 
-# Mistakes in what the user asked for or gave: a bad preset, key, value, path, checkpoint or id.
-# A slice column whose values the ranks' data only together show to be too many is found at a validation.
-USER_ERRORS = (
-    UserError,
-    CheckpointError,
-    EmbeddingConfigError,
-    ShardedStateError,
-    SparseFeatureError,
-    TooManySlicesError,
-)
+
+def is_user_error(ex: Exception) -> bool:
+    """A mistake in what the user asked for or gave: a bad preset, key, value, path, checkpoint or id.
+    A slice column whose values the ranks' data only together show to be too many is found at a validation."""
+    if isinstance(ex, UserError):
+        return True
+    from checkpoint import CheckpointError
+    from embedding import EmbeddingConfigError, ShardedStateError, SparseFeatureError
+    from units import TooManySlicesError
+
+    return isinstance(
+        ex, (CheckpointError, EmbeddingConfigError, ShardedStateError, SparseFeatureError, TooManySlicesError)
+    )
+
+
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 
@@ -172,6 +169,8 @@ def _job_spec(args: argparse.Namespace, with_output: bool) -> JobSpec:
 
 
 def _list() -> None:
+    from recipes.registry import all_presets
+
     presets = all_presets()
     width = max((len(name) for name in presets), default=0)
     for name, preset in sorted(presets.items()):
@@ -180,6 +179,9 @@ def _list() -> None:
 
 
 def _show(spec: JobSpec) -> None:
+    from recipes.config import dump_yaml
+    from recipes.job import config_document, resolve_job
+
     print(dump_yaml(config_document(resolve_job(spec))), end="")
 
 
@@ -196,6 +198,8 @@ def _check_output_dir(spec: JobSpec) -> None:
 
 
 def _train(spec: JobSpec) -> None:
+    from recipes.run import train
+
     output_dir = train(spec)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"Done. TensorBoard logs: {output_dir}/tb")
@@ -203,6 +207,8 @@ def _train(spec: JobSpec) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
+    from recipes.scoring import score
+
     predictions = getattr(args, "output", None)
     results = score(_scoring_spec(args), args.checkpoint, args.split, predictions)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -215,6 +221,8 @@ def _score(args: argparse.Namespace) -> None:
 
 
 def _importance(args: argparse.Namespace) -> None:
+    from recipes.importance import format_table, importance
+
     report = importance(_scoring_spec(args), args.checkpoint, args.split, args.seed, args.output)
     print(format_table(report))
     if args.output is not None:
@@ -222,6 +230,8 @@ def _importance(args: argparse.Namespace) -> None:
 
 
 def _checkpoints(output_dir: str) -> None:
+    from recipes.job import list_checkpoints
+
     infos = list_checkpoints(output_dir)
     if not infos:
         print(f"No checkpoints in {output_dir}.")
@@ -240,11 +250,15 @@ def _checkpoints(output_dir: str) -> None:
 
 
 def _export_tables(args: argparse.Namespace) -> None:
+    from recipes.export_tables import export_tables
+
     for table in export_tables(args.output_dir, args.checkpoint, args.output):
         print(f"{table.name}: {table.num_rows:,} rows x {table.dim} -> {table.path}")
 
 
 def _export(args: argparse.Namespace) -> None:
+    from recipes.export import export
+
     summary = export(args.output_dir, args.checkpoint, args.output, args.since)
     what = "full" if summary.since is None else f"delta since step {summary.since}"
     print(f"Exported step {summary.step} ({what}) to {args.output}: {summary.num_bytes / 1e6:.2f} MB")
@@ -314,9 +328,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "export-tables":
             _export_tables(args)
         return 0
-    except USER_ERRORS as ex:
-        _report(f"error: {ex}")
-        return EXIT_USER_ERROR
     except TrainingInterrupted as ex:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {ex}", file=sys.stderr)
@@ -326,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("error: interrupted.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as ex:
+        if is_user_error(ex):
+            _report(f"error: {ex}")
+            return EXIT_USER_ERROR
         log.exception("The job failed.")
         _report(f"error: {type(ex).__name__}: {ex}")
         return EXIT_FAILURE

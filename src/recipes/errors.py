@@ -29,3 +29,11 @@ class WriteError(RuntimeError):
         reason = cause.strerror if cause.strerror else str(cause)
         errno = f"[Errno {cause.errno}] " if cause.errno is not None else ""
         super().__init__(f"Could not write {path}: {errno}{reason}.")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training after its checkpoint was committed.
+
+    A KeyboardInterrupt, so that the CLI exits 130 as for any Ctrl-C; unlike a bare one it comes
+    after the save, and its message says where the run stopped.
+    """

@@ -50,7 +50,8 @@ from recipes.export_tables import (
     step_number,
     write_rows,
 )
-from recipes.job import JobSpec, checkpoint_step, read_only_checkpoints
+from recipes.job import checkpoint_step, read_only_checkpoints
+from recipes.job_spec import JobSpec
 from recipes.scoring import loaded_checkpoint
 
 EXPORT_FORMAT = 1

@@ -18,7 +18,7 @@ import torch
 
 from recipes.errors import UserError, WriteError
 from recipes.evaluation import evaluate
-from recipes.job import JobSpec
+from recipes.job_spec import JobSpec
 from recipes.permutation import HeldReader, Steps, feature_names, hold_split, num_rows, permuted
 from recipes.precision import Autocast
 from recipes.predictions import check_writable, refuse_overwriting_inputs, write_predictions

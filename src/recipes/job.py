@@ -12,10 +12,9 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -31,6 +30,7 @@ from recipes.checkpointing import checkpoint_policy
 from recipes.config import ConfigError, load_yaml, overrides_to_dict, resolve_config, to_dict
 from recipes.errors import UserError, WriteError
 from recipes.host_memory import keep_freed_memory
+from recipes.job_spec import JobSpec
 from recipes.parallel import tensor_parallel
 from recipes.parts import RecipeContext, RecipeParts
 from recipes.protocols import ShardedStateful
@@ -42,16 +42,6 @@ from recipes.sparse_tables import find_sparse_tables, refuse_features_without_ta
 from recipes.threads import use_threads
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What the user asked for on the command line."""
-
-    preset: str
-    output_dir: str | None = None
-    config_files: Sequence[str] = ()
-    overrides: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -110,10 +100,6 @@ def config_document(job: ResolvedJob) -> dict[str, Any]:
         document["search_path"] = list(job.search_path)
     document["config"] = to_dict(job.config)
     return document
-
-
-def default_output_dir(spec: JobSpec) -> str:
-    return spec.output_dir or os.path.join("runs", Path(spec.preset).stem)
 
 
 def read_only_checkpoints(output_dir: str) -> CheckpointManager:

@@ -25,7 +25,7 @@ import importlib.resources
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,15 +35,13 @@ import yaml
 from recipes.config import load_yaml
 from recipes.errors import UserError, closest
 from recipes.sections import RecipeConfig
+from recipes.shadowing import refuse_shadowing_modules
 
 RECIPE_ENTRY_POINTS = "recipes.recipes"
 PRESET_ENTRY_POINTS = "recipes.presets"
 PRESET_FILE_NAME = "presets.yaml"
 PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
 PRESET_KEYS = {"recipe", "description", "based_on", "imports", "search_path", "config"}
-# The framework's top-level packages, which a user's module of the same name would hide.
-FRAMEWORK_PACKAGES = ("recipes", "recsys", "units", "checkpoint", "gang", "embedding", "components")
-_FRAMEWORK_ROOT = Path(__file__).resolve().parents[1]
 
 BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
 
@@ -190,34 +188,6 @@ def _import_root(module: str) -> str | None:
         return None
     depth = module.count(".") + (2 if Path(file).name == "__init__.py" else 1)
     return os.path.realpath(Path(file).parents[depth - 1])
-
-
-def refuse_shadowing_modules(folders: Sequence[str] | None = None) -> None:
-    """A user's module named like a framework package (``units.py`` beside a recipe) hides it: from
-    the current directory, ``python -m recipes`` itself imports the user's file and fails far from
-    the cause; from a preset's folder, the user's own ``import units`` gets the framework's package.
-    Either way, one line saying what to rename. ``folders``: check those (a preset's search path);
-    ``None``: check where the framework packages will be imported from now."""
-    for name in FRAMEWORK_PACKAGES:
-        if folders is None:
-            origins = [_origin(importlib.util.find_spec(name))]
-        else:
-            origins = [_origin(importlib.machinery.PathFinder.find_spec(name, [folder])) for folder in folders]
-        for origin in origins:
-            if origin is not None and not origin.is_relative_to(_FRAMEWORK_ROOT):
-                raise UserError(
-                    f"{origin} hides the framework's package `{name}` (it comes first on sys.path); "
-                    f"rename it, e.g. to my_{name}, and the imports of it."
-                )
-
-
-def _origin(spec: importlib.machinery.ModuleSpec | None) -> Path | None:
-    """Where a module or regular package of that spec lives; ``None`` for a namespace folder, which hides
-    nothing that is found anywhere on the path."""
-    if spec is None or spec.origin is None or not spec.has_location:
-        return None
-    origin = Path(spec.origin).resolve()
-    return origin.parent if origin.name == "__init__.py" else origin
 
 
 def _import_modules(preset: Preset) -> None:

@@ -19,15 +19,14 @@ from recipes.config import ConfigError, dump_yaml, to_dict
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
 from recipes.job import (
     BuiltParts,
-    JobSpec,
     ResolvedJob,
     build_parts,
     config_document,
-    default_output_dir,
     job_gangs,
     resolve_job,
     write_text,
 )
+from recipes.job_spec import JobSpec, default_output_dir
 from recipes.left_out import refuse_unmatched_exclude
 from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer

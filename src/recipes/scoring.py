@@ -18,7 +18,8 @@ from gang import Gangs
 from recipes.checkpointing import checkpoint_manager, rank_states_to_load
 from recipes.errors import UserError
 from recipes.evaluation import evaluate
-from recipes.job import BuiltParts, JobSpec, build_parts, checkpoint_step, default_output_dir, job_gangs, resolve_job
+from recipes.job import BuiltParts, build_parts, checkpoint_step, job_gangs, resolve_job
+from recipes.job_spec import JobSpec, default_output_dir
 from recipes.left_out import load_model_of
 from recipes.parts import RecipeParts
 from recipes.precision import Autocast, autocast_for

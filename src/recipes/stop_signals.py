@@ -17,19 +17,12 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from recipes.errors import TrainingInterrupted
 from recipes.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C.
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training after its checkpoint was committed.
-
-    A KeyboardInterrupt, so that the CLI exits 130 as for any Ctrl-C; unlike a bare one it comes
-    after the save, and its message says where the run stopped.
-    """
 
 
 class StopOnSignals:
@@ -78,3 +71,6 @@ class StopOnSignals:
         with contextlib.suppress(Exception):
             self._before_exit_now()
         os._exit(EXIT_INTERRUPTED)
+
+
+__all__ = ["EXIT_INTERRUPTED", "StopOnSignals", "TrainingInterrupted"]

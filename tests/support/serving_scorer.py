@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipes.job import JobSpec
+from recipes.job_spec import JobSpec
 from recipes.scoring import loaded_checkpoint
 from support.paths import README
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.job import JobSpec, resolve_job
+from recipes.job import resolve_job
+from recipes.job_spec import JobSpec
 from support.cli_runs import assert_one_line_error, run_main
 
 

@@ -18,7 +18,8 @@ import torch
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
 from recipes.cli import main
-from recipes.job import JobSpec, resolve_job
+from recipes.job import resolve_job
+from recipes.job_spec import JobSpec
 from support.resume_helpers import check_ok, run_recipes
 
 # Checkpoints at steps 3 and 6, all kept, so that `best` and `last` can differ.

@@ -10,7 +10,8 @@ import pytest
 
 from recipes import scoring
 from recipes.cli import main
-from recipes.job import BuiltParts, JobSpec
+from recipes.job import BuiltParts
+from recipes.job_spec import JobSpec
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from gang import FakeGang
 from recipes import RecipeConfig
 from recipes.checkpointing import changed_keys, find_resume_checkpoint
 from recipes.config import ConfigError, to_dict
-from recipes.job import JobSpec, resolve_job
+from recipes.job import resolve_job
+from recipes.job_spec import JobSpec
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from recipes.config import (
     valid_keys,
 )
 from recipes.errors import UserError
-from recipes.job import JobSpec, config_document, resolve_job
+from recipes.job import config_document, resolve_job
+from recipes.job_spec import JobSpec
 from recipes.registry import RECIPE_ENTRY_POINTS, get_recipe
 from recipes.sections import RecipeConfig
 from recsys.builtin.ctr.recipe import CTRConfig

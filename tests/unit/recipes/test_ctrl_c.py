@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes import cli
+from recipes import cli, run
 
 
 def test_ctrl_c_outside_training_exits_130_with_one_line(
@@ -14,7 +14,7 @@ def test_ctrl_c_outside_training_exits_130_with_one_line(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "train", interrupted)
+    monkeypatch.setattr(run, "train", interrupted)  # what the CLI's train command imports when it runs
 
     assert cli.main(["train", "ctr_tiny", "-o", "unused"]) == 130
     assert capsys.readouterr().err == "error: interrupted.\n"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from embedding.eviction import EvictionConfig, TtlConfig
-from recipes.job import JobSpec, resolve_job
+from recipes.job import resolve_job
+from recipes.job_spec import JobSpec
 from support.cli_runs import run_main
 from support.overrides import CTR_HASH, SMALL_DYNAMIC
 

@@ -11,7 +11,8 @@ import yaml
 from recipes import registry
 from recipes.config import dump_yaml, to_dict
 from recipes.errors import UserError
-from recipes.job import JobSpec, config_document, resolve_job
+from recipes.job import config_document, resolve_job
+from recipes.job_spec import JobSpec
 from recipes.registry import all_presets, find_preset, get_recipe, register_preset, resolve_preset
 
 pytestmark = pytest.mark.usefixtures("isolated_presets")

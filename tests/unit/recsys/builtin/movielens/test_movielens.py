@@ -9,7 +9,8 @@ import datetime
 import numpy as np
 import pytest
 
-from recipes.job import JobSpec, resolve_job
+from recipes.job import resolve_job
+from recipes.job_spec import JobSpec
 from recsys.click.batch import CTRBatch
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.reader import TabularReader
