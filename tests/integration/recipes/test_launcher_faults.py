@@ -59,6 +59,9 @@ def start_launcher(output_dir: Path, *extra: str) -> Any:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A launcher in a terminal, which SIGHUP stops: under `nohup` (as a CI job may run the suite) it would
+        # inherit SIGHUP ignored and rightly keep training, as `launch` says.
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
 
 
