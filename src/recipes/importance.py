@@ -9,7 +9,9 @@ row, which data-parallel ranks would each hold a share of.
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -147,12 +149,16 @@ def record_chart(log_dir: str, report: ImportanceReport) -> None:
     """TensorBoard's view of the table: ``importance/auc_drop`` and ``importance/ne_rise`` at steps 1, 2... in rank
     order (a descending bar-like curve), and the table as text, whose rows name the features of those steps.
 
-    The writer purges from step 0: TensorBoard shows only the latest run's chart, not the points of earlier ones.
+    The folder holds only the latest run's chart: the earlier runs' event files are removed first. Purging by step
+    was not enough: TensorBoard reads a folder's files in name order, and two files written in the same second
+    order by a counter compared as text (``.10`` before ``.9``), so the older chart could come last and win.
     """
     from torch.utils.tensorboard import SummaryWriter  # Slow to import.
 
     try:
-        writer = SummaryWriter(log_dir, purge_step=0)
+        for earlier in glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*")):
+            os.remove(earlier)
+        writer = SummaryWriter(log_dir)
         try:
             for rank, row in enumerate(report.features, 1):
                 writer.add_scalar("importance/auc_drop", row.auc_drop, rank)

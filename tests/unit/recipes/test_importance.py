@@ -257,3 +257,22 @@ def test_the_help_names_the_seed_and_the_table_file(capsys: pytest.CaptureFixtur
     assert info.value.code == 0
     help_text = capsys.readouterr().out
     assert "usage: recipes importance" in help_text and "--seed" in help_text and "-o FILE" in help_text
+
+
+def test_the_latest_chart_wins_when_two_are_written_in_the_same_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard reads a folder's event files in name order: two written in the same second by writers 9 and 10
+    of a process named the later one first (``.10`` < ``.9``), and the earlier chart won."""
+    from tensorboard.summary.writer import event_file_writer
+
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    monkeypatch.setattr(event_file_writer.time, "time", lambda: 1795783426.0)
+    record_chart(str(tmp_path / "importance_valid"), REPORT)
+    swapped = FeatureImportance("noise", 0.3, 0.2, 0.6, 0.7), FeatureImportance("signal", 0.1, 0.1, 0.8, 0.6)
+    record_chart(str(tmp_path / "importance_valid"), ImportanceReport(1, 1000, 0.9, 0.5, list(swapped), "valid", 160))
+
+    assert tensorboard_view(tmp_path / "importance_valid", "importance/auc_drop") == [
+        (1, pytest.approx(0.3)),
+        (2, pytest.approx(0.1)),
+    ]
