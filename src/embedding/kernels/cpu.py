@@ -89,13 +89,13 @@ def fused_step(
     sorted_ids, order = torch.sort(keys, stable=True)
 
     row_states, element_states = state_tensors(spec, state)
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, spec.weight_decay.per_touch)
+    per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
     kernel(
         _as_numpy(weight),
         tuple(_as_numpy(tensor) for tensor in row_states),
         tuple(_as_numpy(tensor) for tensor in element_states),
         _as_numpy(touch_counts(spec, state, weight)),
-        spec.counts_touches,
         _as_numpy(sorted_ids),
         _as_numpy(order),
         *_piece_layout(grad_rows),
@@ -130,12 +130,13 @@ def _step_kernel(
     update_element: UpdateFunction,
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
-    decay_per_touch: Callable[[Any, Any], Any],
+    decay_per_touch: Callable[[Any, Any], Any] | None,
 ) -> Callable[..., None]:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
     it between processes, keyed by the functions the kernel captures."""
     has_row_step = update_row is not None
+    counts_touches = decay_per_touch is not None  # Like has_row_step, compiled in: no branch without counts.
     # numba checks only this file for changes to the cached kernel: a digest of the files that
     # define the functions it compiles in, captured too, makes an edited optimizer compile anew.
     source_digest = compiled_source.source_digest(update_element, update_row, weight_decay, decay_per_touch, gather)
@@ -146,7 +147,6 @@ def _step_kernel(
         row_states,
         element_states,
         touches,
-        counts_touches,
         sorted_ids,
         order,
         piece_addresses,
@@ -197,7 +197,7 @@ def _step_kernel(
                 if counts_touches:
                     touched = touches[row] + np.float32(1)
                     touches[row] = touched
-                    row_decay = decay_per_touch(decay, touched)
+                    row_decay = decay_per_touch(decay, touched)  # type: ignore[misc]
 
                 multiplier = np.float32(1)
                 if has_row_step:  # It takes the whole row's gradient, decayed first.

@@ -90,13 +90,13 @@ def fused_step(
             as_device_array(grad_index), scale, grad_scale is not None, as_device_array(chunk_sums),
         )  # fmt: skip
 
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, spec.weight_decay.per_touch)
+    per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
     kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes](
         as_device_array(weight),
         tuple(as_device_array(tensor) for tensor in row_states),
         tuple(as_device_array(tensor) for tensor in element_states),
         as_device_array(touch_counts(spec, state, weight)),
-        spec.counts_touches,
         as_device_array(sorted_ids),
         as_device_array(order),
         as_device_array(segment_starts),
@@ -167,11 +167,12 @@ def _step_kernel(
     update_element: UpdateFunction,
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
-    decay_per_touch: Callable[[Any, Any], Any],
+    decay_per_touch: Callable[[Any, Any], Any] | None,
 ) -> Any:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process."""
     has_row_step = update_row is not None
+    counts_touches = decay_per_touch is not None  # Like has_row_step, compiled in: no branch without counts.
 
     @cuda.jit
     def fused_step_kernel(  # type: ignore[no-untyped-def]
@@ -179,7 +180,6 @@ def _step_kernel(
         row_states,
         element_states,
         touches,
-        counts_touches,
         sorted_ids,
         order,
         segment_starts,
@@ -205,7 +205,7 @@ def _step_kernel(
         row_decay = decay
         if counts_touches:
             touched = touches[row] + numba.float32(1)
-            row_decay = decay_per_touch(decay, touched)
+            row_decay = decay_per_touch(decay, touched)  # type: ignore[misc]
 
         for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
             if chunks_end > chunks_begin:
