@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import get_args_parser, run
 
 from recipes.errors import UserError
@@ -139,12 +139,22 @@ def _failure_exit_code(error: ChildFailedError, forwarder: _StopForwarder, rank_
             _say("error: interrupted before training started; nothing was saved.")
         return EXIT_INTERRUPTED
     # A rank that died of a signal said nothing, and its death is the cause of the others' errors: it comes first.
-    signalled = any(failure.exitcode < 0 for failure in error.failures.values())
+    signalled = any(failure.exitcode < 0 for failure in _causes(error))
     if signalled or not rank_errors:
         _say(f"error: {describe_failures(error)}")
     for line in rank_errors:
         _say(line)
     return EXIT_USER_ERROR if EXIT_USER_ERROR in codes else EXIT_FAILURE
+
+
+def _causes(error: ChildFailedError) -> list[ProcessFailure]:
+    """The failures less the ranks that torchrun itself stopped with SIGTERM once a peer had exited with an error,
+    which are its doing, not a cause: a rank that exits with its error line leaves the others to that SIGTERM."""
+    failures = list(error.failures.values())
+    exited = [failure.timestamp for failure in failures if failure.exitcode > 0]
+    if not exited:
+        return failures
+    return [f for f in failures if f.exitcode != -signal.SIGTERM or f.timestamp < min(exited)]
 
 
 @contextlib.contextmanager

@@ -173,7 +173,9 @@ def test_when_rank_0_cannot_lock_the_output_dir_no_rank_trains(tmp_path: Path) -
         result = run_recipes(tmp_path, "train", "ctr_tiny", "-o", str(output_dir), *LONG_RUN, "--nproc", "2")
 
     assert result.returncode == 2, result.stderr
-    [line] = result.stderr.strip().splitlines()  # The ranks' one-line error, said once by the launcher.
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # The ranks' one-line error, said once by the launcher.
+    [line] = lines
     assert f"is in use by another training run (pid {os.getpid()} on host {socket.gethostname()}" in line
     assert not (output_dir / "logs").exists() and not (output_dir / "checkpoints").exists()
 

@@ -64,3 +64,29 @@ def test_a_rank_killed_by_a_signal_is_named_before_the_errors_its_death_caused(
         "OUTPUT_DIR/logs/rank_K.log)",
         peer_gone,
     ]
+
+
+def test_a_rank_that_torchrun_stopped_after_its_peer_failed_is_not_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 0 exited with its error line while rank 1 was still closing down; torchrun then sent rank 1 SIGTERM."""
+    locked = "error: the output directory run is in use by another training run."
+
+    code = launch._failure_exit_code(failed(2, -signal.SIGTERM), launch._StopForwarder(60, enabled=True), [locked])
+
+    assert code == 2
+    assert capsys.readouterr().err == f"{locked}\n"
+
+
+def test_a_rank_stopped_by_sigterm_before_its_peers_failed_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    peer_gone = "error: RuntimeError: Connection closed by peer [127.0.0.1]:29500"
+    failures = {
+        0: ProcessFailure(0, 1, 1, "/nonexistent"),
+        1: ProcessFailure(1, 2, -signal.SIGTERM, "/nonexistent"),
+    }
+    failures[1].timestamp = failures[0].timestamp - 5  # Stopped from outside first: the cause of rank 0's error.
+
+    code = launch._failure_exit_code(
+        ChildFailedError("recipes", failures), launch._StopForwarder(60, enabled=True), [peer_gone]
+    )
+
+    assert code == 1
+    assert "rank 1 was killed by SIGTERM" in capsys.readouterr().err.splitlines()[0]
