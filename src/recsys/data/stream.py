@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 BatchT = TypeVar("BatchT")
 
 MAX_LINE_BYTES = 1 << 20
+_HEAD_BLOCK_BYTES = 1 << 16  # What the check of a file's first lines reads at a time.
 
 
 @dataclass(frozen=True)
@@ -201,12 +202,9 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
         the run before training time is spent: the check fails when more records than
         ``max_malformed_rows`` are bad, or when none is good."""
         for file_index in range(len(self._files)):
-            chunks = self.read_chunks(Position(file_index, 0, 0))
-            first = next(chunks, None)
-            chunks.close()
-            if first is None or first[0].file_index != file_index:
+            parsed = self.first_records(file_index, num_records)
+            if parsed is None:
                 continue  # An empty file.
-            parsed = first[1]
             head = min(num_records, len(parsed.valid))
             problems = sorted((record, problem) for record, problem in parsed.problems.items() if record < head)
             if problems and (len(problems) > self._max_malformed_rows or not parsed.valid[:head].any()):
@@ -217,6 +215,16 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
                     f"schema: {problem} (found checking the first {num_records} {self.record_name}s; "
                     f"`dataset.max_malformed_rows` is {self._max_malformed_rows})."
                 )
+
+    def first_records(self, file_index: int, num_records: int) -> ParsedLines | None:
+        """At least the first ``num_records`` records of file ``file_index`` parsed (fewer in a shorter file), or
+        ``None`` for an empty file: its first chunk, which a format may cut shorter."""
+        chunks = self.read_chunks(Position(file_index, 0, 0))
+        try:
+            first = next(chunks, None)
+        finally:
+            chunks.close()
+        return None if first is None or first[0].file_index != file_index else first[1]
 
     # Windows -----------------------------------------------------------------------------------
 
@@ -368,6 +376,27 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                 record_number = record_number if offset or file_index == start.file_index else 0
                 yield Position(file_index, offset, record_number), parsed
                 record_number += len(parsed.line_ends)
+
+    def first_records(self, file_index: int, num_records: int) -> ParsedLines | None:
+        """Only the file's first lines are read and parsed: a chunk of ``read_chunk_bytes`` (4 MiB) parsed for
+        the check of 100 lines cost a second at every start (and more with lines parsed ahead on threads)."""
+        head, at_end = b"", False
+        with self._files[file_index] as file, reading(self.file_name(file_index)):
+            while head.count(b"\n") <= num_records and len(head) <= MAX_LINE_BYTES:
+                block = file.read(_HEAD_BLOCK_BYTES)
+                at_end = not block
+                if at_end:
+                    break
+                head += block
+        if at_end and head and not head.endswith(b"\n"):
+            head += b"\n"  # The last line of the file, as the reader reads it.
+        cut = head.rfind(b"\n") + 1
+        if cut == 0 and head:
+            raise DataError(
+                f"The line at byte 0 of {self.file_name(file_index)} must be at most {MAX_LINE_BYTES} bytes long, "
+                "but is longer instead."
+            )
+        return self.parse(head[:cut], file_index, True) if head else None
 
     def line_chunks(self, start: Position) -> Generator[tuple[Position, bytes], None, None]:
         """Chunks of whole lines (a last line without newline gets one) from ``start`` on, each with the

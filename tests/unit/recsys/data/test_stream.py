@@ -162,3 +162,34 @@ def test_a_directory_given_as_a_data_file_is_one_line_saying_so(tmp_path: Path) 
     assert str(error.value) == (
         f"`paths` must name files, but file://{folder} is a directory (a glob names its files)."
     )
+
+
+def test_the_first_records_are_read_from_the_head_of_a_file_not_a_whole_chunk(tmp_path: Path) -> None:
+    """The start-up check parses the lines it looks at, not the reading chunk of megabytes around them."""
+    path = write_numbers(tmp_path / "long.txt", range(500_000))
+    reader = NumberLines([path], batch_size=4)
+
+    first = reader.first_records(0, num_records=100)
+
+    assert first is not None
+    assert 100 < len(first.valid) < 20_000
+    assert first.columns[0][:3].tolist() == [0, 1, 2]
+
+
+def test_the_first_records_of_a_short_or_empty_file(tmp_path: Path) -> None:
+    (tmp_path / "short.txt").write_text("7\n8")  # The last line without its newline.
+    (tmp_path / "empty.txt").write_text("")
+    reader = NumberLines([str(tmp_path / "short.txt"), str(tmp_path / "empty.txt")], batch_size=4)
+
+    first = reader.first_records(0, num_records=100)
+
+    assert first is not None and first.columns[0].tolist() == [7, 8]
+    assert reader.first_records(1, num_records=100) is None
+
+
+def test_a_first_line_longer_than_any_line_may_be_is_one_line_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "one_line.txt").write_text("1" * 2 * stream.MAX_LINE_BYTES)  # No newline in the first 2 MiB.
+    reader = NumberLines([str(tmp_path / "one_line.txt")], batch_size=4)
+
+    with pytest.raises(DataError, match="must be at most 1048576 bytes long"):
+        reader.check_first_rows()
