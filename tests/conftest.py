@@ -77,3 +77,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(
                 f"{item.nodeid} is marked slow: an integration test, it belongs in tests/integration"
             )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fill numba's kernel cache before the workers start (``support.numba_warmup``), where integration tests run:
+    in the process that runs the tests, or xdist's controller, never in a worker."""
+    config = session.config
+    if hasattr(config, "workerinput") or "not slow" in (config.option.markexpr or ""):
+        return
+    integration = TESTS / "integration"
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [TESTS]
+    if not any(path == integration or integration in path.parents or path in integration.parents for path in paths):
+        return
+    from support.numba_warmup import cache_is_empty, warm_up
+
+    if not cache_is_empty():
+        return  # Filled by an earlier run: a changed kernel is compiled by its first test alone.
+    failed = warm_up()
+    if failed:
+        print(f"numba warm-up: {', '.join(failed)} did not train; their tests will say why.", file=sys.stderr)
