@@ -392,10 +392,7 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
             head += b"\n"  # The last line of the file, as the reader reads it.
         cut = head.rfind(b"\n") + 1
         if cut == 0 and head:
-            raise DataError(
-                f"The line at byte 0 of {self.file_name(file_index)} must be at most {MAX_LINE_BYTES} bytes long, "
-                "but is longer instead."
-            )
+            raise _line_too_long(self.file_name(file_index), 0)
         return self.parse(head[:cut], file_index, True) if head else None
 
     def line_chunks(self, start: Position) -> Generator[tuple[Position, bytes], None, None]:
@@ -426,10 +423,7 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
                     cut = block.rfind(b"\n") + 1
                     chunk, tail = block[:cut], block[cut:]
                     if len(tail) > MAX_LINE_BYTES:
-                        raise DataError(
-                            f"The line at byte {offset + cut} of {self.file_name(file_index)} must be at most "
-                            f"{MAX_LINE_BYTES} bytes long, but is longer instead."
-                        )
+                        raise _line_too_long(self.file_name(file_index), offset + cut)
                     if chunk:
                         yield file_index, offset, chunk
                         offset += len(chunk)
@@ -439,6 +433,12 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
         with reading(self.file_name(file_index)):
             block: bytes = file.read(self._read_chunk_bytes)
         return block
+
+
+def _line_too_long(file_name: str, byte: int) -> DataError:
+    return DataError(
+        f"The line at byte {byte} of {file_name} must be at most {MAX_LINE_BYTES} bytes long, but is longer instead."
+    )
 
 
 @contextmanager
