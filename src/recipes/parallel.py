@@ -117,7 +117,22 @@ def model_state(model: nn.Module) -> dict[str, Any]:
 
 
 def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
-    set_model_state_dict(unwrap(model), dict(state), options=StateDictOptions(full_state_dict=True))
+    """Load a full state dict into the model, scattering it over the ranks where its parameters are sharded.
+
+    A model of plain tensors loads it as ``nn.Module.load_state_dict`` does (strict, as torch's helper is): the
+    helper would first import ``torch._dynamo`` to look for compiled submodules: half a second of start-up that a
+    ``predict`` or ``eval`` process, which builds no optimizer, otherwise never pays.
+    """
+    module = unwrap(model)
+    if _is_sharded(module):
+        set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
+    else:
+        module.load_state_dict(state)
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    """Whether FSDP2 or tensor parallelism split the module's tensors over ranks (both make them DTensors)."""
+    return any(isinstance(tensor, DTensor) for tensor in (*module.parameters(), *module.buffers()))
 
 
 def optimizer_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:

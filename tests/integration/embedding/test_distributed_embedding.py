@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from embedding import (
     EmbeddingTableConfig,
@@ -28,7 +27,7 @@ from embedding.optimizers.adagrad import AdagradConfig
 from embedding.optimizers.adam import AdamConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
-from support.gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang, start_ranks
 
 GLOBAL_BATCH = 8
 DIM = 4
@@ -190,8 +189,8 @@ def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
         JOBS[job](gang, out)
 
 
-def spawn(world_size: int, job: str, out: Path) -> None:
-    mp_spawn(_worker, args=(world_size, free_port(), job, out), nprocs=world_size)
+def start_job(world_size: int, job: str, out: Path) -> None:
+    start_ranks(_worker, (world_size, free_port(), job, out), world_size)
 
 
 def single_process_reference(steps: int) -> tuple[ShardedEmbeddingCollection, list[dict[str, torch.Tensor]]]:
@@ -219,7 +218,7 @@ def assert_same_outputs(rank_outputs: list[dict[str, torch.Tensor]], expected: d
 
 
 def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) -> None:
-    spawn(2, "2_ranks", tmp_path)
+    start_job(2, "2_ranks", tmp_path)
     two = [torch.load(tmp_path / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]
     reference, reference_outputs = single_process_reference(steps=3)
     for step in (0, 1):
@@ -229,7 +228,7 @@ def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) 
     after_two, _ = single_process_reference(steps=2)
     assert_same_tables(assemble([saved["sparse"] for saved in two]), after_two)
 
-    spawn(4, "4_ranks", tmp_path)
+    start_job(4, "4_ranks", tmp_path)
     four = [torch.load(tmp_path / f"4_ranks_{rank}.pt", weights_only=True) for rank in range(4)]
     loaded = [torch.load(tmp_path / f"4_ranks_loaded_{rank}.pt", weights_only=True) for rank in range(4)]
     assert_same_tables(assemble(loaded), after_two)
@@ -238,7 +237,7 @@ def test_sharded_lookups_steps_and_resharding_equal_one_process(tmp_path: Path) 
 
 
 def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path: Path) -> None:
-    spawn(2, "empty_batch", tmp_path)
+    start_job(2, "empty_batch", tmp_path)
     saved = [torch.load(tmp_path / f"empty_batch_{rank}.pt", weights_only=True) for rank in range(2)]
     reference, [expected] = single_process_reference(steps=1)
 
@@ -253,7 +252,7 @@ def test_a_rank_with_no_sample_looks_up_beside_one_with_the_whole_batch(tmp_path
 
 
 def test_ids_sent_ahead_on_another_group_change_no_bit(tmp_path: Path) -> None:
-    spawn(2, "prefetched", tmp_path)
+    start_job(2, "prefetched", tmp_path)
     for rank in range(2):
         saved = torch.load(tmp_path / f"prefetched_{rank}.pt", weights_only=True)
         for step in (1, 2, 3):

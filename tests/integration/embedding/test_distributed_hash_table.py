@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from embedding import (
     EmbeddingTableConfig,
@@ -19,7 +18,7 @@ from embedding.optimizers.adam import AdamConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from gang import FakeGang, Gang
 from integration.embedding.test_distributed_embedding import apply_step
-from support.gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang, start_ranks
 
 GLOBAL_BATCH = 12
 DIM = 4
@@ -85,8 +84,8 @@ def _worker(rank: int, world_size: int, port: int, job: str, out: Path) -> None:
         JOBS[job](gang, out)
 
 
-def spawn(world_size: int, job: str, out: Path) -> None:
-    mp_spawn(_worker, args=(world_size, free_port(), job, out), nprocs=world_size)
+def start_job(world_size: int, job: str, out: Path) -> None:
+    start_ranks(_worker, (world_size, free_port(), job, out), world_size)
 
 
 def rows_by_id(pieces: list[dict[str, Any]], table: str) -> dict[int, torch.Tensor]:
@@ -109,7 +108,7 @@ def assert_same_rows(actual: list[dict[str, Any]], expected: list[dict[str, Any]
 
 
 def test_hash_tables_on_2_and_3_ranks_equal_one_process_and_reshard(tmp_path: Path) -> None:
-    spawn(2, "2_ranks", tmp_path)
+    start_job(2, "2_ranks", tmp_path)
     two = [torch.load(tmp_path / f"2_ranks_{rank}.pt", weights_only=True) for rank in range(2)]
     reference, optimizer = build(FakeGang())
     for step in (1, 2, 3):
@@ -130,6 +129,6 @@ def test_hash_tables_on_2_and_3_ranks_equal_one_process_and_reshard(tmp_path: Pa
         torch.testing.assert_close(output, expected[name])
 
     # 2 ranks -> 3 ranks: ids re-hashed to their new owners, the same step 4.
-    spawn(3, "3_ranks", tmp_path)
+    start_job(3, "3_ranks", tmp_path)
     three = [torch.load(tmp_path / f"3_ranks_{rank}.pt", weights_only=True) for rank in range(3)]
     assert_same_rows([saved["sparse"] for saved in three], [reference.sharded_state_dict()])

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.multiprocessing.spawn import spawn as mp_spawn
 
 from gang import ReduceOperation
-from support.gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang, start_ranks
 
 
 def _worker(rank: int, world_size: int, port: int, out: Path) -> None:
@@ -27,7 +26,7 @@ def _worker(rank: int, world_size: int, port: int, out: Path) -> None:
 
 
 def test_a_started_all_gather_completes_beside_a_blocking_collective(tmp_path: Path) -> None:
-    mp_spawn(_worker, args=(2, free_port(), tmp_path), nprocs=2)
+    start_ranks(_worker, (2, free_port(), tmp_path), 2)
 
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank_{rank}.pt")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.multiprocessing.spawn import spawn
 
 from gang import FakeGang, Gang
-from support.gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang, start_ranks
 from units import GroupedAUC, MetricBag, SlicedCalibration, SlicedNormalizedEntropy
 
 NUM_ROWS = 600
@@ -54,7 +53,7 @@ def on_two_ranks(rank: int, world_size: int, port: int, out_dir: str, rank_1_row
 
 @pytest.mark.parametrize("rank_1_rows", [NUM_ROWS // 2, 0], ids=["interleaved", "rank_1_empty"])
 def test_grouped_metrics_over_two_ranks_equal_one_process(tmp_path: Path, rank_1_rows: int) -> None:
-    spawn(on_two_ranks, args=(2, free_port(), str(tmp_path), rank_1_rows), nprocs=2, join=True)
+    start_ranks(on_two_ranks, (2, free_port(), str(tmp_path), rank_1_rows), 2)
 
     results = [json.loads(Path(tmp_path, f"rank_{rank}.json").read_text()) for rank in range(2)]
     one_process = metric_values(FakeGang(), torch.arange(NUM_ROWS))

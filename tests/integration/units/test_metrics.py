@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.multiprocessing.spawn import spawn
 
-from support.gloo_jobs import free_port, gloo_gang
+from support.gloo_jobs import free_port, gloo_gang, start_ranks
 from support.metric_references import (
     CLICK_METRICS,
     CLICK_TOLERANCE,
@@ -40,7 +39,7 @@ def compute_on_two_ranks(rank: int, world_size: int, port: int, out_dir: str) ->
 
 
 def test_metrics_reduce_over_a_two_process_gang(tmp_path: Path) -> None:
-    spawn(compute_on_two_ranks, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    start_ranks(compute_on_two_ranks, (2, free_port(), str(tmp_path)), 2)
 
     results = [json.loads(Path(tmp_path, f"rank_{rank}.json").read_text()) for rank in range(2)]
     scores, labels, weights = (torch.cat(parts) for parts in zip(*(rank_data(rank) for rank in range(2))))
@@ -78,7 +77,7 @@ def click_metrics_on_two_ranks(
 def test_click_metrics_over_a_two_process_gang_equal_numpy_over_all_rows(
     tmp_path: Path, shard_sizes: tuple[int, int]
 ) -> None:
-    spawn(click_metrics_on_two_ranks, args=(2, free_port(), str(tmp_path), shard_sizes), nprocs=2, join=True)
+    start_ranks(click_metrics_on_two_ranks, (2, free_port(), str(tmp_path), shard_sizes), 2)
 
     results = [json.loads(Path(tmp_path, f"rank_{rank}.json").read_text()) for rank in range(2)]
     assert results[0] == results[1], "every rank must compute the same values"
