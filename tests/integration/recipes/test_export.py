@@ -12,7 +12,8 @@ import pyarrow.parquet as pa_parquet
 import pytest
 import torch
 
-from support.resume_helpers import check_ok, one_line_error, run_recipes
+from support.cli_runs import assert_one_line_error, run_main
+from support.resume_helpers import check_ok, run_recipes
 from support.serving_scorer import readme_scorer, scores, split_rows
 
 KEEP_ALL = ["checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null", "metrics.recorders.console=false"]
@@ -105,7 +106,9 @@ def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
     assert (evicted > 0) == evicts
 
 
-def test_misuse_of_export_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_misuse_of_export_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     check_ok(run_recipes(tmp_path, "train", "dlrm_criteo_tiny", "-o", "out", *DLRM))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken/file").write_text("x")
@@ -115,9 +118,10 @@ def test_misuse_of_export_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["nowhere", "-o", "c"], "OUTPUT_DIR must be a run's output directory, but nowhere has no config.yaml"),
         (["out", "-o", "taken"], "`-o` must be a new or empty folder, but taken is not empty"),
     ]
+    monkeypatch.chdir(tmp_path)
     for args, fragment in cases:
-        result = run_recipes(tmp_path, "export", *args)
-        assert result.returncode == 2, result.stderr
-        assert fragment in one_line_error(result)
+        code, _, err = run_main(capsys, "export", *args)
+        assert code == 2, err
+        assert_one_line_error(err, fragment)
     assert not any((tmp_path / name).exists() for name in ("a", "b", "c"))
     assert [path.name for path in (tmp_path / "taken").iterdir()] == ["file"]

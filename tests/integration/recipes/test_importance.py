@@ -3,7 +3,6 @@ determining feature first, noise at zero), its CSV and TensorBoard chart, the sa
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pyarrow.csv as pa_csv
@@ -12,7 +11,7 @@ import pytest
 from recipes.cli import main
 from support.cli_runs import assert_one_line_error, run_main
 from support.paths import ROOT
-from support.resume_helpers import check_ok, one_line_error, run_recipes, tensorboard_scalars
+from support.resume_helpers import check_ok, run_recipes, tensorboard_scalars
 from support.signal_noise import register_signal_noise
 
 TINY = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=20", "metrics.recorders.console=false"]
@@ -133,23 +132,28 @@ def test_a_missing_run_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: 
     assert_one_line_error(err, "must be a run's output directory (or a preset), but is not: it does not exist")
 
 
-def test_a_recipe_whose_batches_do_not_offer_sparse_features_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_recipe_whose_batches_do_not_offer_sparse_features_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tutorial's matrix factorisation reads ``(SparseFeatures, clicks)`` tuples: no field to replace."""
     out = str(tmp_path / "mf")
     check_ok(run_recipes(ROOT, "train", "mf_movielens", "-o", out, "trainer.max_num_steps=2", *TINY[2:]))
+    monkeypatch.chdir(ROOT)
 
-    result = run_recipes(ROOT, "importance", out)
+    code, _, err = run_main(capsys, "importance", out)
 
-    assert result.returncode == 2
-    assert "a dataclass with its SparseFeatures in a `sparse` field" in one_line_error(result)
-    assert "but is a tuple instead" in one_line_error(result)
+    assert code == 2
+    assert_one_line_error(err, "a dataclass with its SparseFeatures in a `sparse` field", "but is a tuple instead")
 
 
-def test_an_eval_unit_without_auc_and_ne_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_an_eval_unit_without_auc_and_ne_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = str(tmp_path / "linreg")
     check_ok(run_recipes(ROOT, "train", "linreg_demo", "-o", out, "trainer.max_num_steps=2", *TINY[2:]))
+    monkeypatch.chdir(ROOT)
 
-    result: subprocess.CompletedProcess[str] = run_recipes(ROOT, "importance", out)
+    code, _, err = run_main(capsys, "importance", out)
 
-    assert result.returncode == 2
-    assert "must report the metrics ['auc', 'ne'], but reports ['mse'] instead" in one_line_error(result)
+    assert code == 2
+    assert_one_line_error(err, "must report the metrics ['auc', 'ne'], but reports ['mse'] instead")

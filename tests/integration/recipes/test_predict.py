@@ -11,7 +11,8 @@ import pyarrow.parquet as pa_parquet
 import pytest
 import torch
 
-from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
+from support.cli_runs import assert_one_line_error, run_main
+from support.resume_helpers import check_ok, metric_history, run_recipes
 from units import BinaryAUC
 
 MOVIELENS_VALID_ROWS = 20_001
@@ -74,11 +75,15 @@ def test_eval_takes_an_output_directory_alone_or_a_preset_and_it(ctr_run: Path) 
         (["-o", "out"], "`-o` must end in"),
     ],
 )
-def test_a_bad_predict_request_is_one_line_and_exit_2(ctr_run: Path, args: list[str], fragment: str) -> None:
-    result = run_recipes(ctr_run, "predict", "out", *args)
+def test_a_bad_predict_request_is_one_line_and_exit_2(
+    ctr_run: Path, args: list[str], fragment: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
 
-    assert result.returncode == 2
-    assert fragment in one_line_error(result)
+    code, _, err = run_main(capsys, "predict", "out", *args)
+
+    assert code == 2
+    assert_one_line_error(err, fragment)
 
 
 @pytest.mark.parametrize("train_nproc", [1, 2])

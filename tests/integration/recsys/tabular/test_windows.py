@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.cli_runs import assert_one_line_error, run_main
 from support.resume_helpers import (
     assert_bitwise_equal,
     assert_same_training,
@@ -21,7 +22,6 @@ from support.resume_helpers import (
     final_states,
     load_verified,
     metric_history,
-    one_line_error,
     read_metadata,
     run_recipes,
     stall_env,
@@ -219,12 +219,17 @@ def test_follow_picks_up_a_new_window_and_stops_saved_on_sigterm_while_waiting(t
         ),
     ],
 )
-def test_a_misused_window_pattern_is_one_line_and_exit_2(tmp_path: Path, train_path: str, error: str) -> None:
+def test_a_misused_window_pattern_is_one_line_and_exit_2(
+    tmp_path: Path, train_path: str, error: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_data(tmp_path)
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.csv").write_text("ts,user,item,click\n1,2,3,1\n")
-    result = run_recipes(
-        tmp_path, *train(tmp_path, "out", f"dataset.train_path={train_path}", "dataset.windows.by=path")
-    )
-    assert result.returncode == 2
-    assert one_line_error(result).startswith(error)
+    monkeypatch.chdir(tmp_path)
+
+    misused = train(tmp_path, "out", f"dataset.train_path={train_path}", "dataset.windows.by=path")
+    code, _, err = run_main(capsys, *misused)
+
+    assert code == 2
+    assert_one_line_error(err)
+    assert err.startswith(error)

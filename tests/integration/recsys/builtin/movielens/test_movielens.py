@@ -10,7 +10,8 @@ import pyarrow.csv as pa_csv
 import pytest
 
 from recsys.tabular.schema import resolve_path
-from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
+from support.cli_runs import assert_one_line_error, run_main
+from support.resume_helpers import check_ok, metric_history, run_recipes
 
 NUM_RATINGS = 100_004
 
@@ -25,26 +26,22 @@ def ratings() -> list[dict[str, str]]:
 
 
 @pytest.mark.parametrize("rating", ["nan", "inf", "4.x"])
-def test_a_bad_rating_ends_training_in_one_line_with_exit_2(tmp_path: Path, rating: str) -> None:
+def test_a_bad_rating_ends_training_in_one_line_with_exit_2(
+    tmp_path: Path, rating: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = Path(shipped_file("ratings.csv")).read_text().splitlines()[:200]
     user, movie, _, timestamp = lines[3].split(",")
     lines[3] = ",".join([user, movie, rating, timestamp])
-    (tmp_path / "ratings.csv").write_text("\n".join(lines) + "\n")
+    ratings_path = tmp_path / "ratings.csv"
+    ratings_path.write_text("\n".join(lines) + "\n")
+    paths = [f"dataset.train_path={ratings_path}", f"dataset.valid_path={ratings_path}"]
 
-    result = run_recipes(
-        tmp_path,
-        "train",
-        "movielens_small",
-        "-o",
-        "out",
-        "dataset.train_path=ratings.csv",
-        "dataset.valid_path=ratings.csv",
-        "dataset.max_malformed_rows=0",
+    code, _, err = run_main(
+        capsys, "train", "movielens_small", "-o", str(tmp_path / "out"), *paths, "dataset.max_malformed_rows=0"
     )
 
-    assert result.returncode == 2
-    assert "Line 4 of " in one_line_error(result) and "ratings.csv" in one_line_error(result)
-    assert rating in one_line_error(result)
+    assert code == 2
+    assert_one_line_error(err, "Line 4 of ", "ratings.csv", rating)
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
@@ -64,12 +61,14 @@ def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(tmp_p
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == sum(time >= test_from for time in times)
 
 
-def test_a_split_that_leaves_validation_empty_stops_in_one_line_with_exit_2(tmp_path: Path) -> None:
+def test_a_split_that_leaves_validation_empty_stops_in_one_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Milliseconds for seconds: no rating is as late as this, so validation would score nothing.
     short = ["dataset.split.valid_from=1339227125000", "trainer.max_num_steps=4", "trainer.validate_every_n_steps=2"]
 
-    result = run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *short)
+    code, _, err = run_main(capsys, "train", "movielens_small", "-o", str(tmp_path / "out"), *short)
 
-    assert result.returncode == 2
-    assert "The evaluation data reader yields no step" in one_line_error(result)
+    assert code == 2
+    assert_one_line_error(err, "The evaluation data reader yields no step")
     assert not (tmp_path / "out" / "checkpoints").exists()

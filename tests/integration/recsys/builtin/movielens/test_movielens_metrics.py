@@ -14,7 +14,8 @@ from torchmetrics.functional.classification import binary_auroc
 
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.schema import resolve_path
-from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
+from support.cli_runs import assert_one_line_error, run_main
+from support.resume_helpers import check_ok, metric_history, run_recipes
 
 VALID_FROM = 1339227125  # The preset's `dataset.split.valid_from`.
 # 10 steps, shuffled in windows of 10,240 rows rather than the whole training set: the metrics, not the learning.
@@ -72,9 +73,12 @@ def test_the_preset_reports_user_gauc_equal_to_a_reference_over_its_predictions_
     ],
     ids=["group_by_not_in_the_schema", "slice_by_misspelt", "slice_by_of_too_many_values"],
 )
-def test_a_metrics_column_misuse_stops_in_one_line_with_exit_2(tmp_path: Path, override: str, message: str) -> None:
-    result = run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *SHORT, override)
+def test_a_metrics_column_misuse_stops_in_one_line_with_exit_2(
+    tmp_path: Path, override: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(capsys, "train", "movielens_small", "-o", str(tmp_path / "out"), *SHORT, override)
 
-    assert result.returncode == 2
-    assert re.search(message, one_line_error(result)), one_line_error(result)
+    assert code == 2
+    assert_one_line_error(err)
+    assert re.search(message, err), err
     assert not (tmp_path / "out" / "checkpoints").exists()
