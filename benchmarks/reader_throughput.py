@@ -36,10 +36,14 @@ from functools import partial
 from pathlib import Path
 
 import numba
-import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+
+try:
+    import pandas as pd
+except ImportError:
+    sys.exit("error: benchmarks/reader_throughput.py compares against pandas: pip install -e '.[bench]'")
 
 from recsys.builtin.dlrm.criteo import COLUMN_NAMES, criteo_schema
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo

@@ -5,27 +5,22 @@ A model says how it splits over the TP gang (it knows its layers) through its
 DP gang. State dicts go through ``torch.distributed.checkpoint``'s
 helpers, which gather sharded parameters into full tensors on save and scatter them on load,
 so a checkpoint is independent of the layout that wrote it.
+
+torch's distributed tensor, FSDP and checkpoint packages are imported where they are used: together they take
+0.8 s to import, which a process that trains pays anyway (``torch._dynamo``, which every torch optimizer imports,
+shares most of it) but ``predict``, ``eval`` and ``importance``, which build no optimizer and shard nothing, need not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import get_total_norm
 from torch.optim import Optimizer
@@ -34,9 +29,11 @@ from embedding import CombinedOptimizer
 from gang import Gangs
 from recipes.errors import ConfigError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ParallelStyle
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -53,6 +50,8 @@ def megatron_mlp_plan(mlp: nn.Sequential, prefix: str) -> dict[str, ParallelStyl
     Consecutive pairs of linear layers become column-wise then row-wise parallel, so that each
     pair needs one all-reduce. The output layer stays whole.
     """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     linears = [f"{prefix}.{i}" for i, layer in enumerate(mlp) if isinstance(layer, nn.Linear)][:-1]
     plan: dict[str, ParallelStyle] = {}
     for column, row in zip(linears[0::2], linears[1::2]):
@@ -78,6 +77,8 @@ def tensor_parallel(model: nn.Module, gangs: Gangs) -> None:
     if not plan:
         log.warning("The model's tensor-parallel plan is empty: every TP rank computes the whole dense model.")
         return
+    from torch.distributed.tensor.parallel import parallelize_module
+
     assert gangs.mesh is not None
     parallelize_module(model, gangs.mesh["tp"], plan)
 
@@ -89,6 +90,8 @@ def data_parallel(model: nn.Module, gangs: Gangs) -> nn.Module:
     DTensor parameters that tensor parallelism makes).
     """
     if gangs.tp.size > 1:
+        from torch.distributed.fsdp import fully_shard
+
         assert gangs.mesh is not None
         fully_shard(model, mesh=gangs.mesh["dp"])
         return model
@@ -101,7 +104,8 @@ def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContext
     """Skip the DP gradient reduction on all but the last micro-batch of a step."""
     if isinstance(model, DistributedDataParallel) and not enabled:
         return model.no_sync()
-    if isinstance(model, FSDPModule):
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # Not imported: no module can be sharded by it.
+    if fsdp is not None and isinstance(model, fsdp.FSDPModule):
         model.set_requires_gradient_sync(enabled)
     return contextlib.nullcontext()
 
@@ -113,7 +117,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def model_state(model: nn.Module) -> dict[str, Any]:
     """The model's full state on CPU, the same on every rank (a collective under FSDP2 or TP)."""
-    return get_model_state_dict(unwrap(model), options=_FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
@@ -124,15 +130,18 @@ def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
     ``predict`` or ``eval`` process, which builds no optimizer, otherwise never pays.
     """
     module = unwrap(model)
-    if _is_sharded(module):
+    if any(_is_dtensor(tensor) for tensor in (*module.parameters(), *module.buffers())):  # FSDP2 or TP
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
     else:
         module.load_state_dict(state)
 
 
-def _is_sharded(module: nn.Module) -> bool:
-    """Whether FSDP2 or tensor parallelism split the module's tensors over ranks (both make them DTensors)."""
-    return any(isinstance(tensor, DTensor) for tensor in (*module.parameters(), *module.buffers()))
+def _is_dtensor(value: object) -> TypeGuard[DTensor]:
+    """Whether ``value`` is a DTensor, without importing their package: until it is imported there are none."""
+    package = sys.modules.get("torch.distributed.tensor")
+    return package is not None and isinstance(value, package.DTensor)
 
 
 def optimizer_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
@@ -143,7 +152,10 @@ def optimizer_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     """
     if isinstance(optimizer, CombinedOptimizer):
         return {"dense": optimizer_state(model, optimizer.dense), "sparse": optimizer.sparse.state_dict()}
-    return get_optimizer_state_dict(unwrap(model), optimizer, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(unwrap(model), optimizer, options=options)
 
 
 def load_optimizer_state(model: nn.Module, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
@@ -151,6 +163,8 @@ def load_optimizer_state(model: nn.Module, optimizer: Optimizer, state: Mapping[
         load_optimizer_state(model, optimizer.dense, state["dense"])
         optimizer.sparse.load_state_dict(dict(state["sparse"]))
         return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     set_optimizer_state_dict(unwrap(model), optimizer, dict(state), options=StateDictOptions(full_state_dict=True))
 
 
@@ -166,7 +180,7 @@ def tensors_changed_by_step(optimizer: Optimizer) -> list[torch.Tensor]:
     states = [
         value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
     ]
-    return [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in (*parameters, *states)]
+    return [tensor.to_local() if _is_dtensor(tensor) else tensor for tensor in (*parameters, *states)]
 
 
 class DenseGradients:
@@ -184,7 +198,7 @@ class DenseGradients:
         self._params_by_mesh: dict[Any, list[torch.Tensor]] = {}
         for group in param_groups:
             for param in group["params"]:
-                mesh = param.device_mesh if isinstance(param, DTensor) else None
+                mesh = param.device_mesh if _is_dtensor(param) else None
                 self._params_by_mesh.setdefault(mesh, []).append(param)
 
     def scale_and_clip_(self, factor: float, max_norm: float) -> float:
@@ -198,7 +212,7 @@ class DenseGradients:
                 norms.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
             else:
                 norm = get_total_norm(grads)
-                norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+                norms.append(norm.full_tensor() if _is_dtensor(norm) else norm)
         if not norms:
             return 0.0
         total = float(norms[0]) if len(norms) == 1 else float(torch.linalg.vector_norm(torch.stack(norms)))

@@ -11,16 +11,19 @@ Every model here is a ``PooledModel``: its sparse lookups (``lookups``) apart fr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from embedding import ShardedEmbeddingCollection
 from recipes import DenseForServing, PooledInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import DenseEmbeddingBags
 from recsys.models.mlp import mlp
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 VECTORS, FIRST_ORDER = "vectors", "first_order"
 """The roles of a model's embedding modules: the features' vectors, and the dim-1 first-order weights."""

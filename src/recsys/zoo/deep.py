@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from components import PositiveInt
 from recipes import megatron_mlp_plan
 from recsys.click.models import DLRM, VECTORS, CTRModel, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.linear import LogisticRegression
 from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, stack_fields
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 
 class CrossLayer(nn.Module):

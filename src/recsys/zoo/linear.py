@@ -7,13 +7,17 @@ fields (the field-level FM of DeepFM and DCN-v2, not Rendle's per-id one).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from recipes import megatron_mlp_plan
 from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, ZooModelConfig, stack_fields
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 
 class DenseLinear(nn.Module):
