@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+
 import pytest
 
 from recipes.cli import main
@@ -21,3 +25,13 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def checkpoints_listing(output_dir: Path | str) -> str:
+    """What ``python -m recipes checkpoints OUTPUT_DIR`` prints, run in this process: it only reads the directory,
+    so a new interpreter (3 s of CPU to import torch) would add nothing to what the test sees."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["checkpoints", str(output_dir)])
+    assert code == 0, out.getvalue()
+    return out.getvalue()

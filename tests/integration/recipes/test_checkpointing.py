@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from recipes.cli import main
+from support.cli_runs import checkpoints_listing
 from support.resume_helpers import (
     FINAL_STEP,
     assert_bitwise_equal,
@@ -52,8 +53,7 @@ def kept_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def checkpoint_rows(output_dir: Path) -> dict[int, str]:
     """The rows of ``python -m recipes checkpoints``, by step."""
-    result = check_ok(run_recipes(output_dir.parent, "checkpoints", str(output_dir)))
-    header, *rows = result.stdout.splitlines()
+    header, *rows = checkpoints_listing(output_dir).splitlines()
     assert header.split() == ["step", "score", "size", "resumable", "kept", "by"]
     return {int(row.split()[0]): row for row in rows}
 
@@ -162,7 +162,7 @@ def test_a_damaged_last_checkpoint_is_moved_aside_and_the_previous_one_resumed_b
     assert "Resumed from the checkpoint of step 30." in (output_dir / "logs" / "rank_0.log").read_text()
     assert committed_steps(output_dir) == [10, 20, 30, 40]
     assert_same_training(kept_all, output_dir, FINAL_STEP)
-    listing = check_ok(run_recipes(tmp_path, "checkpoints", str(output_dir))).stdout.splitlines()
+    listing = checkpoints_listing(output_dir).splitlines()
     damaged_rows = [row for row in listing if "DAMAGED" in row]
     assert len(damaged_rows) == 1 and damaged_rows[0].split()[0] == str(FINAL_STEP), listing
     assert f"moved aside to step_{FINAL_STEP}.damaged): {why}" in damaged_rows[0]

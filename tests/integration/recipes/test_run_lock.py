@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from recipes.run_lock import LOCK_FILE_NAME, Holder
+from support.cli_runs import checkpoints_listing
 from support.resume_helpers import (
     FINAL_STEP,
     assert_same_training,
@@ -89,11 +90,11 @@ def test_eval_predict_and_checkpoints_read_a_running_directory(tmp_path: Path) -
     output_dir = tmp_path / "run"
     first = start_stalled_run(tmp_path, output_dir)
     try:
-        listed = check_ok(run_recipes(tmp_path, "checkpoints", str(output_dir)))
+        listed = checkpoints_listing(output_dir)
         scored = check_ok(run_recipes(tmp_path, "eval", str(output_dir)))
         predicted = check_ok(run_recipes(tmp_path, "predict", str(output_dir), "-o", str(tmp_path / "p.csv")))
 
-        assert re.search(r"^\s*10\s", listed.stdout, re.MULTILINE), listed.stdout
+        assert re.search(r"^\s*10\s", listed, re.MULTILINE), listed
         assert "auc=" in scored.stdout
         assert "Wrote the predictions" in predicted.stdout and (tmp_path / "p.csv").is_file()
         assert json.loads((output_dir / LOCK_FILE_NAME).read_text())["pid"] == first.pid

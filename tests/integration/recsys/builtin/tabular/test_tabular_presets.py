@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.csv as pa_csv
 import pytest
 
+from support.cli_runs import checkpoints_listing
 from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
 SMALL = ["dataset.batch_size=64", "metrics.recorders.console=false", "trainer.validate_every_n_steps=10"]
@@ -107,7 +108,7 @@ def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
     assert valid[-1]["auc"] > 0.7
     # Trained until validation stopped improving (early stopping, not the 100 epochs), and scored by the best
     # checkpoint, not the last: `eval` of the valid split repeats that checkpoint's validation.
-    listing = check_ok(run_recipes(tmp_path, "checkpoints", "out")).stdout
+    listing = checkpoints_listing(tmp_path / "out")
     best_step = int(next(line for line in listing.splitlines() if line.endswith("<- best")).split()[0])
     last_step = max(row["step"] for row in valid)
     assert best_step < last_step and "Early stopping at step" in (tmp_path / "out/logs/rank_0.log").read_text()
