@@ -8,7 +8,8 @@ so a checkpoint is independent of the layout that wrote it.
 
 torch's distributed tensor, FSDP and checkpoint packages are imported where they are used: together they take
 0.8 s to import, which a process that trains pays anyway (``torch._dynamo``, which every torch optimizer imports,
-shares most of it) but ``predict``, ``eval`` and ``importance``, which build no optimizer and shard nothing, need not.
+shares most of it) but ``predict``, ``eval`` and ``importance``, which build no optimizer and (unless the run is
+tensor-parallel) shard nothing, need not.
 """
 
 from __future__ import annotations
