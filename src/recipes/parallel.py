@@ -131,12 +131,18 @@ def load_model_state(model: nn.Module, state: Mapping[str, Any]) -> None:
     ``predict`` or ``eval`` process, which builds no optimizer, otherwise never pays.
     """
     module = unwrap(model)
-    if any(_is_dtensor(tensor) for tensor in (*module.parameters(), *module.buffers())):  # FSDP2 or TP
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    try:
+        if any(_is_dtensor(tensor) for tensor in (*module.parameters(), *module.buffers())):  # FSDP2 or TP
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
-    else:
-        module.load_state_dict(state)
+            set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
+        else:
+            module.load_state_dict(state)
+    except RuntimeError as error:  # The config builds another model than the one saved (torch's many lines).
+        if "Error(s) in loading state_dict" not in str(error):
+            raise
+        first = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), "")
+        raise ConfigError(f"The checkpoint's model must be the one the config builds, but it is not: {first}") from None
 
 
 def _is_dtensor(value: object) -> TypeGuard[DTensor]:

@@ -105,3 +105,14 @@ def test_movielens_predictions_hold_every_validation_row_on_1_and_2_ranks(tmp_pa
     assert eval_values(one)["auc"] == pytest.approx(last_validation["auc"], abs=1e-4)
     assert eval_values(evaluated)["auc"] == pytest.approx(last_validation["auc"], abs=1e-4)
     assert {"auc", "log_loss", "ne", "calibration", "pr_auc"} <= set(last_validation)
+
+
+def test_eval_with_a_config_that_builds_another_model_is_one_line_and_exit_2(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+
+    code, _, err = run_main(capsys, "eval", "ctr_tiny", "out", *TINY, "model.embeddings.dim=8")
+
+    assert code == 2
+    assert_one_line_error(err, "The checkpoint's model must be the one the config builds", "size mismatch")
