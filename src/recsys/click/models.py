@@ -10,7 +10,7 @@ Every model here is a ``PooledModel``: its sparse lookups (``lookups``) apart fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -119,16 +119,22 @@ class CTRModel(PooledModel):
         self,
         embeddings: nn.Module,
         feature_names: list[str],
-        embedding_dim: int,
+        embedding_dim: int | Sequence[int],
         num_dense: int,
         hidden_dims: list[int],
         dropout: float = 0.0,
     ) -> None:
+        """``embedding_dim``: every feature's width, or each feature's in ``feature_names``' order."""
         super().__init__()
         self.embeddings = embeddings
         self.feature_names = feature_names
         self.num_dense = num_dense
-        self.mlp = mlp_with_dropout(num_dense + embedding_dim * len(feature_names), hidden_dims, 1, dropout)
+        dims = [embedding_dim] * len(feature_names) if isinstance(embedding_dim, int) else list(embedding_dim)
+        if len(dims) != len(feature_names):
+            raise ValueError(
+                f"`embedding_dim` must give one dim per feature ({len(feature_names)}), but gives {len(dims)}."
+            )
+        self.mlp = mlp_with_dropout(num_dense + sum(dims), hidden_dims, 1, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")

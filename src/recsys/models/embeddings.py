@@ -75,6 +75,8 @@ class TableSpec:
     num_rows: int
     features: tuple[str, ...]
     pooling: Literal["sum", "mean"] = "sum"
+    dim: int | None = None
+    """The table's own dim (a model may size its tables apart, ``recsys.zoo``), or None for the section's."""
 
 
 class DenseEmbeddingBags(nn.Module):
@@ -90,7 +92,10 @@ class DenseEmbeddingBags(nn.Module):
         super().__init__()
         self.bags = nn.ModuleDict()
         for t in tables:
-            config = EmbeddingTableConfig(t.name, t.num_rows, dim, t.features, pooling=t.pooling, init_scale=init_scale)
+            table_dim = dim if t.dim is None else t.dim
+            config = EmbeddingTableConfig(
+                t.name, t.num_rows, table_dim, t.features, pooling=t.pooling, init_scale=init_scale
+            )
             initial = init_rows(config, 0, t.num_rows, seed, torch.device("cpu"))
             self.bags[t.name] = nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
         self.table_of = {feature: t.name for t in tables for feature in t.features}
@@ -117,13 +122,16 @@ def build_embeddings(
 ) -> nn.Module:
     """The model's tables as the section asks; sparse tables are sharded over ``gang``.
 
-    A model that needs a second set of the same tables (the dim-1 first-order weights of a
-    factorization machine beside its vectors) overrides ``dim`` and names them apart with
-    ``prefix``: table names key the start-up report and the initial values, so two sets must not
-    share them. ``init_scale`` overrides the tables' default initial range; 0 starts them at zero.
+    A table is of its own ``TableSpec.dim`` where it has one, else of the section's. A model that
+    needs a second set of the same tables (the dim-1 first-order weights of a factorization machine
+    beside its vectors) overrides ``dim`` for all of them and names them apart with ``prefix``:
+    table names key the start-up report and the initial values, so two sets must not share them.
+    ``init_scale`` overrides the tables' default initial range; 0 starts them at zero.
     """
-    dim = section.dim if dim is None else dim
-    tables = [TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling) for t in tables]
+    tables = [
+        TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling, t.dim if dim is None else dim) for t in tables
+    ]
+    dim = section.dim
     if section.backend == "dense":
         if section.kind == "hash":
             raise ConfigError("`embeddings.kind` hash needs `embeddings.backend` sparse, but the backend is dense.")
@@ -133,7 +141,7 @@ def build_embeddings(
         EmbeddingTableConfig(
             t.name,
             t.num_rows,
-            dim,
+            dim if t.dim is None else t.dim,
             t.features,
             pooling=t.pooling,
             init_scale=init_scale,

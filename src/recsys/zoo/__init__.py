@@ -10,8 +10,10 @@ from recsys.zoo.registry import (
     ZOO_MODELS,
     DeepModelConfig,
     ModelInputs,
+    ZooEmbeddingSection,
     ZooModelConfig,
     build_zoo_model,
+    check_table_dims,
 )
 
 __all__ = [
@@ -19,8 +21,10 @@ __all__ = [
     "ZOO_MODELS",
     "DeepModelConfig",
     "ModelInputs",
+    "ZooEmbeddingSection",
     "ZooModelConfig",
     "build_zoo_model",
+    "check_table_dims",
     "deep",
     "linear",
 ]

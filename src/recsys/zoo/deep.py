@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,7 @@ from components import PositiveInt
 from recipes import megatron_mlp_plan
 from recsys.click.models import DLRM, VECTORS, CTRModel, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.linear import LogisticRegression
-from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, stack_fields
+from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -52,7 +53,7 @@ class DCNv2(PooledModel):
         embeddings: nn.Module,
         features: list[str],
         num_dense: int,
-        dim: int,
+        dims: Sequence[int],
         cross_layers: int,
         cross_rank: int | None,
         hidden_dims: list[int],
@@ -62,7 +63,7 @@ class DCNv2(PooledModel):
         self.embeddings = embeddings
         self.features = features
         self.num_dense = num_dense
-        in_dim = num_dense + dim * len(features)
+        in_dim = num_dense + sum(dims)
         self.cross = nn.ModuleList([CrossLayer(in_dim, cross_rank) for _ in range(cross_layers)])
         self.mlp = mlp_with_dropout(in_dim, hidden_dims, 1, dropout)
 
@@ -73,8 +74,7 @@ class DCNv2(PooledModel):
         return {VECTORS: (self.embeddings, self.features)}
 
     def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
-        fields = stack_fields(pooled[VECTORS], self.features)
-        x0 = torch.cat([dense, fields.flatten(1)], dim=1)
+        x0 = torch.cat([dense, *(pooled[VECTORS][name] for name in self.features)], dim=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
@@ -118,13 +118,15 @@ def dcn_v2(config: DCNv2Config, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
     cross = (config.cross_layers, config.cross_rank)
     deep = (config.hidden_dims, config.dropout)
-    return DCNv2(inputs.vectors(section), inputs.features, inputs.num_dense, section.dim, *cross, *deep)
+    dims = inputs.feature_dims(section)
+    return DCNv2(inputs.vectors(section), inputs.features, inputs.num_dense, dims, *cross, *deep)
 
 
 def _deep_tower(config: DeepModelConfig, inputs: ModelInputs) -> CTRModel:
     section = config.embeddings
+    dims = inputs.feature_dims(section)
     return CTRModel(
-        inputs.vectors(section), inputs.features, section.dim, inputs.num_dense, config.hidden_dims, config.dropout
+        inputs.vectors(section), inputs.features, dims, inputs.num_dense, config.hidden_dims, config.dropout
     )
 
 
@@ -141,7 +143,7 @@ def wide_deep(config: DeepModelConfig, inputs: ModelInputs) -> nn.Module:
 
 
 @dataclass
-class DLRMConfig(DeepModelConfig):
+class DLRMConfig(OneDimTables, DeepModelConfig):
     bottom_dims: list[PositiveInt] = field(default_factory=lambda: [64])
     """DLRM's bottom MLP over the dense features (its output has the embedding dim): a few dense
     features need one layer. ``hidden_dims`` is its top MLP."""

@@ -7,6 +7,7 @@ fields (the field-level FM of DeepFM and DCN-v2, not Rendle's per-id one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from recipes import megatron_mlp_plan
 from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout
-from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, ZooModelConfig, stack_fields
+from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables, ZooModelConfig, stack_fields
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -134,19 +135,29 @@ class DeepFM(FM):
         return fm + deep
 
 
-@ZOO_MODELS.register("logistic_regression")
+@dataclass
+class LinearModelConfig(OneDimTables, ZooModelConfig):
+    """``logistic_regression`` (dim-1 tables only) and ``fm`` (dot products of one dim)."""
+
+
+@dataclass
+class DeepFMConfig(OneDimTables, DeepModelConfig):
+    """DeepFM's MLP and FM share the vectors, whose dot products need one dim."""
+
+
+@ZOO_MODELS.register("logistic_regression", LinearModelConfig)
 def logistic_regression(config: ZooModelConfig, inputs: ModelInputs) -> nn.Module:
     return LogisticRegression(inputs.first_order(config.embeddings), inputs.features, inputs.num_dense)
 
 
-@ZOO_MODELS.register("fm")
+@ZOO_MODELS.register("fm", LinearModelConfig)
 def fm(config: ZooModelConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
     return FM(inputs.first_order(section), inputs.vectors(section), inputs.features, inputs.num_dense, section.dim)
 
 
-@ZOO_MODELS.register("deepfm", DeepModelConfig)
-def deepfm(config: DeepModelConfig, inputs: ModelInputs) -> nn.Module:
+@ZOO_MODELS.register("deepfm", DeepFMConfig)
+def deepfm(config: DeepFMConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
     first_order, vectors = inputs.first_order(section), inputs.vectors(section)
     deep = (config.hidden_dims, config.dropout)

@@ -12,8 +12,9 @@ model with MLPs says how they split over tensor-parallel ranks (``tensor_paralle
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 import torch
@@ -21,10 +22,63 @@ from torch import nn
 
 from components import PositiveInt, Range, Registry
 from gang import Gang
+from recipes import ConfigError
 from recsys.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 
 FIRST_ORDER_PREFIX = "first_order_"
 """Names the dim-1 tables of first-order weights apart from the feature vectors' tables of the same features."""
+
+
+@dataclass
+class ZooEmbeddingSection(EmbeddingSection):
+    """The tables of a zoo model, which may size each table apart (models that concatenate vectors only)."""
+
+    dim_by_cardinality: bool = False
+    """Size each table by the distinct ids the training files look up in it, C: ``min(dim, round(6 * C ** 0.25))``
+    dims (DeepCTR's ``auto`` rule, capped at ``dim``), so that a field of a handful of values does not get as
+    many dims as one of millions. The ids are counted in one pass over the training files at the first start and
+    saved in the output directory (``cardinalities.json``), so a resumed run, ``eval`` and ``predict`` build the
+    same tables. For ``dcn_v2``, ``mlp`` and ``wide_deep``, whose vectors may differ in width."""
+    table_dims: dict[str, PositiveInt] = field(default_factory=dict)
+    """A table's own dim, by table name (a categorical column's, or its ``shared_table``'s), over ``dim`` and
+    ``dim_by_cardinality``. For the same models."""
+
+    @property
+    def sizes_apart(self) -> bool:
+        return self.dim_by_cardinality or bool(self.table_dims)
+
+
+def cardinality_dim(cardinality: int, max_dim: int) -> int:
+    """DeepCTR's ``embedding_dim="auto"`` (``6 * C ** 0.25``), at least 1 and at most ``max_dim``."""
+    return max(1, min(max_dim, round(6 * math.sqrt(math.sqrt(cardinality)))))
+
+
+def check_table_dims(section: ZooEmbeddingSection, tables: Sequence[TableSpec]) -> None:
+    """Refuses ``table_dims`` that name no table: a recipe calls it before its first pass over the data."""
+    names = {t.name for t in tables}
+    unknown = sorted(set(section.table_dims) - names)
+    if unknown:
+        raise ConfigError(
+            f"`model.embeddings.table_dims` must name the model's tables ({', '.join(sorted(names))}), but names "
+            f"{', '.join(unknown)} instead."
+        )
+
+
+def sized_tables(
+    section: ZooEmbeddingSection, tables: Sequence[TableSpec], cardinalities: Mapping[str, int] | None
+) -> list[TableSpec]:
+    """``tables``, each with the dim the section gives it (``cardinalities``: the counted distinct ids by table)."""
+    check_table_dims(section, tables)
+    names = {t.name for t in tables}
+    if section.dim_by_cardinality and (cardinalities is None or not names <= set(cardinalities)):
+        raise ValueError("`cardinalities` must count the ids of every table when dims are by cardinality, but do not.")
+    sized = []
+    for table in tables:
+        dim = section.dim
+        if section.dim_by_cardinality and cardinalities is not None:
+            dim = cardinality_dim(cardinalities[table.name], section.dim)
+        sized.append(replace(table, dim=section.table_dims.get(table.name, dim)))
+    return sized
 
 
 @dataclass
@@ -37,13 +91,29 @@ class ZooModelConfig:
 
     name: str = "dcn_v2"
     """Which model; DCN-v2 by default, among the strongest on public CTR benchmarks (BARS, SIGIR 2022)."""
-    embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
+    embeddings: ZooEmbeddingSection = field(default_factory=ZooEmbeddingSection)
     """The features' tables, and, for ``logistic_regression``, ``fm``, ``deepfm`` and ``wide_deep``, their dim-1
     first-order weights (named ``first_order_<table>``, zero at first, on the same backend and optimizer). Table L2
     (``sparse_optimizer.weight_decay``) is off by default: it acts only on the rows a step touches, so a decay
     that reaches the rare ids that overfit crushes the frequent ones (on MovieLens, 1e-4 moved valid AUC < 0.001,
     1e-3 cost 0.008), unless ``weight_decay_by_frequency`` divides it by each row's steps, as the public-format
     presets do. With ``backend: dense`` the tables are dense parameters, which the ``optimizer`` section decays."""
+
+
+class OneDimTables:
+    """Refuses tables sized apart, for the configs of models whose vectors meet in dot products (or that have
+    none): the dims would not fit, or would size nothing."""
+
+    name: str
+    embeddings: ZooEmbeddingSection
+
+    def __post_init__(self) -> None:
+        if self.embeddings.sizes_apart:
+            key = "dim_by_cardinality" if self.embeddings.dim_by_cardinality else "table_dims"
+            raise ValueError(
+                f"`model.embeddings.{key}` must be used with a model whose vectors may differ in width (dcn_v2, "
+                f"mlp, wide_deep), but model '{self.name}' has tables of one dim only."
+            )
 
 
 @dataclass
@@ -69,8 +139,13 @@ class ModelInputs:
     seed: int
 
     def vectors(self, section: EmbeddingSection) -> nn.Module:
-        """The features' vectors: one table per ``TableSpec``, of the section's dim."""
+        """The features' vectors: one table per ``TableSpec``, of its own dim."""
         return build_embeddings(section, self.tables, self.gang, self.seed)
+
+    def feature_dims(self, section: EmbeddingSection) -> list[int]:
+        """The width of each feature's vector, in ``features``' order."""
+        dims = {feature: section.dim if t.dim is None else t.dim for t in self.tables for feature in t.features}
+        return [dims[feature] for feature in self.features]
 
     def first_order(self, section: EmbeddingSection) -> nn.Module:
         """Dim-1 weights per id, from zero, beside the vectors' tables (named apart by ``FIRST_ORDER_PREFIX``)."""
@@ -86,10 +161,18 @@ ZOO_MODELS: Registry[ZooModelFactory] = Registry("zoo model", "recipes.zoo_model
 
 
 def build_zoo_model(
-    config: ZooModelConfig, tables: Sequence[TableSpec], features: Sequence[str], num_dense: int, gang: Gang, seed: int
+    config: ZooModelConfig,
+    tables: Sequence[TableSpec],
+    features: Sequence[str],
+    num_dense: int,
+    gang: Gang,
+    seed: int,
+    cardinalities: Mapping[str, int] | None = None,
 ) -> nn.Module:
     """The model ``config.name`` over ``features`` (in this order, each looked up by one of ``tables``) and
-    ``num_dense`` dense features, on ``gang.device``; its sparse tables are sharded over ``gang``.
+    ``num_dense`` dense features, on ``gang.device``; its sparse tables are sharded over ``gang``, each of the
+    dim ``config.embeddings`` gives it (``cardinalities``: the distinct ids the training files look up in each
+    table, which ``dim_by_cardinality`` needs).
 
     The dense layers are initialised from ``seed`` alone, as the tables are, so that a model is the
     same whatever ran before it.
@@ -101,7 +184,8 @@ def build_zoo_model(
     factory = ZOO_MODELS.get(config.name).value
     with torch.random.fork_rng(devices=[]):  # The dense layers are built on the CPU; CUDA's stream stays.
         torch.default_generator.manual_seed(seed)
-        model = factory(config, ModelInputs(tables, features, num_dense, gang, seed))
+        sized = sized_tables(config.embeddings, tables, cardinalities)
+        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed))
     return model.to(gang.device)
 
 

@@ -19,15 +19,18 @@ from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
 from recsys.data.stream import StreamingReader
+from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalities
 from recsys.tabular.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
 from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.windows import windowed_train_reader
-from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
+from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_table_dims
 
 ENCODINGS_FILE = "vocabularies.npz"
 """The vocabularies and value counts counted at the first start (named before counts joined them)."""
+CARDINALITIES_FILE = "cardinalities.json"
+"""The distinct ids of each table, counted at the first start when the model sizes its tables by them."""
 
 
 @dataclass
@@ -43,6 +46,9 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
+    features = data_format(data)
+    tables = features.tables()
+    check_table_dims(config.model.embeddings, tables)
 
     # Hash tables take each value's full 64-bit key; `num_buckets` then sizes them (the format's `tables`).
     files = data_format(with_full_keys(data) if config.model.embeddings.kind == "hash" else data)
@@ -77,9 +83,17 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     valid_reader = reader(resolve_path(data.valid_path), "valid")
     splits = {} if data.test_path is None else {"test": reader(resolve_path(data.test_path), "test")}
 
-    features = data_format(data)
+    cardinalities = None
+    if config.model.embeddings.dim_by_cardinality:
+        counting = {**options, "batch_size": 65_536, "shuffle": False, "drop_last": False}
+        cardinalities = load_or_count_cardinalities(
+            os.path.join(context.output_dir, CARDINALITIES_FILE),
+            tables,
+            lambda: count_table_ids(files.reader(train_path, split="train", encodings=encodings, **counting), tables),
+        )
+    num_dense = len(data.dense_columns)
     model = build_zoo_model(
-        config.model, features.tables(), features.sparse_features(), len(data.dense_columns), gangs.dp, config.seed
+        config.model, tables, features.sparse_features(), num_dense, gangs.dp, config.seed, cardinalities
     )
     # Any single-valued categorical column of the schema may group or slice the validation metrics.
     slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"

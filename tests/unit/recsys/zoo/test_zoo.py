@@ -21,10 +21,11 @@ from recipes.config import ConfigError, resolve_config
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
-from recsys.models.embeddings import EmbeddingSection, TableSpec
-from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
+from recsys.models.embeddings import TableSpec
+from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, ZooModelConfig, build_zoo_model
 from recsys.zoo.deep import CrossLayer
 from recsys.zoo.linear import FM, fm_interaction
+from recsys.zoo.registry import cardinality_dim, sized_tables
 from support.zoo_data import (
     FEATURES,
     NUM_DENSE,
@@ -43,7 +44,7 @@ def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs
     config_class = ZOO_MODELS.get(name).config_class
     options = {"hidden_dims": [16, 8], "bottom_dims": [8], **kwargs}
     takes = {f.name for f in dataclasses.fields(config_class)}
-    embeddings = EmbeddingSection(dim=dim, backend=backend)
+    embeddings = ZooEmbeddingSection(dim=dim, backend=backend)
     config: ZooModelConfig = config_class(
         name=name, embeddings=embeddings, **{key: value for key, value in options.items() if key in takes}
     )
@@ -89,6 +90,7 @@ class ZooHolder(RecipeConfig):
         ({"name": "fm", "cross_rank": 4}, "Unknown config key 'model.cross_rank'"),
         ({"name": "fm", "hidden_dims": [8]}, "Unknown config key 'model.hidden_dims'"),
         ({"embeddings": {"dim": 0}}, "`model.embeddings.dim`"),
+        ({"embeddings": {"table_dims": {"a": 0}}}, "`model.embeddings.table_dims.a`"),
         ({"name": "xgboost"}, "`model.name` must be one of"),
     ],
 )
@@ -288,3 +290,60 @@ def test_a_sparse_model_still_has_its_tables_as_modules_of_the_model() -> None:
     assert all(isinstance(c, ShardedEmbeddingCollection) for c in find_sparse_tables(build("deepfm")).values())
     assert set(find_sparse_tables(build("deepfm"))) == {"first_order", "embeddings"}
     assert set(find_sparse_tables(build("dcn_v2"))) == {"embeddings"}
+
+
+# Tables sized apart ---------------------------------------------------------------------------
+
+MIXED_DIM_MODELS = ["dcn_v2", "mlp", "wide_deep"]
+
+
+@pytest.mark.parametrize(("cardinality", "dim"), [(1, 6), (2, 7), (16, 12), (100, 16), (10**6, 16)])
+def test_a_table_of_c_ids_gets_six_times_the_fourth_root_of_c_dims_at_most_the_sections(
+    cardinality: int, dim: int
+) -> None:
+    assert cardinality_dim(cardinality, 16) == dim
+
+
+def test_a_table_dim_wins_over_the_cardinality_and_the_cardinality_over_the_sections_dim() -> None:
+    section = ZooEmbeddingSection(dim=16, dim_by_cardinality=True, table_dims={"tags": 3})
+
+    sized = sized_tables(section, TABLES, {"a": 2, "b": 10**6, "tags": 16})
+
+    assert [(t.name, t.dim) for t in sized] == [("a", 7), ("b", 16), ("tags", 3)]
+    assert [(t.name, t.dim) for t in sized_tables(ZooEmbeddingSection(dim=5), TABLES, None)] == [
+        ("a", 5),
+        ("b", 5),
+        ("tags", 5),
+    ]
+
+
+def test_a_table_dim_of_no_table_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=re.escape("must name the model's tables (a, b, tags), but names c instead")):
+        sized_tables(ZooEmbeddingSection(table_dims={"c": 4}), TABLES, None)
+
+
+@pytest.mark.parametrize("backend", ["sparse", "dense"])
+@pytest.mark.parametrize("name", MIXED_DIM_MODELS)
+def test_a_model_that_concatenates_vectors_takes_tables_of_different_dims(name: str, backend: Backend) -> None:
+    section = small_section(name, backend)
+    section.embeddings = ZooEmbeddingSection(dim=4, backend=backend, table_dims={"a": 2, "tags": 7})
+    model = build_zoo_model(section, TABLES, FEATURES, NUM_DENSE, FakeGang(), seed=0)
+    batch = XorData.make(16, seed=0).batch(torch.arange(16))
+
+    vectors = model.deep.embeddings if name == "wide_deep" else model.embeddings
+    assert {feature: tuple(pooled.shape) for feature, pooled in vectors(batch.sparse).items()} == {
+        "a": (16, 2),
+        "b": (16, 4),
+        "tags": (16, 7),
+    }
+    nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels).backward()
+    for param_name, param in model.named_parameters():
+        assert param.grad is not None and bool(param.grad.ne(0).any()), f"{name}: no gradient for {param_name}"
+
+
+@pytest.mark.parametrize("key", [{"dim_by_cardinality": True}, {"table_dims": {"a": 8}}])
+@pytest.mark.parametrize("name", ["deepfm", "dlrm", "fm", "logistic_regression"])
+def test_a_model_of_one_dim_refuses_tables_sized_apart(name: str, key: dict[str, Any]) -> None:
+    option = next(iter(key))
+    with pytest.raises(ConfigError, match=re.escape(f"`model.embeddings.{option}` must be used with a model whose")):
+        resolve_config(ZooHolder, [("the test", {"model": {"name": name, "embeddings": key}})])
