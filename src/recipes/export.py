@@ -16,6 +16,8 @@ path: ``recipes.export_tables``), so a run of any number of ranks exports in one
                           gives the scores [B] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``)
     tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id
     tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
+    tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
+                                    (``RecipeParts.value_texts``); whole, with ``--since`` too
 
 With ``--since STEP`` the tables hold only the rows that changed after checkpoint ``STEP`` (new ids,
 and ids whose row differs at all), and the ids dropped since (evicted from a hash table): applied over
@@ -28,11 +30,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pa_parquet
 import torch
 import yaml
 from torch import nn
@@ -88,13 +93,17 @@ def export(output_dir: str, which: str, destination: str, since: str | None = No
     temp = make_temp_folder(fs, target, destination)
     try:
         with loaded_checkpoint(JobSpec(config_path, output_dir), str(step), "valid", one_unit=True) as loaded:
-            split = _dense_for_serving(loaded.built.parts.train_unit.model)
+            parts = loaded.built.parts
+            split = _dense_for_serving(parts.train_unit.model)
             program = _write_program(fs, temp, split)
+            texts = {} if parts.value_texts is None else parts.value_texts()
         tables = gather_tables(manager.load(step, keys=[]))
         names = _table_files(tables, split)
         old = None if since_step is None else gather_tables(manager.load(since_step, keys=[]))
         rows, evicted = _write_tables(fs, temp, tables, names, old)
-        _write_json(fs, f"{temp}/model.json", _model_json(step, since_step, program, split, tables, names, rows))
+        values = _write_values(fs, temp, split, texts)
+        model = _model_json(step, since_step, program, split, tables, names, rows, values)
+        _write_json(fs, f"{temp}/model.json", model)
         with open(config_path) as file:
             _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
         num_bytes = sum(int(info["size"]) for info in fs.find(temp, detail=True).values())
@@ -198,6 +207,24 @@ def _write_tables(
     return rows_written, evicted_written
 
 
+def _write_values(fs: Any, folder: str, split: DenseForServing, texts: Mapping[str, pa.Table]) -> dict[str, str]:
+    """``tables/<name>.values.parquet`` for each table that features with texts look up: ``(id, feature, value)``,
+    sorted by id; the file of each such table."""
+    by_table: dict[str, list[pa.Table]] = {}
+    for pooled in split.inputs:
+        if pooled.feature in texts:
+            table = texts[pooled.feature].select(["id", "value"])
+            feature = pa.array([pooled.feature] * table.num_rows, pa.string())
+            by_table.setdefault(pooled.table, []).append(table.add_column(1, "feature", feature))
+    files = {}
+    for name, parts in by_table.items():
+        files[name] = f"tables/{name}.values.parquet"
+        merged = pa.concat_tables(parts, promote_options="permissive").sort_by([("id", "ascending")])
+        with fs.open(f"{folder}/{files[name]}", "wb") as file:
+            pa_parquet.write_table(merged, file)
+    return files
+
+
 def _delta(
     ids: npt.NDArray[np.int64],
     rows: npt.NDArray[np.float32],
@@ -222,6 +249,7 @@ def _model_json(
     tables: dict[tuple[str, str], TableRows],
     names: dict[str, tuple[str, str]],
     rows: dict[str, int],
+    values: dict[str, str],
 ) -> dict[str, Any]:
     return {
         "format": EXPORT_FORMAT,
@@ -235,6 +263,7 @@ def _model_json(
             name: {
                 "file": f"tables/{name}.parquet",
                 "evicted": None if since is None else f"tables/{name}.evicted.parquet",
+                "values": values.get(name),
                 "dim": tables[key].dim,
                 "kind": tables[key].kind,
                 "rows": rows[name],

@@ -7,9 +7,9 @@ early stopping) from the standard config sections.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from recipes.data_reader import DataReader
 from recipes.protocols import ShardedStateful, Validation
 from recipes.sections import RecipeConfig
 from units import TrainUnit
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ConfigT = TypeVar("ConfigT", bound=RecipeConfig)
 
@@ -61,6 +64,10 @@ class RecipeParts:
     """RecIS' ``save_filter_fn``: whether a checkpoint keeps a parameter (``mlp.0.weight``), a table
     (``embeddings.cat_0``) or a part of the run's state (``optimizer``), beside ``checkpoint.exclude``. A
     resume re-initialises the parameters and tables left out, and refuses a checkpoint without run state."""
+    value_texts: Callable[[], Mapping[str, pa.Table]] | None = None
+    """The texts behind the ids of sparse features whose ids are hashed or ranked from text, for ``export`` (a
+    serving system given a row's text finds its ids there): per feature, a table of ``id`` (int64) and ``value``
+    (string). Called by ``export`` only, so it may read the data."""
 
 
 def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:

@@ -210,6 +210,10 @@ class ArrowReader(ColumnReader):
         )
         return self._added.gather_histories(chunks)
 
+    def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
+        for _, batch in self._record_batches(START):
+            yield {name: batch.column(name) for name in columns}
+
     def _parse(self, batch: pa.RecordBatch) -> ParsedLines:
         columns, problems, keep = self._rows.convert(batch)
         valid = np.ones(batch.num_rows, dtype=np.bool_) if keep is None else keep.copy()

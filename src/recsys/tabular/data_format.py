@@ -21,8 +21,8 @@ the columns of any file that pyarrow reads in record batches, for a format to na
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from components import RegistryError
 from recsys.click.batch import CTRBatch
@@ -31,6 +31,9 @@ from recsys.models.embeddings import TableSpec
 from recsys.tabular.history import History
 from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
 from recsys.tabular.vocabulary import Encodings, ValueCounts
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class DataFormat(ABC):
@@ -69,6 +72,12 @@ class ColumnReader(StreamingReader[CTRBatch]):
     def histories(self) -> dict[str, History]:
         """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
         ``all``), for ``recsys.tabular.history``."""
+
+    @abstractmethod
+    def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
+        """The values of the file columns ``columns`` in every row of every file, a chunk of rows at a time, as the
+        file holds them (text, numbers, or lists of either), for ``recsys.tabular.value_texts`` to name the ids
+        by. A row that does not parse may be left out."""
 
 
 class ColumnFormat(DataFormat):

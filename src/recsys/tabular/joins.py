@@ -48,7 +48,7 @@ class SideTable:
     def __init__(self, join: JoinedTable, uses: dict[str, ColumnUse], split: SplitByValue) -> None:
         self.join = join
         self._path = join.path
-        table = self._read(join, split)
+        table = read_side_table(join, split)
         assert join.on is not None
         row_keys = text_keys(table.column(join.key), join.on)
         order = np.argsort(row_keys, kind="stable")
@@ -66,7 +66,7 @@ class SideTable:
             if use.keys:
                 self.single_keys[name] = text_keys(values, name)[order[starts]]
             if use.numbers:
-                self.numbers[name] = self._numbers(name, values)[order[starts]]
+                self.numbers[name] = side_numbers(self._path, name, values)[order[starts]]
             if use.bags:
                 self.bags[name] = self._bags(name, values, use.separator)
 
@@ -85,61 +85,6 @@ class SideTable:
         for name, side_keys in self.single_keys.items():
             keys[name] = np.where(positions >= 0, side_keys[np.maximum(positions, 0)], np.uint64(0))
         return positions
-
-    # Reading -------------------------------------------------------------------------------------
-
-    def _read(self, join: JoinedTable, split: SplitByValue) -> pa.Table:
-        """The key and the taken columns as text, of the rows in the training range where the table holds the
-        split column; a missing file or column is a one-line ``DataError``."""
-        wanted = [join.key, *join.columns]
-        path = join.path
-        try:
-            with fsspec.open(resolve_path(path), "rb", compression="infer") as file:
-                data = file.read()
-            if path.endswith(".parquet"):
-                table = pq.read_table(io.BytesIO(data))
-            else:
-                # Every column as text: a key or value means what its text says ("007" stays "007").
-                delimiter = "\t" if path.removesuffix(".gz").endswith(".tsv") else ","
-                header = data.split(b"\n", 1)[0].decode("utf-8-sig").rstrip("\r")
-                names = next(csv.reader([header], delimiter=delimiter))
-                table = pa_csv.read_csv(
-                    pa.py_buffer(data),
-                    parse_options=pa_csv.ParseOptions(delimiter=delimiter),
-                    convert_options=pa_csv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
-                )
-        except FileNotFoundError:
-            raise DataError(f"The joined table {path} must exist, but does not.") from None
-        except (pa.ArrowException, OSError) as ex:
-            raise DataError(
-                f"The joined table {path} must be a readable CSV/TSV or Parquet file, but is not: {ex}"
-            ) from None
-        missing = [name for name in wanted if name not in table.column_names]
-        if missing:
-            raise DataError(
-                f"The joined table {path} must have the column '{missing[0]}', but has {table.column_names} instead."
-            )
-        if split.column is not None and split.column in table.column_names:
-            low, high = split.bounds("train") or (-np.inf, np.inf)
-            values = self._numbers(split.column, table.column(split.column))
-            table = table.filter(pa.array((values >= low) & (values < high)))
-        return table.select(wanted)
-
-    def _numbers(self, name: str, values: pa.ChunkedArray) -> npt.NDArray[np.float64]:
-        """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError``."""
-        if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
-            return np.asarray(pc.cast(values, pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
-        texts = pc.utf8_trim_whitespace(values.cast(pa.string()))
-        empty = pc.fill_null(pc.equal(texts, ""), True)
-        try:
-            numbers = pc.cast(pc.if_else(empty, None, texts), pa.float64())
-        except pa.ArrowInvalid:
-            bad = next(i for i, text in enumerate(texts.to_pylist()) if text and not _is_number(text))
-            raise DataError(
-                f"The column '{name}' of the joined table {self._path} must hold numbers, but holds "
-                f"{texts[bad].as_py()!r} instead."
-            ) from None
-        return np.asarray(numbers.fill_null(np.nan).to_numpy(), np.float64)
 
     def _require_one_row_per_key(self, name: str, table: pa.Table) -> None:
         if self.keys_with_several_rows.any():
@@ -162,6 +107,61 @@ class SideTable:
         value_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         grouped: Bags = _group_bags(value_keys, value_offsets, self._order, self._row_offsets)
         return grouped
+
+
+def read_side_table(join: JoinedTable, split: SplitByValue) -> pa.Table:
+    """The key and the taken columns as text, of the rows in the training range where the table holds the
+    split column; a missing file or column is a one-line ``DataError``."""
+    wanted = [join.key, *join.columns]
+    path = join.path
+    try:
+        with fsspec.open(resolve_path(path), "rb", compression="infer") as file:
+            data = file.read()
+        if path.endswith(".parquet"):
+            table = pq.read_table(io.BytesIO(data))
+        else:
+            # Every column as text: a key or value means what its text says ("007" stays "007").
+            delimiter = "\t" if path.removesuffix(".gz").endswith(".tsv") else ","
+            header = data.split(b"\n", 1)[0].decode("utf-8-sig").rstrip("\r")
+            names = next(csv.reader([header], delimiter=delimiter))
+            table = pa_csv.read_csv(
+                pa.py_buffer(data),
+                parse_options=pa_csv.ParseOptions(delimiter=delimiter),
+                convert_options=pa_csv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
+            )
+    except FileNotFoundError:
+        raise DataError(f"The joined table {path} must exist, but does not.") from None
+    except (pa.ArrowException, OSError) as ex:
+        raise DataError(
+            f"The joined table {path} must be a readable CSV/TSV or Parquet file, but is not: {ex}"
+        ) from None
+    missing = [name for name in wanted if name not in table.column_names]
+    if missing:
+        raise DataError(
+            f"The joined table {path} must have the column '{missing[0]}', but has {table.column_names} instead."
+        )
+    if split.column is not None and split.column in table.column_names:
+        low, high = split.bounds("train") or (-np.inf, np.inf)
+        values = side_numbers(path, split.column, table.column(split.column))
+        table = table.filter(pa.array((values >= low) & (values < high)))
+    return table.select(wanted)
+
+
+def side_numbers(path: str, name: str, values: pa.ChunkedArray) -> npt.NDArray[np.float64]:
+    """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError``."""
+    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+        return np.asarray(pc.cast(values, pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
+    texts = pc.utf8_trim_whitespace(values.cast(pa.string()))
+    empty = pc.fill_null(pc.equal(texts, ""), True)
+    try:
+        numbers = pc.cast(pc.if_else(empty, None, texts), pa.float64())
+    except pa.ArrowInvalid:
+        bad = next(i for i, text in enumerate(texts.to_pylist()) if text and not _is_number(text))
+        raise DataError(
+            f"The column '{name}' of the joined table {path} must hold numbers, but holds "
+            f"{texts[bad].as_py()!r} instead."
+        ) from None
+    return np.asarray(numbers.fill_null(np.nan).to_numpy(), np.float64)
 
 
 def gather_bags(bags: Bags, positions: npt.NDArray[np.int64]) -> Bags:

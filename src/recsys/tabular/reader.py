@@ -11,12 +11,14 @@ are handled; a header line is checked against the schema and skipped.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch, make_ctr_batch
@@ -165,6 +167,22 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             )
         )
         return self._added.gather_histories(chunks)
+
+    def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
+        """Each chunk of lines parsed by pyarrow's CSV parser with the format's delimiter and quoting, every column
+        as text; a header line is skipped, a line of another number of fields left out."""
+        quote = self._text.quote_char or False
+        parse = pa_csv.ParseOptions(
+            delimiter=self._text.field_delimiter, quote_char=quote, invalid_row_handler=lambda _: "skip"
+        )
+        convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(columns, pa.string()), include_columns=columns)
+        for start, buffer in self.line_chunks(START):
+            header = self._text.header and start.offset == 0
+            read = pa_csv.ReadOptions(column_names=self._names, skip_rows=1 if header else 0)
+            table = pa_csv.read_csv(
+                pa.py_buffer(buffer), read_options=read, parse_options=parse, convert_options=convert
+            )
+            yield {name: table.column(name).combine_chunks() for name in columns}
 
     # The format -------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
+import pyarrow as pa
+
 from recipes import (
     ConfigError,
     DataReader,
@@ -23,6 +25,7 @@ from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalit
 from recsys.tabular.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
 from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
+from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.windows import windowed_train_reader
 from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_table_dims
@@ -99,7 +102,16 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
     names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
     columns = single_valued_columns(data, encodings)
-    return click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names)
+    parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names)
+    if not isinstance(files, ColumnFormat):
+        return parts
+
+    def value_texts() -> dict[str, pa.Table]:
+        """The texts of the training files' values, beside their ids, for ``export``."""
+        every_row = files.reader(train_path, split="all", encodings=encodings, batch_size=1, **options)
+        return feature_value_texts(files.schema, every_row, encodings)
+
+    return replace(parts, value_texts=value_texts)
 
 
 def _encodings(
