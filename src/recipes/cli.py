@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     serving.add_argument("-o", "--output", required=True, metavar="DIR", help="a new or empty folder")
     serving.add_argument("--since", metavar="STEP", help="only the rows changed since this checkpoint, and evictions")
+    serving.add_argument(
+        "--no-values",
+        dest="values",
+        action="store_false",
+        help="leave out the texts behind the ids (which take a pass over the training files)",
+    )
     export = commands.add_parser("export-tables", help="write a checkpoint's sparse tables as Parquet files")
     export.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
     export.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
@@ -259,13 +265,14 @@ def _export_tables(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from recipes.export import export
 
-    summary = export(args.output_dir, args.checkpoint, args.output, args.since)
+    summary = export(args.output_dir, args.checkpoint, args.output, args.since, values=args.values)
     what = "full" if summary.since is None else f"delta since step {summary.since}"
     print(f"Exported step {summary.step} ({what}) to {args.output}: {summary.num_bytes / 1e6:.2f} MB")
     print(f"  dense part: {summary.program}")
     for name, rows in summary.rows.items():
         evicted = f", {summary.evicted[name]:,} evicted" if name in summary.evicted else ""
-        print(f"  {name}: {rows:,} rows{evicted}")
+        values = f", values of {summary.values[name]:,} ids" if name in summary.values else ""
+        print(f"  {name}: {rows:,} rows{evicted}{values}")
 
 
 def _quiet_tracebacks() -> None:

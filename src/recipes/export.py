@@ -73,12 +73,17 @@ class ExportSummary:
     program: str
     rows: dict[str, int]
     evicted: dict[str, int]
+    values: dict[str, int]
+    """Per table with a values file, the ids it names."""
     num_bytes: int
 
 
-def export(output_dir: str, which: str, destination: str, since: str | None = None) -> ExportSummary:
+def export(
+    output_dir: str, which: str, destination: str, since: str | None = None, *, values: bool = True
+) -> ExportSummary:
     """Export checkpoint ``which`` (``auto``, ``last``, ``best`` or a step) of the run in ``output_dir`` to the new
-    folder ``destination``; with ``since`` (a step), only what changed after that checkpoint.
+    folder ``destination``; with ``since`` (a step), only what changed after that checkpoint; with ``values``, the
+    texts behind the ids where the recipe names them.
 
     :raises UserError: if ``output_dir`` is no run, the checkpoints are not there, ``destination`` is not a new or
         empty folder, or the model cannot be split into lookups and a dense part.
@@ -96,13 +101,13 @@ def export(output_dir: str, which: str, destination: str, since: str | None = No
             parts = loaded.built.parts
             split = _dense_for_serving(parts.train_unit.model)
             program = _write_program(fs, temp, split)
-            texts = {} if parts.value_texts is None else parts.value_texts()
+            texts = parts.value_texts() if values and parts.value_texts is not None else {}
         tables = gather_tables(manager.load(step, keys=[]))
         names = _table_files(tables, split)
         old = None if since_step is None else gather_tables(manager.load(since_step, keys=[]))
         rows, evicted = _write_tables(fs, temp, tables, names, old)
-        values = _write_values(fs, temp, split, texts)
-        model = _model_json(step, since_step, program, split, tables, names, rows, values)
+        value_files, value_ids = _write_values(fs, temp, split, texts)
+        model = _model_json(step, since_step, program, split, tables, names, rows, value_files)
         _write_json(fs, f"{temp}/model.json", model)
         with open(config_path) as file:
             _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
@@ -113,7 +118,7 @@ def export(output_dir: str, which: str, destination: str, since: str | None = No
     finally:
         if fs.exists(temp):
             fs.rm(temp, recursive=True)
-    return ExportSummary(step, since_step, program, rows, evicted, num_bytes)
+    return ExportSummary(step, since_step, program, rows, evicted, value_ids, num_bytes)
 
 
 def _since_step(manager: CheckpointManager, since: str, step: int, output_dir: str) -> int:
@@ -207,22 +212,25 @@ def _write_tables(
     return rows_written, evicted_written
 
 
-def _write_values(fs: Any, folder: str, split: DenseForServing, texts: Mapping[str, pa.Table]) -> dict[str, str]:
+def _write_values(
+    fs: Any, folder: str, split: DenseForServing, texts: Mapping[str, pa.Table]
+) -> tuple[dict[str, str], dict[str, int]]:
     """``tables/<name>.values.parquet`` for each table that features with texts look up: ``(id, feature, value)``,
-    sorted by id; the file of each such table."""
+    sorted by id; the file of each such table, and the distinct ids it names."""
     by_table: dict[str, list[pa.Table]] = {}
     for pooled in split.inputs:
         if pooled.feature in texts:
             table = texts[pooled.feature].select(["id", "value"])
             feature = pa.array([pooled.feature] * table.num_rows, pa.string())
             by_table.setdefault(pooled.table, []).append(table.add_column(1, "feature", feature))
-    files = {}
+    files, num_ids = {}, {}
     for name, parts in by_table.items():
         files[name] = f"tables/{name}.values.parquet"
         merged = pa.concat_tables(parts, promote_options="permissive").sort_by([("id", "ascending")])
         with fs.open(f"{folder}/{files[name]}", "wb") as file:
             pa_parquet.write_table(merged, file)
-    return files
+        num_ids[name] = len(np.unique(merged.column("id").to_numpy()))
+    return files, num_ids
 
 
 def _delta(

@@ -97,3 +97,9 @@ def test_the_texts_beside_the_ids_give_the_ids_the_readers_give(
                 )
                 checked += 1
     assert checked > 600
+
+    # Without the pass over the training files: no values files, and model.json says so.
+    check_ok(run_recipes(tmp_path, "export", "out", "-o", "plain", "--no-values"))
+    plain = json.loads((tmp_path / "plain" / "model.json").read_text())
+    assert all(table["values"] is None for table in plain["tables"].values())
+    assert not list((tmp_path / "plain" / "tables").glob("*.values.parquet"))
