@@ -12,6 +12,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pa_parquet
 import pytest
 
+from support.cli_runs import assert_one_line_error, run_main
 from support.resume_helpers import check_ok, run_recipes
 from support.serving_scorer import split_rows
 
@@ -47,7 +48,7 @@ def write_rows(path: Path, num_rows: int, seed: int) -> None:
 
 @pytest.mark.parametrize(("kind", "ranks"), [("fixed", "1"), ("hash", "2")])
 def test_the_texts_beside_the_ids_give_the_ids_the_readers_give(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, ranks: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str, ranks: str
 ) -> None:
     monkeypatch.chdir(tmp_path)  # The config's paths are relative, as a user writes them.
     (tmp_path / "clicks.yaml").write_text(PRESET)
@@ -103,3 +104,8 @@ def test_the_texts_beside_the_ids_give_the_ids_the_readers_give(
     plain = json.loads((tmp_path / "plain" / "model.json").read_text())
     assert all(table["values"] is None for table in plain["tables"].values())
     assert not list((tmp_path / "plain" / "tables").glob("*.values.parquet"))
+
+    (tmp_path / "train.csv").rename(tmp_path / "moved.csv")  # The recipe's readers, and the pass, open the files.
+    code, _, err = run_main(capsys, "export", "out", "-o", "after_move")
+    assert code == 2 and not (tmp_path / "after_move").exists()
+    assert_one_line_error(err, "must name existing files", "train.csv")
