@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from queue import SimpleQueue
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ import torch
 from embedding import PreparedLookup, ShardedEmbeddingCollection, SparseFeatures
 from gang import Gang, Gangs
 from recipes.data_reader import DataReader
+from recipes.threads import leaves_a_core, spans_several_nodes
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,25 @@ class _Worker:
                 future.set_result(call())
             except BaseException as ex:  # handed to the main thread with the result
                 future.set_exception(ex)
+
+
+def use_pipeline(setting: bool | Literal["auto"], device: torch.device) -> bool:
+    """``trainer.pipeline``'s choice for a rank on ``device``, said in the log where ``auto`` turns it off.
+
+    The thread overlaps waiting (a GPU step, another node's answer) and work of its own with the step. On a
+    CPU whose cores the step's threads all take, there is no waiting to overlap and its work preempts a thread
+    of every parallel region: ``dlrm_criteo_tiny`` on 2 idle cores ran 32,000 samples/s with it, 61,000
+    without (BENCHMARKS.md, "Training on a shared machine").
+    """
+    if setting != "auto":
+        return setting
+    if device.type != "cpu" or leaves_a_core() or spans_several_nodes():
+        return True
+    log.info(
+        "Train pipeline: off (trainer.pipeline: auto): the step's threads take every core of this node, so the "
+        "pipeline's thread would preempt them."
+    )
+    return False
 
 
 class PipelinedReader(DataReader[BatchT]):

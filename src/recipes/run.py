@@ -31,7 +31,7 @@ from recipes.left_out import refuse_unmatched_exclude
 from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer
 from recipes.parallel import data_parallel
-from recipes.pipeline import PipelinedReader
+from recipes.pipeline import PipelinedReader, use_pipeline
 from recipes.precision import autocast_for
 from recipes.profiler import Profiler
 from recipes.protocols import Checkpointer
@@ -104,7 +104,7 @@ def build_trainer(
     model_bank = build_model_bank(parts.train_unit.model, built.sharded_state, config.checkpoint, gangs)
     if resume_step is None:
         model_bank.load()
-    if config.trainer.pipeline:
+    if use_pipeline(config.trainer.pipeline, device):
         parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device, gangs)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model

@@ -99,6 +99,19 @@ def use_threads(requested: int | None) -> str:
     return f"threads: {count} per rank for torch and numba{numba_note}, from {why}"
 
 
+def leaves_a_core() -> bool:
+    """Whether the compute threads of this node's ranks (this rank's count each) leave one of its cores idle: a
+    core for a helper thread, such as the train pipeline's, to run on without preempting a parallel region."""
+    import torch
+
+    return torch.get_num_threads() * _ranks_on_this_node() < len(_usable_cores())
+
+
+def spans_several_nodes() -> bool:
+    """Whether the job's ranks run on more than one node (torchrun's ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE``)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > _ranks_on_this_node()
+
+
 def _usable_cores() -> set[int]:
     if hasattr(os, "sched_getaffinity"):
         return os.sched_getaffinity(0)

@@ -38,12 +38,13 @@ def train(cwd: Path, output_dir: Path, *overrides: str, nproc: int) -> subproces
 def test_a_pipelined_run_killed_and_resumed_on_2_ranks_is_the_plain_run(tmp_path: Path) -> None:
     plain, piped = tmp_path / "plain", tmp_path / "piped"
     check_ok(train(tmp_path, plain, "trainer.pipeline=false", nproc=2))
-    process = start_recipes(tmp_path, "train", PRESET, "-o", str(piped), *RUN, "--nproc", "2")
+    piping = "trainer.pipeline=true"  # `auto` leaves it off where the ranks' threads take every core.
+    process = start_recipes(tmp_path, "train", PRESET, "-o", str(piped), *RUN, piping, "--nproc", "2")
     wait_for_checkpoint(piped, 20, process)
     kill_hard(process)
     assert max(committed_steps(piped)) < FINAL_STEP
 
-    check_ok(train(tmp_path, piped, nproc=2))
+    check_ok(train(tmp_path, piped, piping, nproc=2))
 
     log = (piped / "logs" / "rank_1.log").read_text()
     assert "Resumed from the checkpoint of step" in log and "ids sent ahead" in log
@@ -56,7 +57,8 @@ def test_micro_batches_of_a_pipelined_step_are_the_plain_loops(tmp_path: Path) -
     plain, piped = tmp_path / "plain", tmp_path / "piped"
     check_ok(train(tmp_path, plain, "trainer.grad_accumulation=2", "trainer.pipeline=false", nproc=1))
     # Parsed on two threads too, in the background thread's reads: still the same rows, in the same order.
-    check_ok(train(tmp_path, piped, "trainer.grad_accumulation=2", "dataset.parse_threads=2", nproc=1))
+    piped_run = ("trainer.grad_accumulation=2", "dataset.parse_threads=2", "trainer.pipeline=true")
+    check_ok(train(tmp_path, piped, *piped_run, nproc=1))
     assert_same_training(plain, piped, FINAL_STEP)
 
 
@@ -66,7 +68,7 @@ def test_a_pipelined_run_on_2_x_2_ranks_sends_ids_on_clones_of_the_dp_groups_and
     # The tables live on the DP gangs ({0, 2} and {1, 3}); their clones are made by all four processes.
     plain, piped = tmp_path / "plain", tmp_path / "piped"
     check_ok(train(tmp_path, plain, "gang.tp_size=2", "trainer.pipeline=false", nproc=4))
-    check_ok(train(tmp_path, piped, "gang.tp_size=2", nproc=4))
+    check_ok(train(tmp_path, piped, "gang.tp_size=2", "trainer.pipeline=true", nproc=4))
 
     assert "ids sent ahead" in (piped / "logs" / "rank_3.log").read_text()
     assert_same_training(plain, piped, FINAL_STEP)

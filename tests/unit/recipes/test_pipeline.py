@@ -16,7 +16,8 @@ import torch
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
 from gang import FakeGang, Gangs
 from recipes.data_reader import DataError, DataReader
-from recipes.pipeline import PipelinedReader, _map_tensors
+from recipes import threads
+from recipes.pipeline import PipelinedReader, _map_tensors, use_pipeline
 from recsys.data.memory import InMemoryReader
 
 CPU = torch.device("cpu")
@@ -179,3 +180,36 @@ def test_features_changed_in_place_after_they_were_prepared_stop_the_forward() -
     with pytest.raises(SparseFeatureError, match="must not change in place once a train pipeline has prepared"):
         collection(batch.sparse)
     piped.close()
+
+
+# When the pipeline runs -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("threads_per_rank", "ranks", "world", "device", "on"),
+    [
+        (2, 1, 1, "cpu", False),  # the step's threads take both cores: the thread would preempt them
+        (1, 2, 2, "cpu", False),
+        (1, 1, 1, "cpu", True),  # a core left for the thread
+        (1, 2, 4, "cpu", True),  # a second node: the exchange waits on the network
+        (2, 1, 1, "cuda", True),  # the step waits on the GPU
+    ],
+)
+def test_auto_runs_the_pipeline_where_its_thread_has_a_core_or_the_step_waits(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    threads_per_rank: int,
+    ranks: int,
+    world: int,
+    device: str,
+    on: bool,
+) -> None:
+    monkeypatch.setattr(threads, "_usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads_per_rank)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+
+    with caplog.at_level(logging.INFO, logger="recipes.pipeline"):
+        assert use_pipeline("auto", torch.device(device)) == on
+    assert ("Train pipeline: off (trainer.pipeline: auto)" in caplog.text) == (not on)
+    assert use_pipeline(True, torch.device("cpu")) and not use_pipeline(False, torch.device(device))
