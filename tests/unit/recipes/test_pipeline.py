@@ -15,8 +15,8 @@ import torch
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
 from gang import FakeGang, Gangs
-from recipes.data_reader import DataError, DataReader
 from recipes import threads
+from recipes.data_reader import DataError, DataReader
 from recipes.pipeline import PipelinedReader, _map_tensors, use_pipeline
 from recsys.data.memory import InMemoryReader
 
