@@ -9,7 +9,6 @@ the manner of fairseq2's Trainer.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -20,7 +19,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from gang import Gangs, ReduceOperation
 from recipes.data_reader import DataError, DataReader
-from recipes.parallel import DenseGradients, gradient_sync, tensors_changed_by_step
+from recipes.parallel import DenseGradients, gradient_sync, step_sums, tensors_changed_by_step
 from recipes.precision import autocast_for
 from recipes.profiler import Profiler
 from recipes.protocols import (
@@ -117,6 +116,8 @@ class Trainer(Generic[BatchT]):
         self._checkpoint_new_best = checkpoint_new_best
         """Checkpoint at every validation that improves on the best score (``checkpoint.keep_best_n``): the best
         checkpoint is then the best validation, whatever the checkpoint periods."""
+        self._step_sums = step_sums(unit.model)
+        """Where DDP syncs the gradients, the channel that sums ``_agree_on_step``'s values with them."""
         self._improved_step = -1
         """The model bank's periodic reloads (``checkpoint.reload_every_n_*``), before anything sees the step."""
 
@@ -362,28 +363,42 @@ class Trainer(Generic[BatchT]):
             is_last = index == len(batches) - 1
             with gradient_sync(self._unit.model, enabled=is_last), self._autocast():
                 loss, batch_targets = self._unit(batch)
-            self._grad_scaler.scale(loss).backward()
             losses.append(loss.detach())
             num_targets += int(batch_targets)
+            if is_last and self._step_sums is not None:  # summed with the gradients by this backward
+                self._step_sums.offer(self._step_stats(torch.stack(losses).double().sum(), num_targets))
+            self._grad_scaler.scale(loss).backward()
         loss_sum = float(losses[0]) if len(losses) == 1 else float(torch.stack(losses).double().sum())
         return loss_sum, num_targets
 
     def _agree_on_step(self, loss_sum: float, num_targets: int) -> tuple[bool, float]:
-        """One collective for what every rank must agree on after the backward pass.
+        """One collective for what every rank must agree on after the backward pass (none under DDP, whose
+        gradient sync summed the values offered before the last backward: ``recipes.parallel.StepSums``).
 
         It tells whether the loss is finite on every rank (so all step or skip together),
         whether any rank was asked to stop (a signal reaches ranks at different times), and
         the number of targets of the global step. Every DP replica is counted once by each of
         its TP ranks, which see the same data. A single process has no one to agree with.
         """
-        stats = [float(not math.isfinite(loss_sum)), float(self._stop_requested), float(num_targets)]
         root = self._gangs.root
-        if root.size > 1:
-            reduced = torch.tensor(stats, dtype=torch.float64, device=root.device)
-            root.all_reduce(reduced, ReduceOperation.SUM)
-            stats = reduced.tolist()
+        summed = None if self._step_sums is None else self._step_sums.take()
+        if summed is not None:
+            stats = summed.tolist()
+        else:
+            stats = self._step_stats(torch.tensor(loss_sum, dtype=torch.float64), num_targets).tolist()
+            if root.size > 1:
+                reduced = torch.tensor(stats, dtype=torch.float64, device=root.device)
+                root.all_reduce(reduced, ReduceOperation.SUM)
+                stats = reduced.tolist()
         self._stop_agreed = stats[1] > 0
         return stats[0] == 0, stats[2] / self._gangs.tp.size
+
+    def _step_stats(self, loss_sum: torch.Tensor, num_targets: int) -> torch.Tensor:
+        """What ``_agree_on_step`` sums: whether the loss is not finite, whether a stop was asked, the targets;
+        computed on the loss's device, so that offering them to the gradient sync reads nothing back."""
+        not_finite = (~torch.isfinite(loss_sum)).to(torch.float64)
+        rest = torch.tensor([float(self._stop_requested), float(num_targets)], dtype=torch.float64)
+        return torch.cat([not_finite.reshape(1), rest.to(not_finite.device)])
 
     def _skip_step(self, loss_sum: float) -> None:
         self._optimizer.zero_grad(set_to_none=True)

@@ -6,6 +6,7 @@ module would be found.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ from units import TrainUnit
 @dataclass
 class NanSection:
     at_steps: list[int] = field(default_factory=list)
+    rank: int | None = None
+    """Only this rank's loss is NaN (``None``: every rank's)."""
 
 
 @dataclass
@@ -31,10 +34,10 @@ class NanCTRConfig(CTRConfig):
 class NanAtStepsUnit(TrainUnit[CTRBatch]):
     """The ``ctr`` unit, with its loss multiplied by NaN at the chosen steps."""
 
-    def __init__(self, unit: TrainUnit[CTRBatch], at_steps: list[int]) -> None:
+    def __init__(self, unit: TrainUnit[CTRBatch], at_steps: list[int], rank: int | None) -> None:
         super().__init__(unit.model, unit.metric_bag)
         self._unit = unit
-        self._at_steps = set(at_steps)
+        self._at_steps = set(at_steps) if rank is None or rank == int(os.environ.get("RANK", "0")) else set()
 
     def __call__(self, batch: CTRBatch) -> tuple[torch.Tensor, int]:
         self._unit.model = self.model  # The Trainer may have wrapped it.
@@ -48,5 +51,5 @@ class NanAtStepsUnit(TrainUnit[CTRBatch]):
 def build_nan_ctr(context: RecipeContext[Any]) -> RecipeParts:
     config: NanCTRConfig = context.config
     parts = build_ctr(context)
-    parts.train_unit = NanAtStepsUnit(parts.train_unit, config.nan.at_steps)
+    parts.train_unit = NanAtStepsUnit(parts.train_unit, config.nan.at_steps, config.nan.rank)
     return parts

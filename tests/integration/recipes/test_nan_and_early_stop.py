@@ -110,6 +110,30 @@ def test_nan_losses_under_policy_skip_are_counted_and_training_goes_on(tmp_path:
         assert tensors and all(torch.isfinite(t).all() for t in tensors), file_name
 
 
+def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path) -> None:
+    """The ranks agree on a step's finiteness in their gradient sync (``recipes.parallel.StepSums``): the rank whose
+    loss is finite skips the step too, so the replicas stay equal."""
+    overrides = (
+        "nan.at_steps=[13]",
+        "nan.rank=1",
+        "trainer.nan_policy=skip",
+        "trainer.max_num_steps=16",
+        "--nproc",
+        "2",
+    )
+    output_dir, result = train_nan_recipe(tmp_path, *overrides)
+
+    check_ok(result)
+    train = {line["step"]: line for line in metric_history(output_dir)["train"]}
+    assert train[16]["num_skipped_steps"] == 0.25 and all(math.isfinite(line["loss"]) for line in train.values())
+    final = checkpoints_dir(output_dir) / "step_16"
+    model = load_shared_verified(final)["model"]
+    assert all(torch.isfinite(value).all() for value in model.values())
+    for file_name in ("rank_0.pt", "rank_1.pt"):
+        tensors = [v for v in _tensors(load_verified(final, file_name)) if v.is_floating_point()]
+        assert tensors and all(torch.isfinite(t).all() for t in tensors), file_name
+
+
 def test_too_many_nan_losses_in_a_row_under_policy_skip_stop_the_run(tmp_path: Path) -> None:
     overrides = ("nan.at_steps=[13, 14, 15, 16]", "trainer.nan_policy=skip", "trainer.max_consecutive_skipped_steps=3")
     output_dir, result = train_nan_recipe(tmp_path, *overrides)
