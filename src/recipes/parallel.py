@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 from embedding import CombinedOptimizer
 from gang import Gangs
 from recipes.errors import ConfigError
+from recipes.step_sums import StepSums
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -100,61 +101,6 @@ def data_parallel(model: nn.Module, gangs: Gangs) -> nn.Module:
     if gangs.dp.size > 1:
         return StepSumsDDP(model, process_group=gangs.dp.as_process_group())
     return model
-
-
-class StepSums:
-    """A few values of a step summed over the DP gang inside DDP's gradient all-reduce: one collective fewer a
-    step than summing them apart (a gloo all-reduce of 3 floats costs about 1.4 ms, a tenth of a small CPU step).
-
-    The Trainer offers the values before the step's last backward; the hook of DDP's last bucket of that
-    backward sends them appended to its gradients, and they are summed once the backward returns. A backward
-    that syncs no gradient leaves them unsummed (``take`` returns ``None``), and the caller sums them itself.
-    """
-
-    def __init__(self, process_group: dist.ProcessGroup) -> None:
-        self._group = process_group
-        self._offered: torch.Tensor | None = None
-        self._summed: torch.Tensor | None = None
-
-    def offer(self, values: torch.Tensor) -> None:
-        """``values`` (float64, 1-D) to sum with the next gradient sync."""
-        self._offered, self._summed = values, None
-
-    def take(self) -> torch.Tensor | None:
-        """The offered values summed over the gang by the gradient sync since ``offer``, or ``None``."""
-        summed, self._offered, self._summed = self._summed, None, None
-        return summed
-
-    def hook(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        """DDP's default averaging all-reduce of ``bucket`` (the gradients' bits are the same), with the offered
-        values appended to the last bucket's. The values ride in the gradients' dtype, so only a float64 or
-        float32 bucket takes them (float32 holds integers exactly up to 2**24: counts of a step's targets)."""
-        grads: torch.Tensor = bucket.buffer()  # a ``torch.distributed.GradBucket``, which mypy's stubs lack
-        grads.div_(self._group.size())
-        offered = self._offered
-        if offered is None or not bucket.is_last() or grads.dtype not in (torch.float32, torch.float64):
-            return _all_reduce(grads, self._group).then(_first)
-        joined = torch.cat([grads, offered.to(grads.device, grads.dtype)])
-
-        def split(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            reduced = done.value()[0]
-            self._summed = reduced[grads.numel() :].to(torch.float64)
-            grads.copy_(reduced[: grads.numel()])
-            return grads
-
-        return _all_reduce(joined, self._group).then(split)
-
-
-def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.futures.Future[list[torch.Tensor]]:
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    assert work is not None
-    future: torch.futures.Future[list[torch.Tensor]] = work.get_future()
-    return future
-
-
-def _first(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-    first: torch.Tensor = done.value()[0]
-    return first
 
 
 class StepSumsDDP(DistributedDataParallel):

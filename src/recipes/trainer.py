@@ -32,6 +32,7 @@ from recipes.protocols import (
 )
 from recipes.recorders import MetricRecorder
 from recipes.sections import TrainerSection
+from recipes.step_sums import read_step_stats, step_stats
 from recipes.trainer_state import TrainerCounters, TrainingState
 from recipes.validator import NOOP_VALIDATOR, Validator
 from recipes.windows import wait_for_next_window, windows_of
@@ -366,39 +367,29 @@ class Trainer(Generic[BatchT]):
             losses.append(loss.detach())
             num_targets += int(batch_targets)
             if is_last and self._step_sums is not None:  # summed with the gradients by this backward
-                self._step_sums.offer(self._step_stats(torch.stack(losses).double().sum(), num_targets))
+                loss_total = torch.stack(losses).double().sum()
+                self._step_sums.offer(step_stats(loss_total, self._stop_requested, num_targets))
             self._grad_scaler.scale(loss).backward()
         loss_sum = float(losses[0]) if len(losses) == 1 else float(torch.stack(losses).double().sum())
         return loss_sum, num_targets
 
     def _agree_on_step(self, loss_sum: float, num_targets: int) -> tuple[bool, float]:
         """One collective for what every rank must agree on after the backward pass (none under DDP, whose
-        gradient sync summed the values offered before the last backward: ``recipes.parallel.StepSums``).
+        gradient sync summed the values offered before the last backward: ``recipes.step_sums``).
 
         It tells whether the loss is finite on every rank (so all step or skip together),
         whether any rank was asked to stop (a signal reaches ranks at different times), and
         the number of targets of the global step. Every DP replica is counted once by each of
         its TP ranks, which see the same data. A single process has no one to agree with.
         """
-        root = self._gangs.root
         summed = None if self._step_sums is None else self._step_sums.take()
-        if summed is not None:
-            stats = summed.tolist()
-        else:
-            stats = self._step_stats(torch.tensor(loss_sum, dtype=torch.float64), num_targets).tolist()
-            if root.size > 1:
-                reduced = torch.tensor(stats, dtype=torch.float64, device=root.device)
-                root.all_reduce(reduced, ReduceOperation.SUM)
-                stats = reduced.tolist()
-        self._stop_agreed = stats[1] > 0
-        return stats[0] == 0, stats[2] / self._gangs.tp.size
-
-    def _step_stats(self, loss_sum: torch.Tensor, num_targets: int) -> torch.Tensor:
-        """What ``_agree_on_step`` sums: whether the loss is not finite, whether a stop was asked, the targets;
-        computed on the loss's device, so that offering them to the gradient sync reads nothing back."""
-        not_finite = (~torch.isfinite(loss_sum)).to(torch.float64)
-        rest = torch.tensor([float(self._stop_requested), float(num_targets)], dtype=torch.float64)
-        return torch.cat([not_finite.reshape(1), rest.to(not_finite.device)])
+        if summed is None:
+            summed = step_stats(torch.tensor(loss_sum, dtype=torch.float64), self._stop_requested, num_targets)
+            if self._gangs.root.size > 1:
+                summed = summed.to(self._gangs.root.device)
+                self._gangs.root.all_reduce(summed, ReduceOperation.SUM)
+        finite, self._stop_agreed, total_targets = read_step_stats(summed.tolist())
+        return finite, total_targets / self._gangs.tp.size
 
     def _skip_step(self, loss_sum: float) -> None:
         self._optimizer.zero_grad(set_to_none=True)
