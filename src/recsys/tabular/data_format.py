@@ -73,11 +73,13 @@ class ColumnReader(StreamingReader[CTRBatch]):
         """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
         ``all``), for ``recsys.tabular.history``."""
 
-    @abstractmethod
     def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
         """The values of the file columns ``columns`` in every row of every file, a chunk of rows at a time, as the
         file holds them (text, numbers, or lists of either), for ``recsys.tabular.value_texts`` to name the ids
-        by. A row that does not parse may be left out."""
+        by. A row that does not parse may be left out. A format that cannot read them raises
+        ``NotImplementedError`` (the default, so that a format written before this method still reads): ``export``
+        then writes no texts beside its ids."""
+        raise NotImplementedError(f"{type(self).__name__} does not read its columns' texts.")
 
 
 class ColumnFormat(DataFormat):

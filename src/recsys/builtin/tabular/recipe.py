@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
@@ -29,6 +30,8 @@ from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.windows import windowed_train_reader
 from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_table_dims
+
+logger = logging.getLogger(__name__)
 
 ENCODINGS_FILE = "vocabularies.npz"
 """The vocabularies and value counts counted at the first start (named before counts joined them)."""
@@ -107,9 +110,14 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         return parts
 
     def value_texts() -> dict[str, pa.Table]:
-        """The texts of the training files' values, beside their ids, for ``export``."""
+        """The texts of the training files' values, beside their ids, for ``export`` (none where the format cannot
+        read them)."""
         every_row = files.reader(train_path, split="all", encodings=encodings, batch_size=1, **options)
-        return feature_value_texts(files.schema, every_row, encodings)
+        try:
+            return feature_value_texts(files.schema, every_row, encodings)
+        except NotImplementedError as reason:
+            logger.warning("The export holds no texts beside the ids: %s", reason)
+            return {}
 
     return replace(parts, value_texts=value_texts)
 

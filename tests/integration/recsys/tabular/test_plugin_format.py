@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from recipes.cli import main
@@ -40,3 +41,7 @@ def test_the_tabular_recipe_trains_on_jsonl_files(isolated_presets: Path) -> Non
     assert code == 0
     valid_lines = (isolated_presets / "out" / "metrics" / "valid.jsonl").read_text().splitlines()
     assert len(valid_lines) == 2 and "auc" in json.loads(valid_lines[-1])
+    # An export names the ids by their texts for a format of another package too (its reader is an ArrowReader).
+    assert main(["export", "out", "-o", "served"]) == 0
+    values = pq.read_table(isolated_presets / "served" / "tables" / "first_order_site.values.parquet")
+    assert sorted(values.column("value").to_pylist()) == [f"s{site}" for site in range(8)]
