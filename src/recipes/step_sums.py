@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 TARGETS_SPLIT = 4096
 """A step's targets are summed as ``targets // 4096`` and ``targets % 4096``: in float32 (the gradients' dtype, in
@@ -60,10 +61,10 @@ class StepSums:
         values appended to the last bucket's. The values ride in the gradients' dtype, so only a float64 or
         float32 bucket takes them (float32 holds integers exactly up to 2**24: counts of a step's targets)."""
         grads: torch.Tensor = bucket.buffer()  # a ``torch.distributed.GradBucket``, which mypy's stubs lack
-        grads.div_(self._group.size())
         offered = self._offered
         if offered is None or not bucket.is_last() or grads.dtype not in (torch.float32, torch.float64):
-            return _all_reduce(grads, self._group).then(_first)
+            return allreduce_hook(self._group, bucket)
+        grads.div_(self._group.size())  # as DDP's default hook averages
         joined = torch.cat([grads, offered.to(grads.device, grads.dtype)])
 
         def split(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -80,8 +81,3 @@ def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.futures
     assert work is not None
     future: torch.futures.Future[list[torch.Tensor]] = work.get_future()
     return future
-
-
-def _first(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-    first: torch.Tensor = done.value()[0]
-    return first

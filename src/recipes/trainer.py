@@ -366,12 +366,12 @@ class Trainer(Generic[BatchT]):
                 loss, batch_targets = self._unit(batch)
             losses.append(loss.detach())
             num_targets += int(batch_targets)
-            if is_last and self._step_sums is not None:  # summed with the gradients by this backward
+            if is_last:
                 loss_total = torch.stack(losses).double().sum()
-                self._step_sums.offer(step_stats(loss_total, self._stop_requested, num_targets))
+                if self._step_sums is not None:  # summed with the gradients by this backward
+                    self._step_sums.offer(step_stats(loss_total, self._stop_requested, num_targets))
             self._grad_scaler.scale(loss).backward()
-        loss_sum = float(losses[0]) if len(losses) == 1 else float(torch.stack(losses).double().sum())
-        return loss_sum, num_targets
+        return float(loss_total), num_targets
 
     def _agree_on_step(self, loss_sum: float, num_targets: int) -> tuple[bool, float]:
         """One collective for what every rank must agree on after the backward pass (none under DDP, whose

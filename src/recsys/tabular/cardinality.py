@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import fsspec
@@ -21,7 +20,7 @@ import numpy as np
 from recipes import DataError
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
-from recsys.tabular.vocabulary import KeyCounter
+from recsys.tabular.vocabulary import KeyCounter, write_whole
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +59,5 @@ def load_or_count_cardinalities(
         "Distinct ids the training files look up, by table: %s.",
         ", ".join(f"{name} {counted[name]:,}" for name in names),
     )
-    temporary = f"{plain_path}.{uuid.uuid4().hex}.tmp"  # Every rank writes the same file: each its own temporary.
-    with fs.open(temporary, "w") as file:
-        json.dump(counted, file, indent=1)
-    fs.mv(temporary, plain_path)
+    write_whole(path, json.dumps(counted, indent=1).encode())
     return counted

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsys.tabular.hashing import bucket_ids, integer_keys
+from recsys.tabular.hashing import integer_keys
 from recsys.tabular.schema import TabularDataSection
-from recsys.tabular.vocabulary import Encodings
+from recsys.tabular.vocabulary import Encodings, column_ids
 
 TIME_PART_VALUES = {"hour": range(24), "weekday": range(7), "day": range(1, 32), "month": range(1, 13)}
 """The values of the derived time parts that have few (a year has any)."""
@@ -41,11 +41,7 @@ def value_names(
     if derived is None or derived.transform not in TIME_PART_VALUES or group is None:
         return {}
     values = np.array(TIME_PART_VALUES[derived.transform], dtype=np.float64)
-    keys = integer_keys(values, column)
-    if encodings is not None and column in encodings.vocabularies:
-        ids = encodings.vocabularies[column].lookup(keys)
-    else:
-        ids = bucket_ids(keys, 0 if full_keys else group.num_buckets)
+    ids = column_ids(integer_keys(values, column), column, 0 if full_keys else group.num_buckets, encodings)
     names: dict[int, list[str]] = {}
     for value, id_ in zip(values.astype(np.int64).tolist(), ids.tolist()):
         names.setdefault(int(id_), []).append(str(value))

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys.tabular.data_format import ColumnReader
-from recsys.tabular.hashing import bucket_ids, text_keys
+from recsys.tabular.hashing import text_keys
 from recsys.tabular.joins import read_side_table
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection
-from recsys.tabular.vocabulary import OUT_OF_VOCABULARY_ID, Encodings
+from recsys.tabular.vocabulary import OUT_OF_VOCABULARY_ID, Encodings, column_ids
 
 
 def feature_value_texts(
@@ -42,12 +42,8 @@ def feature_value_texts(
     result = {}
     for name, values in distinct.items():
         keys = text_keys(values, name)
-        if name in vocabularies:
-            ids = vocabularies[name].lookup(keys)
-            kept = ids > OUT_OF_VOCABULARY_ID
-        else:
-            ids = bucket_ids(keys, groups[name].num_buckets)
-            kept = keys != 0
+        ids = column_ids(keys, name, groups[name].num_buckets, encodings)
+        kept = ids > OUT_OF_VOCABULARY_ID if name in vocabularies else keys != 0
         table = pa.table({"id": pa.array(ids[kept], pa.int64()), "value": values.filter(pa.array(kept))})
         result[name] = table.sort_by([("id", "ascending"), ("value", "ascending")])
     return result

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recipes import DataError
+from recsys.tabular.hashing import bucket_ids
 from recsys.tabular.history import History
 from recsys.tabular.schema import COUNTS, TabularDataSection
 
@@ -207,11 +208,27 @@ def save_encodings(path: str, encodings: Encodings) -> None:
             arrays[f"{name}/count_orders"] = counts.orders
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    write_whole(path, buffer.getvalue())
+
+
+def write_whole(path: str, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` (any fsspec URL) under a temporary name, then rename it: a reader sees the
+    whole file or none. Every rank writes the same file, each through a temporary of its own."""
     fs, plain_path = fsspec.core.url_to_fs(path)
-    temporary = f"{plain_path}.{uuid.uuid4().hex}.tmp"  # Every rank writes the same file: each its own temporary.
+    temporary = f"{plain_path}.{uuid.uuid4().hex}.tmp"
     with fs.open(temporary, "wb") as file:
-        file.write(buffer.getvalue())
+        file.write(payload)
     fs.mv(temporary, plain_path)
+
+
+def column_ids(
+    keys: npt.NDArray[np.uint64], column: str, num_buckets: int, encodings: Encodings | None
+) -> npt.NDArray[np.int64]:
+    """The ids the readers give the values of ``column`` with these ``keys``: vocabulary ranks where the column has
+    a vocabulary, else rows of ``num_buckets`` (0: the full keys, for a hash table)."""
+    if encodings is not None and column in encodings.vocabularies:
+        return encodings.vocabularies[column].lookup(keys)
+    return bucket_ids(keys, num_buckets)
 
 
 def load_encodings(path: str, wanted: dict[str, tuple[int, int]], counted: dict[str, bool]) -> Encodings | None:
