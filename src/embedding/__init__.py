@@ -1,6 +1,7 @@
 """Sparse embedding tables sharded over a gang, and their fused sparse optimizers."""
 
-from embedding.collection import PreparedLookup, ShardedEmbeddingCollection, SparseFeatureError
+from embedding.bags import SparseFeatureError
+from embedding.collection import PreparedLookup, ShardedEmbeddingCollection
 from embedding.config import (
     PLACEMENTS,
     EmbeddingConfigError,

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from embedding.bags import SparseFeatureError, group_bags, num_bags, table_features
 from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.dynamic_state import hash_shard_state, load_hash_shard
-from embedding.features import JaggedIds, SparseFeatures
+from embedding.features import SparseFeatures
 from embedding.lookup import (
     Bags,
     SentIds,
@@ -36,10 +37,6 @@ from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_s
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
 from gang import FakeGang, Gang, ReduceOperation
-
-
-class SparseFeatureError(ValueError):
-    """Raised when the sparse features of a batch do not fit the tables that look them up."""
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -104,8 +101,8 @@ class ShardedEmbeddingCollection(nn.Module):
         else:
             features = features.to(self.gang.device)
             (lookups, bags), sent = self._prepare(features, self.training), None
-        pairs_by_group = [_table_features(group) for group in self.groups]
-        sizes = [[_num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
+        pairs_by_group = [table_features(group) for group in self.groups]
+        sizes = [[num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
         pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags, sizes, sent)
 
         outputs: dict[str, torch.Tensor] = {}
@@ -117,10 +114,12 @@ class ShardedEmbeddingCollection(nn.Module):
         return outputs
 
     def _prepare(self, features: SparseFeatures, training: bool) -> tuple[list[TableLookup], list[Bags]]:
-        """The lookups of one forward and their bags: the features checked, grouped and moved to rows."""
+        """The lookups of one forward and their bags: the features checked, grouped and moved to rows; in
+        training, sorted too for the update where a group's ids are the update's (every row local, no hash map)."""
         _check_features(self.tables, features)
         lookups = [make_lookup(group, self.gang, training) for group in self.groups]
-        return lookups, [_group_bags(group, features) for group in self.groups]
+        sorts = [training and self.gang.size == 1 and group.dynamic is None for group in self.groups]
+        return lookups, [group_bags(group, features, sort) for group, sort in zip(self.groups, sorts)]
 
     @property
     def sends_ids(self) -> bool:
@@ -242,118 +241,3 @@ def _check_features(tables: Sequence[EmbeddingTableConfig], features: SparseFeat
                     f"`features` must hold feature '{feature}' of table '{table.name}', but holds only "
                     f"{sorted(features)} instead."
                 )
-
-
-def _num_bags(table: EmbeddingTableConfig, jagged: JaggedIds) -> int:
-    return jagged.ids.numel() if table.pooling == "none" else jagged.batch_size
-
-
-def _table_features(group: ShardGroup) -> list[tuple[EmbeddingTableConfig, str]]:
-    """Every (table, feature) pair of ``group``, in the order of its bags and outputs."""
-    return [(shard.config, feature) for shard in group.shards for feature in shard.config.features]
-
-
-def _group_bags(group: ShardGroup, features: SparseFeatures) -> Bags:
-    """The bags of every feature of every table of ``group``, concatenated: one lookup serves
-    them all. Ids move by their table's offset in the group's buffer.
-
-    When every feature has as many ids and bags as the others (one id per sample, say), all
-    are checked and moved at once, as the rows of a ``[features, ids]`` matrix: a few ops per
-    feature, for 26 features, cost a fifteenth of a whole sparse step.
-    """
-    pairs = _table_features(group)
-    jagged = [features[feature] for _, feature in pairs]
-    buffer_offsets = [
-        offset for shard, offset in zip(group.shards, group.buffer_offsets) for _ in shard.config.features
-    ]
-    weighted = any(feature.weights is not None for feature in jagged)
-    scales = torch.cat([_weights_or_ones(feature) for feature in jagged]) if weighted else None
-    sizes = {(feature.ids.numel(), _num_bags(table, feature)) for (table, _), feature in zip(pairs, jagged)}
-    if len(sizes) == 1:
-        return _uniform_bags(pairs, jagged, buffer_offsets, scales)
-    return _jagged_bags(pairs, jagged, buffer_offsets, scales)
-
-
-def _uniform_bags(
-    pairs: list[tuple[EmbeddingTableConfig, str]],
-    jagged: list[JaggedIds],
-    buffer_offsets: list[int],
-    scales: torch.Tensor | None,
-) -> Bags:
-    """The bags of features that all have as many ids and as many bags."""
-    device = jagged[0].ids.device
-    ids = torch.stack([feature.ids.to(torch.int64) for feature in jagged])
-    num_features, num_ids = ids.shape
-    hashed = [table.out_of_range == "hash" for table, _ in pairs]
-    if any(hashed):
-        num_rows = torch.tensor([[table.num_rows] for table, _ in pairs], device=device)
-        ids = torch.where(torch.tensor(hashed, device=device).unsqueeze(1), torch.remainder(ids, num_rows), ids)
-    if num_ids > 0 and pairs[0][0].kind == "fixed":  # a hash table takes any id
-        lows, highs = ids.aminmax(dim=1)
-        for (table, feature), low, high in zip(pairs, lows.tolist(), highs.tolist()):
-            _check_id_range(table, feature, low, high)
-    if any(buffer_offsets):
-        ids += torch.tensor(buffer_offsets, device=device).unsqueeze(1)
-
-    num_bags = _num_bags(pairs[0][0], jagged[0])
-    if num_bags == num_ids:
-        # Most often every bag holds one id: then the offsets are a range, built in one pass,
-        # and the features' are compared with its start, all at once, rather than copied and moved.
-        offsets = torch.arange(num_features * num_ids + 1, device=device)
-        pooled = [
-            feature.offsets.to(torch.int64) for (table, _), feature in zip(pairs, jagged) if table.pooling != "none"
-        ]
-        if not pooled or torch.equal(torch.stack(pooled), offsets[: num_bags + 1].expand(len(pooled), -1)):
-            return Bags(ids.flatten(), offsets, scales, one_id_per_bag=True)
-
-    offsets = torch.empty(num_features * num_bags + 1, dtype=torch.int64, device=device)
-    feature_offsets = offsets[:-1].view(num_features, num_bags)
-    torch.stack([_bag_starts(table, feature) for (table, _), feature in zip(pairs, jagged)], out=feature_offsets)
-    feature_offsets += (torch.arange(num_features, device=device) * num_ids).unsqueeze(1)
-    offsets[-1] = ids.numel()
-    return Bags(ids.flatten(), offsets, scales)
-
-
-def _jagged_bags(
-    pairs: list[tuple[EmbeddingTableConfig, str]],
-    jagged: list[JaggedIds],
-    buffer_offsets: list[int],
-    scales: torch.Tensor | None,
-) -> Bags:
-    """The bags of features of any sizes, a feature at a time."""
-    ids, offsets = [], []
-    num_ids = 0
-    for (table, feature), feature_jagged, buffer_offset in zip(pairs, jagged, buffer_offsets):
-        feature_ids = feature_jagged.ids.to(torch.int64)
-        if table.out_of_range == "hash":
-            feature_ids = torch.remainder(feature_ids, table.num_rows)
-        elif feature_ids.numel() > 0 and table.kind == "fixed":
-            low, high = (int(value) for value in torch.aminmax(feature_ids))
-            _check_id_range(table, feature, low, high)
-        ids.append(feature_ids + buffer_offset if buffer_offset else feature_ids)
-        offsets.append(_bag_starts(table, feature_jagged) + num_ids)
-        num_ids += feature_ids.numel()
-    offsets.append(torch.tensor([num_ids], device=ids[0].device))
-    return Bags(torch.cat(ids), torch.cat(offsets), scales)
-
-
-def _bag_starts(table: EmbeddingTableConfig, jagged: JaggedIds) -> torch.Tensor:
-    """Where each bag of ``jagged`` starts among its ids."""
-    if table.pooling == "none":  # every id is a bag of its own
-        return torch.arange(jagged.ids.numel(), device=jagged.ids.device)
-    return jagged.offsets[:-1].to(torch.int64)
-
-
-def _weights_or_ones(jagged: JaggedIds) -> torch.Tensor:
-    if jagged.weights is None:
-        return torch.ones_like(jagged.ids, dtype=torch.float32)
-    return jagged.weights.to(torch.float32)
-
-
-def _check_id_range(table: EmbeddingTableConfig, feature: str, low: int, high: int) -> None:
-    """Raise unless the ids of ``feature``, from ``low`` to ``high``, are rows of ``table``."""
-    if low < 0 or high >= table.num_rows:
-        raise SparseFeatureError(
-            f"Ids of feature '{feature}' must be in [0, {table.num_rows}) as table '{table.name}' has "
-            f"{table.num_rows} rows, but contain {low if low < 0 else high} instead."
-        )

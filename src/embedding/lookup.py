@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from embedding.id_hashing import owner_ranks
+from embedding.kernels import SortedIds
 from embedding.sharding import GradRecord, ShardGroup
 from gang import Gang
 
@@ -29,13 +30,14 @@ class Bags:
     every row is local, else global rows of the group's one table; checked or hashed already.
 
     ``one_id_per_bag`` says that ``offsets`` is known to be ``0, 1, ..., len(ids)``, which spares
-    ``bag_of_each_id`` a pass over it.
+    ``bag_of_each_id`` a pass over it. ``sorted_ids``: the ids sorted for the update already.
     """
 
     ids: torch.Tensor
     offsets: torch.Tensor
     scales: torch.Tensor | None
     one_id_per_bag: bool = False
+    sorted_ids: SortedIds | None = None
 
     @property
     def num_bags(self) -> int:
@@ -110,7 +112,7 @@ class LocalLookup(TableLookup):
     def _local_record(self, grad_rows: tuple[torch.Tensor, ...]) -> GradRecord:
         assert self._bags is not None, "`backward` runs after `forward`."
         bags = self._bags
-        return GradRecord(bags.ids, grad_rows, bags.bag_of_each_id(), bags.scales)
+        return GradRecord(bags.ids, grad_rows, bags.bag_of_each_id(), bags.scales, bags.sorted_ids)
 
 
 class ReplicatedLookup(LocalLookup):

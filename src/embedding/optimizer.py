@@ -123,6 +123,7 @@ class SparseOptimizer:
                 step=self._step,
                 lr=float(self.param_groups[param_group_index]["lr"]),
                 backend=self._backend,
+                sorted_ids=grads.sorted_ids,
             )
 
     def state_tensors(self) -> list[torch.Tensor]:

@@ -19,6 +19,7 @@ import torch
 
 from embedding.config import EmbeddingTableConfig
 from embedding.dynamic_rows import DynamicRows
+from embedding.kernels import SortedIds
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
 
@@ -38,12 +39,13 @@ class GradRecord:
     """Gradients for the fused update: row ``ids[k]`` (local) receives
     ``grad_scale[k] * grad_rows[grad_index[k]]``, ``grad_rows`` being read as the concatenation
     of its pieces (one per feature where the gradients come from autograd), which the CPU
-    kernel reads in place."""
+    kernel reads in place. ``sorted_ids``: ``ids`` sorted by the forward already, for the kernel."""
 
     ids: torch.Tensor
     grad_rows: tuple[torch.Tensor, ...]
     grad_index: torch.Tensor
     grad_scale: torch.Tensor | None
+    sorted_ids: SortedIds | None = None
 
 
 @dataclass

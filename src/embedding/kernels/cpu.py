@@ -39,6 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from embedding import compiled_source
+from embedding.kernels import SortedIds
 from embedding.kernels.common import gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
@@ -73,9 +74,10 @@ def fused_step(
     grad_scale: torch.Tensor | None,
     step: int,
     lr: float | None = None,
+    sorted_ids: SortedIds | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
-    :func:`embedding.kernels.fused_step`)."""
+    :func:`embedding.kernels.fused_step`); ``sorted_ids``, the ids sorted ahead, spare the sort."""
     if weight.device.type != "cpu":
         raise SparseOptimizerError(f"`weight` must be on the CPU, but is on {weight.device} instead.")
     if ids.numel() == 0:
@@ -83,21 +85,20 @@ def fused_step(
     spec = spec_of(config)
     lr = config.lr if lr is None else lr
 
-    # torch's stable sort is a radix sort, several times faster than numba's, and three times
-    # faster again on int32 keys, which hold the row of any table under 2**31 rows.
-    keys = ids.to(torch.int32) if weight.size(0) <= torch.iinfo(torch.int32).max else ids
-    sorted_ids, order = torch.sort(keys, stable=True)
+    if sorted_ids is None:
+        sorted_ids = SortedIds.of(ids, weight.size(0))
 
     row_states, element_states = state_tensors(spec, state)
     per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
     kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
-    kernel(
+    misplaced = kernel(
         _as_numpy(weight),
         tuple(_as_numpy(tensor) for tensor in row_states),
         tuple(_as_numpy(tensor) for tensor in element_states),
         _as_numpy(touch_counts(spec, state, weight)),
-        _as_numpy(sorted_ids),
-        _as_numpy(order),
+        _as_numpy(ids),
+        _as_numpy(sorted_ids.keys),
+        _as_numpy(sorted_ids.order),
         *_piece_layout(grad_rows),
         _as_numpy(grad_index),
         _NO_GRAD_SCALE if grad_scale is None else _as_numpy(grad_scale),
@@ -105,6 +106,11 @@ def fused_step(
         *step_factors(spec, config, step, lr),
         numba.get_num_threads() * _CHUNKS_PER_THREAD,
     )
+    if misplaced:
+        raise SparseOptimizerError(
+            f"`sorted_ids` must sort `ids` (`keys` equal to `ids[order]`, never decreasing), but {misplaced} of its "
+            "positions do not; nothing was updated."
+        )
 
 
 def _piece_layout(pieces: Sequence[torch.Tensor]) -> tuple[npt.NDArray[np.int64], ...]:
@@ -131,7 +137,7 @@ def _step_kernel(
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
     decay_per_touch: Callable[[Any, Any], Any] | None,
-) -> Callable[..., None]:
+) -> Callable[..., int]:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
     it between processes, keyed by the functions the kernel captures."""
@@ -147,6 +153,7 @@ def _step_kernel(
         row_states,
         element_states,
         touches,
+        ids,
         sorted_ids,
         order,
         piece_addresses,
@@ -160,23 +167,37 @@ def _step_kernel(
         factors,
         num_chunks,
     ):
-        """Each chunk of rows goes to one thread; each row is summed, updated and written once."""
+        """Each chunk of rows goes to one thread; each row is summed, updated and written once. Returns how
+        many positions of the sort do not sort ``ids`` (then before it writes anything)."""
         source_digest  # noqa: B018 (named, so that the kernel captures it)
-        segment_starts = _segment_starts(sorted_ids)
-        chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
         grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
         dim = weight.shape[1]
 
-        # Each occurrence's gradient row address and scale, in sorted order.
+        # Each occurrence's gradient row address and scale, in sorted order; and whether the sort,
+        # which may come from elsewhere, sorts the ids: a row that ``ids`` does not hold could lie
+        # outside the table, and a row split over two segments would race between two threads.
         num_occurrences = order.size
         sorted_addresses = np.empty(num_occurrences, dtype=np.int64)
         sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
+        misplaced = 0
         for chunk in prange(num_chunks):
             for position in range(chunk * num_occurrences // num_chunks, (chunk + 1) * num_occurrences // num_chunks):
                 occurrence = order[position]
+                if (
+                    occurrence < 0
+                    or occurrence >= num_occurrences
+                    or ids[occurrence] != sorted_ids[position]
+                    or (position > 0 and sorted_ids[position - 1] > sorted_ids[position])
+                ):
+                    misplaced += 1
+                    continue
                 sorted_addresses[position] = grad_row_addresses[grad_index[occurrence]]
                 if has_grad_scale:
                     sorted_scales[position] = grad_scale[occurrence]
+        if misplaced:
+            return misplaced
+        segment_starts = _segment_starts(sorted_ids)
+        chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
 
         for chunk in prange(num_chunks):
             grad = np.empty(dim, dtype=np.float32)
@@ -219,6 +240,7 @@ def _step_kernel(
                         new_weight, new_grad, multiplier, element_values, factors
                     )
                     scatter(element_states, (row, d), element_values)
+        return 0
 
     return fused_step_kernel  # type: ignore[no-any-return]
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from numba import cuda
 
+from embedding.kernels import SortedIds
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
@@ -56,9 +57,10 @@ def fused_step(
     grad_scale: torch.Tensor | None,
     step: int,
     lr: float | None = None,
+    sorted_ids: SortedIds | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
-    :func:`embedding.kernels.fused_step`)."""
+    :func:`embedding.kernels.fused_step`). ``sorted_ids`` is not read: the ids are sorted on the device."""
     if not weight.is_cuda and not numba.config.ENABLE_CUDASIM:
         raise SparseOptimizerError(
             f"`weight` must be on a CUDA device (or NUMBA_ENABLE_CUDASIM=1 be set), but is on {weight.device} instead."
@@ -68,8 +70,8 @@ def fused_step(
     spec = spec_of(config)
     lr = config.lr if lr is None else lr
 
-    sorted_ids, order = torch.sort(ids, stable=True)
-    _, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    sorted_keys, order = torch.sort(ids, stable=True)
+    _, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
     segment_starts = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, dim=0, out=segment_starts[1:])
     chunk_bounds, first_chunk = _chunks(counts, segment_starts)
@@ -97,7 +99,7 @@ def fused_step(
         tuple(as_device_array(tensor) for tensor in row_states),
         tuple(as_device_array(tensor) for tensor in element_states),
         as_device_array(touch_counts(spec, state, weight)),
-        as_device_array(sorted_ids),
+        as_device_array(sorted_keys),
         as_device_array(order),
         as_device_array(segment_starts),
         as_device_array(first_chunk),

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from embedding.kernels import SortedIds
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
 from embedding.optimizers import SparseOptimizerConfig, spec_of
 from embedding.optimizers.spec import TOUCHES
@@ -28,12 +29,13 @@ def fused_step(
     grad_scale: torch.Tensor | None,
     step: int,
     lr: float | None = None,
+    sorted_ids: SortedIds | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches.
 
     Occurrence ``k`` contributes ``grad_scale[k] * grad_rows[grad_index[k]]`` (``grad_rows`` read
     as the concatenation of its pieces) to the gradient of row ``ids[k]``; rows that no id
-    touches are left exactly as they are.
+    touches are left exactly as they are. ``sorted_ids`` is not read: the oracle needs no sort.
     """
     if ids.numel() == 0:
         return

@@ -10,7 +10,6 @@ from embedding import (
     SparseFeatureError,
     SparseFeatures,
 )
-from embedding.collection import _group_bags, _jagged_bags, _table_features
 
 
 def jagged(ids: list[int], lengths: list[int], weights: list[float] | None = None) -> JaggedIds:
@@ -124,52 +123,6 @@ def test_hash_policy_takes_ids_modulo_num_rows() -> None:
     collection = ShardedEmbeddingCollection([table])
     outputs = collection(SparseFeatures({"x": jagged([23, -3], [1, 1])}))
     torch.testing.assert_close(outputs["x"], collection.shards["t"].weight[[3, 7]])
-
-
-# Features with as many ids and bags each take the batched path of `_group_bags`; these sets
-# do, and must give the bags that the path a feature at a time gives them.
-UNIFORM_FEATURES = {
-    "one id per bag": {name: JaggedIds.from_dense(torch.tensor([[1], [4], [23]]) + i) for i, name in enumerate("abcd")},
-    "several ids per bag": {name: jagged([1 + i, 2, 23, 0], [2, 0, 2]) for i, name in enumerate("abcd")},
-    "weighted": {name: jagged([1, 2 + i, 9], [1, 1, 1], [0.5, 2.0, 1.0 + i]) for i, name in enumerate("abcd")},
-}
-
-
-@pytest.mark.parametrize("case", UNIFORM_FEATURES)
-def test_uniform_features_make_the_bags_of_a_feature_at_a_time(case: str) -> None:
-    tables = [
-        EmbeddingTableConfig("t", num_rows=30, dim=2, features=("a", "b")),
-        EmbeddingTableConfig("u", num_rows=7, dim=2, features=("c",), out_of_range="hash"),
-        EmbeddingTableConfig("v", num_rows=5, dim=2, features=("d",), out_of_range="hash"),
-    ]
-    (group,) = ShardedEmbeddingCollection(tables).groups
-    features = SparseFeatures(UNIFORM_FEATURES[case])
-    pairs = _table_features(group)
-    buffer_offsets = [group.buffer_offsets[i] for i, shard in enumerate(group.shards) for _ in shard.config.features]
-    feature_at_a_time = _jagged_bags(pairs, [features[name] for _, name in pairs], buffer_offsets, None)
-
-    bags = _group_bags(group, features)
-
-    assert bags.one_id_per_bag == (case != "several ids per bag")
-    assert torch.equal(bags.ids, feature_at_a_time.ids)
-    assert torch.equal(bags.offsets, feature_at_a_time.offsets)
-    assert torch.equal(bags.bag_of_each_id(), feature_at_a_time.bag_of_each_id())
-    if case == "weighted":
-        assert bags.scales is not None
-        assert bags.scales.tolist() == [weight for i in range(4) for weight in (0.5, 2.0, 1.0 + i)]
-
-
-def test_uniform_features_with_pooling_none_have_one_id_per_bag() -> None:
-    tables = [
-        EmbeddingTableConfig("t", num_rows=10, dim=2, features=("x",)),
-        EmbeddingTableConfig("u", num_rows=10, dim=2, features=("y",), pooling="none"),
-    ]
-    (group,) = ShardedEmbeddingCollection(tables).groups
-    bags = _group_bags(group, SparseFeatures({"x": jagged([1, 2], [1, 1]), "y": jagged([3, 4], [2, 0])}))
-
-    assert bags.one_id_per_bag
-    assert bags.ids.tolist() == [1, 2, 13, 14]
-    assert bags.offsets.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_out_of_range_ids_of_uniform_features_name_the_first_feature_at_fault() -> None:

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from embedding.kernels import fused_step
-from embedding.optimizers import SPARSE_OPTIMIZERS, sparse_optimizer_config
+from embedding.kernels import SortedIds, fused_step
+from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerError, sparse_optimizer_config
 from embedding.optimizers.sgd import SGDConfig
 
 NUM_ROWS = 200
@@ -118,3 +118,52 @@ def test_matches_reference_with_weight_decay_by_frequency(name, dim, duplicates,
     steps = [make_step_inputs(seed, NUM_ROWS, dim, 80, duplicates, True) for seed in range(3)]
 
     reference_check(config, NUM_ROWS, dim, steps, "cpu")
+
+
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("key_dtype", [torch.int32, torch.int64])
+def test_a_sort_made_ahead_gives_the_bits_of_the_kernels_own_sort(name, key_dtype, make_step_inputs, make_table):
+    config = sparse_optimizer_config(name, weight_decay=0.01)
+    own_sort = make_table(config, 2000, 16)
+    sorted_ahead = own_sort.clone()
+
+    for step, inputs in enumerate(zipf_steps(make_step_inputs), start=1):
+        args = (inputs.ids, inputs.grad_rows, inputs.grad_index, inputs.grad_scale, step)
+        fused_step(config, own_sort.weight, own_sort.state, *args)
+        keys, order = torch.sort(inputs.ids.to(key_dtype), stable=True)
+        fused_step(config, sorted_ahead.weight, sorted_ahead.state, *args, sorted_ids=SortedIds(keys, order))
+
+    assert torch.equal(sorted_ahead.weight, own_sort.weight)
+    for key in own_sort.state:
+        assert torch.equal(sorted_ahead.state[key], own_sort.state[key])
+
+
+def wrong_sorts(ids):
+    """Sorts that do not sort ``ids``: keys that are not the ids they point at, keys that decrease, an order out
+    of range (which the kernel must not follow)."""
+    keys, order = torch.sort(ids, stable=True)
+    other_keys = keys.clone()
+    other_keys[-1] = keys[-1] - 1 if keys[-1] > keys[0] else keys[-1] + 1
+    out_of_range = order.clone()
+    out_of_range[0] = ids.numel()
+    return {
+        "keys not the ids": SortedIds(other_keys, order),
+        "keys decreasing": SortedIds(keys.flip(0), order.flip(0)),
+        "order out of range": SortedIds(keys, out_of_range),
+    }
+
+
+@pytest.mark.parametrize("case", ["keys not the ids", "keys decreasing", "order out of range"])
+def test_a_sort_that_does_not_sort_the_ids_is_refused_before_any_write(case, make_step_inputs, make_table):
+    config = sparse_optimizer_config("rowwise_adagrad")
+    inputs = make_step_inputs(0, NUM_ROWS, 4, 50, True, True)
+    table = make_table(config, NUM_ROWS, 4)
+    before = table.clone()
+
+    args = (inputs.ids, inputs.grad_rows, inputs.grad_index, inputs.grad_scale, 1)
+
+    with pytest.raises(SparseOptimizerError, match=r"`sorted_ids` must sort `ids`.* nothing was updated"):
+        fused_step(config, table.weight, table.state, *args, sorted_ids=wrong_sorts(inputs.ids)[case])
+
+    assert torch.equal(table.weight, before.weight)
+    assert all(torch.equal(table.state[key], before.state[key]) for key in table.state)

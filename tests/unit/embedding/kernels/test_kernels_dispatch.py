@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from embedding.kernels import fused_step
+from embedding.kernels import SortedIds, fused_step
 from embedding.optimizers import SparseOptimizerError, init_optimizer_state
 from embedding.optimizers.adam import AdamConfig
 
@@ -72,6 +72,18 @@ def test_valid_call_updates_touched_rows_only():
             {"state": {"exp_avg": torch.zeros(10, 4), "exp_avg_sq": torch.zeros(9, 4)}},
             r"`state\['exp_avg_sq'\]` must have shape \(10, 4\), but has \(9, 4\)",
         ),
+        (
+            {"sorted_ids": SortedIds(torch.tensor([3.0, 3.0, 9.0]), torch.tensor([0, 2, 1]))},
+            r"`sorted_ids.keys` must be of dtype torch.int32 or torch.int64, but is torch.float32",
+        ),
+        (
+            {"sorted_ids": SortedIds(torch.tensor([3, 3, 9]), torch.tensor([0, 2, 1], dtype=torch.int32))},
+            r"`sorted_ids.order` must be of dtype torch.int64",
+        ),
+        (
+            {"sorted_ids": SortedIds(torch.tensor([3, 9]), torch.tensor([0, 1]))},
+            r"`sorted_ids.keys` must have the shape of `ids` \(3,\), but has \(2,\)",
+        ),
     ],
 )
 def test_rejects_invalid_inputs(overrides, message):
@@ -109,3 +121,14 @@ def test_cpu_tensors_go_to_the_cpu_kernel_by_default():
     fused_step(ADAM, **cpu, backend="cpu")
 
     assert torch.equal(default["weight"], cpu["weight"])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "cuda"])
+def test_every_backend_takes_a_sort_made_ahead_and_updates_as_without_it(backend):
+    args, without = valid_args(), valid_args()
+    sorted_ids = SortedIds.of(args["ids"], num_rows=10)
+
+    fused_step(ADAM, **args, backend=backend, sorted_ids=sorted_ids)
+    fused_step(ADAM, **without, backend=backend)
+
+    assert torch.equal(args["weight"], without["weight"])
