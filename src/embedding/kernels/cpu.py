@@ -39,8 +39,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from embedding import compiled_source
-from embedding.kernels import SortedIds
 from embedding.kernels.common import gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
 

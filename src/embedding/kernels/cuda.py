@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from numba import cuda
 
-from embedding.kernels import SortedIds
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from embedding.kernels import SortedIds
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
+from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, spec_of
 from embedding.optimizers.spec import TOUCHES
 
