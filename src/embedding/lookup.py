@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from embedding.gathered_grads import GradLayout, LocalGrads, gather_grads
 from embedding.id_hashing import owner_ranks
 from embedding.kernels import SortedIds
 from embedding.sharding import GradRecord, ShardGroup
@@ -122,43 +123,24 @@ class ReplicatedLookup(LocalLookup):
     def __init__(self, group: ShardGroup, gang: Gang, training: bool) -> None:
         super().__init__(group, training)
         self._gang = gang
-        self._sizes: _GatheredSizes | None = None
+        self._layout: GradLayout | None = None
 
     def forward(self, bags: Bags) -> torch.Tensor:
         pooled = super().forward(bags)
         if self._training:
-            # The backward's sizes (gradient rows and ids of every rank) travel now, while the step
-            # computes: a gloo collective costs about 1.4 ms, mostly latency, which the step need not wait out.
-            self._sizes = _GatheredSizes(self._gang, [bags.num_bags, bags.ids.numel()])
+            # What the backward sends travels now, while the step computes: a gloo collective costs
+            # about 1.4 ms, mostly latency, which the step need not wait out.
+            sends_bags = not bags.one_id_per_bag
+            self._layout = GradLayout(self._gang, bags.num_bags, bags.ids.numel(), sends_bags, bags.scales is not None)
         return pooled
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
-        assert self._sizes is not None, "A training forward started the sizes' all-gather."
-        grad_pooled = self._group.concat_grad_rows(grad_pieces)
-        record = self._local_record((grad_pooled,))
-        scales = (
-            record.grad_scale if record.grad_scale is not None else torch.ones_like(record.ids, dtype=torch.float32)
+        assert self._layout is not None and self._bags is not None, "A training forward made the layout."
+        bags = self._bags
+        local = LocalGrads(
+            bags.ids, grad_pieces, bags.bag_of_each_id() if self._layout.sends_bags else None, bags.scales
         )
-        # Then one collective: the per-id columns (the scales travel as their bit patterns beside the
-        # ids and indices) and the gradient rows together, as bytes.
-        row_counts, id_counts = self._sizes.wait()
-        per_id = torch.stack([record.ids, record.grad_index, scales.view(torch.int32).to(torch.int64)], dim=1)
-        per_id_parts, grad_parts = _all_gather_pair(self._gang, per_id, id_counts, grad_pooled, row_counts)
-        ids, grad_index, scale_bits = torch.cat(per_id_parts).unbind(1)
-        index_offsets = [sum(row_counts[:rank]) for rank in range(self._gang.size)]
-        rank_of_id = torch.repeat_interleave(
-            torch.arange(self._gang.size, device=grad_index.device),
-            torch.tensor(id_counts, device=grad_index.device),
-            output_size=grad_index.numel(),
-        )
-        self._group.record(
-            GradRecord(
-                ids=ids.contiguous(),
-                grad_rows=(torch.cat(grad_parts),),
-                grad_index=grad_index + torch.tensor(index_offsets, device=grad_index.device)[rank_of_id],
-                grad_scale=scale_bits.to(torch.int32).view(torch.float32).contiguous(),
-            )
-        )
+        self._group.record(gather_grads(self._gang, local, self._layout, self._group.weight.size(1)))
 
 
 class AllToAllLookup(TableLookup):
@@ -384,40 +366,3 @@ def _exchange_many(
         [counts[k] * width for k in ranks for counts, width in zip(recv_rows, widths)],
     )
     return [torch.cat(chunks[i :: len(tensors)]).view(-1, *tensor.shape[1:]) for i, tensor in enumerate(tensors)]
-
-
-class _GatheredSizes:
-    """``sizes`` of every rank, all-gathered in the background from the moment it is made (one collective)."""
-
-    def __init__(self, gang: Gang, sizes: Sequence[int]) -> None:
-        self._gathered = torch.empty((gang.size, len(sizes)), dtype=torch.int64, device=gang.device)
-        self._local = torch.tensor(list(sizes), dtype=torch.int64, device=gang.device)
-        self._pending = gang.start_all_gather(self._gathered, self._local)
-
-    def wait(self) -> list[list[int]]:
-        """For each size, its value on every rank, in rank order."""
-        self._pending.wait()
-        return self._gathered.t().tolist()
-
-
-def _all_gather_pair(
-    gang: Gang, first: torch.Tensor, first_sizes: Sequence[int], second: torch.Tensor, second_sizes: Sequence[int]
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Every rank's ``first`` and ``second`` (``first_sizes[r]`` and ``second_sizes[r]`` rows on rank ``r``), one
-    piece per rank each, in one all-gather: both travel as the bytes of one buffer."""
-    first_row, second_row = (t.element_size() * math.prod(t.shape[1:]) for t in (first, second))
-    sizes = [a * first_row + b * second_row for a, b in zip(first_sizes, second_sizes)]
-    local = torch.cat([first.contiguous().view(torch.uint8).flatten(), second.contiguous().view(torch.uint8).flatten()])
-    width = -(-max(sizes) // 8) * 8  # every rank's bytes start 8-aligned, so that int64 and float views hold
-    padded = local.new_zeros(width)
-    padded[: local.numel()] = local
-    gathered = local.new_empty((gang.size, width))
-    gang.all_gather(gathered, padded)
-    first_parts, second_parts = [], []
-    for rank, (a, b) in enumerate(zip(first_sizes, second_sizes)):
-        data = gathered[rank]
-        first_parts.append(data[: a * first_row].view(first.dtype).view(a, *first.shape[1:]))
-        second_parts.append(
-            data[a * first_row : a * first_row + b * second_row].view(second.dtype).view(b, *second.shape[1:])
-        )
-    return first_parts, second_parts
