@@ -115,10 +115,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def _prepare(self, features: SparseFeatures, training: bool) -> tuple[list[TableLookup], list[Bags]]:
         """The lookups of one forward and their bags: the features checked, grouped and moved to rows; in
-        training, sorted too for the update where a group's ids are the update's (every row local, no hash map)."""
+        training, sorted too where every row is local (no hash map): for the update, or, replicated, for the sums
+        of each distinct id's gradients that every rank sends the others."""
         _check_features(self.tables, features)
         lookups = [make_lookup(group, self.gang, training) for group in self.groups]
-        sorts = [training and self.gang.size == 1 and group.dynamic is None for group in self.groups]
+        sorts = [training and group.dynamic is None and not sends_ids(group, self.gang) for group in self.groups]
         return lookups, [group_bags(group, features, sort) for group, sort in zip(self.groups, sorts)]
 
     @property

@@ -1,14 +1,15 @@
 """Every rank's gradients of a replicated group, gathered in one collective, so that every replica applies the
 same update.
 
-Each rank sends, as the bytes of one buffer, its ids, its gradient rows and, only where they say something,
-the bag of each id (not when every bag holds one id, as for Criteo-style features) and the ids' scales (not
-when every scale is 1). What each rank sends is known at its forward: the counts and those two flags travel
-then, in the background (:class:`GradLayout`), so that the backward's one collective starts at once. The
-gradient rows are written straight into the send buffer and stay, once gathered, where they arrived: the
-fused kernel reads them in place. At global batch 8192 on two ranks, the earlier form (every column sent,
-the gathered pieces copied into one tensor each) took 16 ms of a rank's 160 ms step outside the collective
-(BENCHMARKS.md, issue 35).
+On the CPU, where a training forward sorts its ids, a rank sends each distinct id once with its gradient summed
+(:func:`embedding.kernels.cpu.sum_by_id`): a replicated table is small, so a batch repeats its ids often, and
+every rank gathers, sorts and sums only the distinct ones. Otherwise each rank sends its ids, its gradient rows
+and, only where they say something, the bag of each id (not when every bag holds one id, as for Criteo-style
+features) and the ids' scales (not when every scale is 1). Either way, what each rank sends is known at its
+forward: the counts and the flags travel then, in the background (:class:`GradLayout`), so that the backward's
+one collective starts at once. The rows are written into the send buffer and stay, once gathered, where they
+arrived: the fused kernel reads them in place. At global batch 8192 on two ranks of ``dlrm_criteo_tiny``, every
+occurrence sent and sorted took 16 ms of a rank's 160 ms step outside the collective (BENCHMARKS.md, issue 35).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class GradLayout:
     the bag of each id and whether it sends scales; all-gathered in the background from the moment it is made."""
 
     def __init__(self, gang: Gang, num_bags: int, num_ids: int, sends_bags: bool, sends_scales: bool) -> None:
-        self.sends_bags = sends_bags
+        self.num_rows, self.sends_bags = num_bags, sends_bags
         self._gathered = torch.empty((gang.size, 4), dtype=torch.int64, device=gang.device)
         self._local = torch.tensor([num_bags, num_ids, sends_bags, sends_scales], dtype=torch.int64, device=gang.device)
         self._pending = gang.start_all_gather(self._gathered, self._local)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from embedding.gathered_grads import GradLayout, LocalGrads, gather_grads
 from embedding.id_hashing import owner_ranks
 from embedding.kernels import SortedIds
+from embedding.kernels.cpu import count_distinct, sum_by_id
 from embedding.sharding import GradRecord, ShardGroup
 from gang import Gang
 
@@ -128,19 +129,31 @@ class ReplicatedLookup(LocalLookup):
     def forward(self, bags: Bags) -> torch.Tensor:
         pooled = super().forward(bags)
         if self._training:
-            # What the backward sends travels now, while the step computes: a gloo collective costs
-            # about 1.4 ms, mostly latency, which the step need not wait out.
-            sends_bags = not bags.one_id_per_bag
-            self._layout = GradLayout(self._gang, bags.num_bags, bags.ids.numel(), sends_bags, bags.scales is not None)
+            # What the backward sends is known now and travels while the step computes: a gloo collective
+            # costs about 1.4 ms, mostly latency, which the step need not wait out. With the ids sorted (on the
+            # CPU), a rank sends each distinct id once, with its gradient summed.
+            if bags.sorted_ids is not None:
+                distinct = count_distinct(bags.sorted_ids)
+                self._layout = GradLayout(self._gang, distinct, distinct, sends_bags=False, sends_scales=False)
+            else:
+                sends_bags, sends_scales = not bags.one_id_per_bag, bags.scales is not None
+                self._layout = GradLayout(self._gang, bags.num_bags, bags.ids.numel(), sends_bags, sends_scales)
         return pooled
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
         assert self._layout is not None and self._bags is not None, "A training forward made the layout."
-        bags = self._bags
-        local = LocalGrads(
-            bags.ids, grad_pieces, bags.bag_of_each_id() if self._layout.sends_bags else None, bags.scales
-        )
-        self._group.record(gather_grads(self._gang, local, self._layout, self._group.weight.size(1)))
+        bags, weight = self._bags, self._group.weight
+        # The kernels read the pieces in place: only a piece whose columns are strided is copied.
+        pieces = [p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces]
+        if bags.sorted_ids is not None:
+            distinct = self._layout.num_rows
+            ids, sums = bags.ids.new_empty(distinct), weight.new_empty((distinct, weight.size(1)))
+            sum_by_id(bags.sorted_ids, pieces, bags.bag_of_each_id(), bags.scales, ids, sums)
+            local = LocalGrads(ids, [sums], None, None)
+        else:
+            bag_of_each_id = bags.bag_of_each_id() if self._layout.sends_bags else None
+            local = LocalGrads(bags.ids, pieces, bag_of_each_id, bags.scales)
+        self._group.record(gather_grads(self._gang, local, self._layout, weight.size(1)))
 
 
 class AllToAllLookup(TableLookup):

@@ -113,6 +113,54 @@ def fused_step(
         )
 
 
+def sum_by_id(
+    sorted_ids: SortedIds,
+    grad_rows: Sequence[torch.Tensor],
+    grad_index: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    distinct_ids: torch.Tensor,
+    sums: torch.Tensor,
+) -> None:
+    """Write each distinct id, in sorted order, to ``distinct_ids`` and its gradient to the same row of ``sums``:
+    ``grad_scale[k] * grad_rows[grad_index[k]]`` summed over its occurrences ``k`` (``grad_rows`` read as the
+    concatenation of its pieces), in their order, as :func:`fused_step` sums a row's. A replicated table's ranks
+    send these rather than every occurrence: the fewer rows every rank gathers, sorts and sums."""
+    _sum_by_id(
+        _as_numpy(sorted_ids.keys),
+        _as_numpy(sorted_ids.order),
+        *_piece_layout(grad_rows),
+        _as_numpy(grad_index),
+        _NO_GRAD_SCALE if grad_scale is None else _as_numpy(grad_scale),
+        grad_scale is not None,
+        _as_numpy(distinct_ids),
+        _as_numpy(sums),
+    )
+
+
+@njit(cache=True, nogil=True)
+def _sum_by_id(  # type: ignore[no-untyped-def]
+    keys, order, piece_addresses, piece_row_strides, piece_rows, grad_index, grad_scale, has_grad_scale, ids, sums
+):
+    grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
+    distinct = -1
+    for position in range(keys.size):
+        if position == 0 or keys[position] != keys[position - 1]:
+            distinct += 1
+            ids[distinct] = keys[position]
+            sums[distinct, :] = 0
+        occurrence = order[position]
+        source = carray(_float32_pointer(grad_row_addresses[grad_index[occurrence]]), sums.shape[1])
+        scale = grad_scale[occurrence] if has_grad_scale else np.float32(1)
+        for d in range(sums.shape[1]):
+            sums[distinct, d] += scale * source[d]
+
+
+def count_distinct(sorted_ids: SortedIds) -> int:
+    """How many distinct ids ``sorted_ids`` holds."""
+    keys = sorted_ids.keys
+    return int(keys.numel() > 0) + int(torch.count_nonzero(keys[1:] != keys[:-1]))
+
+
 def _piece_layout(pieces: Sequence[torch.Tensor]) -> tuple[npt.NDArray[np.int64], ...]:
     """Where the pieces of the gradient rows are: each one's address, row stride in bytes and rows.
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from embedding.kernels import SortedIds, fused_step
+from embedding.kernels.cpu import count_distinct, sum_by_id
 from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerError, sparse_optimizer_config
 from embedding.optimizers.sgd import SGDConfig
 
@@ -167,3 +168,22 @@ def test_a_sort_that_does_not_sort_the_ids_is_refused_before_any_write(case, mak
 
     assert torch.equal(table.weight, before.weight)
     assert all(torch.equal(table.state[key], before.state[key]) for key in table.state)
+
+
+@pytest.mark.parametrize("with_scale", [True, False])
+def test_the_sums_by_id_are_each_distinct_ids_gradient_in_sorted_order(with_scale, make_step_inputs):
+    inputs = make_step_inputs(4, NUM_ROWS, 5, 300, True, with_scale)
+    pieces = (inputs.grad_rows[:7], inputs.grad_rows[7:])  # read in place, as autograd's pieces
+    distinct = torch.unique(inputs.ids)
+    ids, sums = torch.empty_like(distinct), torch.empty(distinct.numel(), 5)
+
+    sum_by_id(SortedIds.of(inputs.ids, NUM_ROWS), pieces, inputs.grad_index, inputs.grad_scale, ids, sums)
+
+    assert torch.equal(ids, distinct)
+    occurrences = inputs.grad_rows[inputs.grad_index]
+    if inputs.grad_scale is not None:
+        occurrences = occurrences * inputs.grad_scale.unsqueeze(1)
+    expected = torch.zeros_like(sums).index_add_(0, torch.searchsorted(distinct, inputs.ids), occurrences)
+    torch.testing.assert_close(sums, expected, rtol=1e-5, atol=1e-6)
+    assert count_distinct(SortedIds.of(inputs.ids, NUM_ROWS)) == distinct.numel()
+    assert count_distinct(SortedIds.of(inputs.ids[:0], NUM_ROWS)) == 0
