@@ -9,7 +9,8 @@ features) and the ids' scales (not when every scale is 1). Either way, what each
 forward: the counts and the flags travel then, in the background (:class:`GradLayout`), so that the backward's
 one collective starts at once. The rows are written into the send buffer and stay, once gathered, where they
 arrived: the fused kernel reads them in place. At global batch 8192 on two ranks of ``dlrm_criteo_tiny``, every
-occurrence sent and sorted took 16 ms of a rank's 160 ms step outside the collective (BENCHMARKS.md, issue 35).
+occurrence sent and sorted took about 16 ms of a rank's 175 ms step (under a profiler) outside the collective
+(BENCHMARKS.md, issue 35).
 """
 
 from __future__ import annotations
