@@ -124,8 +124,16 @@ def sum_by_id(
     """Write each distinct id, in sorted order, to ``distinct_ids`` and its gradient to the same row of ``sums``:
     ``grad_scale[k] * grad_rows[grad_index[k]]`` summed over its occurrences ``k`` (``grad_rows`` read as the
     concatenation of its pieces), in their order, as :func:`fused_step` sums a row's. A replicated table's ranks
-    send these rather than every occurrence: the fewer rows every rank gathers, sorts and sums."""
-    _sum_by_id(
+    send these rather than every occurrence: the fewer rows every rank gathers, sorts and sums.
+
+    :raises SparseOptimizerError: if an index points outside its array, or the ids outnumber the rows given them.
+    """
+    if sums.shape != (distinct_ids.numel(), sums.size(1)) or sums.size(1) != grad_rows[0].size(1):
+        raise SparseOptimizerError(
+            f"`sums` must have a row per distinct id and the gradients' width, but has shape {tuple(sums.shape)} "
+            f"for {distinct_ids.numel()} ids of width {grad_rows[0].size(1)} instead."
+        )
+    out_of_bounds = _sum_by_id(
         _as_numpy(sorted_ids.keys),
         _as_numpy(sorted_ids.order),
         *_piece_layout(grad_rows),
@@ -135,13 +143,28 @@ def sum_by_id(
         _as_numpy(distinct_ids),
         _as_numpy(sums),
     )
+    if out_of_bounds:
+        raise SparseOptimizerError(
+            f"`sorted_ids.order` and `grad_index` must point into `grad_index` and `grad_rows`, and `distinct_ids` "
+            f"hold every distinct id, but {out_of_bounds} positions do not; `sums` is not filled."
+        )
 
 
 @njit(cache=True, nogil=True)
 def _sum_by_id(  # type: ignore[no-untyped-def]
     keys, order, piece_addresses, piece_row_strides, piece_rows, grad_index, grad_scale, has_grad_scale, ids, sums
 ):
+    """Fill ``ids`` and ``sums``; the number of positions whose indices point outside their arrays (then 0 first)."""
     grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
+    out_of_bounds, distinct = 0, 0
+    for position in range(keys.size):
+        occurrence = order[position]
+        distinct += position == 0 or keys[position] != keys[position - 1]
+        in_bounds = 0 <= occurrence < grad_index.size and distinct <= ids.size
+        if not in_bounds or not 0 <= grad_index[occurrence] < grad_row_addresses.size:
+            out_of_bounds += 1
+    if out_of_bounds:
+        return out_of_bounds
     distinct = -1
     for position in range(keys.size):
         if position == 0 or keys[position] != keys[position - 1]:
@@ -153,6 +176,7 @@ def _sum_by_id(  # type: ignore[no-untyped-def]
         scale = grad_scale[occurrence] if has_grad_scale else np.float32(1)
         for d in range(sums.shape[1]):
             sums[distinct, d] += scale * source[d]
+    return 0
 
 
 def count_distinct(sorted_ids: SortedIds) -> int:

@@ -187,3 +187,29 @@ def test_the_sums_by_id_are_each_distinct_ids_gradient_in_sorted_order(with_scal
     torch.testing.assert_close(sums, expected, rtol=1e-5, atol=1e-6)
     assert count_distinct(SortedIds.of(inputs.ids, NUM_ROWS)) == distinct.numel()
     assert count_distinct(SortedIds.of(inputs.ids[:0], NUM_ROWS)) == 0
+
+
+def test_the_sums_by_id_refuse_indices_out_of_bounds_and_too_few_ids(make_step_inputs):
+    inputs = make_step_inputs(5, NUM_ROWS, 4, 60, True, False)
+    sort = SortedIds.of(inputs.ids, NUM_ROWS)
+    distinct = count_distinct(sort)
+    bad_index = inputs.grad_index.clone()
+    bad_index[3] = inputs.grad_rows.size(0)
+    cases = [
+        (sort, bad_index, distinct),
+        (SortedIds(sort.keys, sort.order + 1), inputs.grad_index, distinct),
+        (sort, inputs.grad_index, distinct - 1),
+    ]
+    for sorted_ids, grad_index, num_ids in cases:
+        ids, sums = torch.empty(num_ids, dtype=torch.int64), torch.empty(num_ids, 4)
+        with pytest.raises(SparseOptimizerError, match="must point into `grad_index` and `grad_rows`"):
+            sum_by_id(sorted_ids, (inputs.grad_rows,), grad_index, None, ids, sums)
+    with pytest.raises(SparseOptimizerError, match=r"`sums` must have a row per distinct id"):
+        sum_by_id(
+            sort,
+            (inputs.grad_rows,),
+            inputs.grad_index,
+            None,
+            torch.empty(distinct, dtype=torch.int64),
+            torch.empty(distinct, 5),
+        )
