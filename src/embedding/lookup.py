@@ -83,6 +83,12 @@ def sends_ids(group: ShardGroup, gang: Gang) -> bool:
     return gang.size > 1 and group.placement != "replicated"
 
 
+def _readable_in_place(grad_pieces: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The features' gradients as the CPU kernels read them, in place: only a piece whose columns are strided (an
+    expanded gradient, say) is copied."""
+    return tuple(p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces)
+
+
 def _local_rows(group: ShardGroup, ids: torch.Tensor, row_start: int, training: bool) -> torch.Tensor:
     """The rows of ``group``'s buffer that this rank's share of ``ids`` (global rows, or a hash table's ids) read."""
     if group.dynamic is not None:
@@ -106,10 +112,7 @@ class LocalLookup(TableLookup):
         return _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
-        # The kernel reads the pieces in place: only a piece whose columns are strided (an
-        # expanded gradient, say) is copied.
-        pieces = tuple(p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces)
-        self._group.record(self._local_record(pieces))
+        self._group.record(self._local_record(_readable_in_place(grad_pieces)))
 
     def _local_record(self, grad_rows: tuple[torch.Tensor, ...]) -> GradRecord:
         assert self._bags is not None, "`backward` runs after `forward`."
@@ -143,8 +146,7 @@ class ReplicatedLookup(LocalLookup):
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
         assert self._layout is not None and self._bags is not None, "A training forward made the layout."
         bags, weight = self._bags, self._group.weight
-        # The kernels read the pieces in place: only a piece whose columns are strided is copied.
-        pieces = [p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces]
+        pieces = _readable_in_place(grad_pieces)
         if bags.sorted_ids is not None:
             distinct = self._layout.num_rows
             ids, sums = bags.ids.new_empty(distinct), weight.new_empty((distinct, weight.size(1)))

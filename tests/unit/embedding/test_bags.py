@@ -14,12 +14,7 @@ from embedding.bags import (
     uniform_offsets,
 )
 from embedding.sharding import ShardGroup
-
-
-def jagged(ids: list[int], lengths: list[int], weights: list[float] | None = None) -> JaggedIds:
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    return JaggedIds(torch.tensor(ids), offsets, None if weights is None else torch.tensor(weights))
-
+from support.jagged_ids import jagged
 
 TABLES = [
     EmbeddingTableConfig("t", num_rows=30, dim=2, features=("a", "b")),

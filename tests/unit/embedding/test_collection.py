@@ -10,11 +10,7 @@ from embedding import (
     SparseFeatureError,
     SparseFeatures,
 )
-
-
-def jagged(ids: list[int], lengths: list[int], weights: list[float] | None = None) -> JaggedIds:
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    return JaggedIds(torch.tensor(ids), offsets, None if weights is None else torch.tensor(weights))
+from support.jagged_ids import jagged
 
 
 def dense_grad(collection: ShardedEmbeddingCollection, table: str) -> torch.Tensor:
