@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from embedding.optimizers import SparseOptimizerConfig
@@ -45,9 +46,13 @@ def concatenated(grad_rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 # The values of a tuple of state arrays at one index (an element, a row; the reference's rows):
-# what an update function takes and returns. The compiled versions peel the tuple one array at a
-# time, as numba builds no tuple in a loop; they are inlined, so that a kernel's parallel loop
-# does not count references to the arrays at every call.
+# what an update function takes and returns. The compiled versions are written out for each
+# length numba must build (a star-unpacking of the rest, peeled recursively, compiles for the
+# CPU but not with numba-cuda 0.30, whose lowering of the joined tuples fails); they are inlined,
+# so that a kernel's parallel loop does not count references to the arrays at every call.
+
+MAX_STATE_ARRAYS = 4
+"""The most arrays of one kind (per row, per element) an optimizer's state may have."""
 
 
 def gather(arrays: tuple[Any, ...], index: Any) -> tuple[Any, ...]:
@@ -61,20 +66,46 @@ def scatter(arrays: tuple[Any, ...], index: Any, values: tuple[Any, ...]) -> Non
         array[index] = value
 
 
+def _check_length(arrays: Any) -> int:
+    if len(arrays) > MAX_STATE_ARRAYS:
+        raise TypingError(
+            f"an optimizer's state must have at most {MAX_STATE_ARRAYS} arrays of a kind, but has {len(arrays)} instead"
+        )
+    return len(arrays)
+
+
 @overload(gather, inline="always")
 def _compiled_gather(arrays, index):  # type: ignore[no-untyped-def]
-    if len(arrays) == 0:
-        return lambda arrays, index: ()
-    return lambda arrays, index: (arrays[0][index], *gather(arrays[1:], index))
+    return (
+        lambda arrays, index: (),
+        lambda arrays, index: (arrays[0][index],),
+        lambda arrays, index: (arrays[0][index], arrays[1][index]),
+        lambda arrays, index: (arrays[0][index], arrays[1][index], arrays[2][index]),
+        lambda arrays, index: (arrays[0][index], arrays[1][index], arrays[2][index], arrays[3][index]),
+    )[_check_length(arrays)]
 
 
 @overload(scatter, inline="always")
 def _compiled_scatter(arrays, index, values):  # type: ignore[no-untyped-def]
-    if len(arrays) == 0:
-        return lambda arrays, index, values: None
+    def scatter_none(arrays, index, values):  # type: ignore[no-untyped-def]
+        pass
 
-    def scatter_first_then_rest(arrays, index, values):  # type: ignore[no-untyped-def]
+    def scatter_one(arrays, index, values):  # type: ignore[no-untyped-def]
         arrays[0][index] = values[0]
-        scatter(arrays[1:], index, values[1:])
 
-    return scatter_first_then_rest
+    def scatter_two(arrays, index, values):  # type: ignore[no-untyped-def]
+        arrays[0][index] = values[0]
+        arrays[1][index] = values[1]
+
+    def scatter_three(arrays, index, values):  # type: ignore[no-untyped-def]
+        arrays[0][index] = values[0]
+        arrays[1][index] = values[1]
+        arrays[2][index] = values[2]
+
+    def scatter_four(arrays, index, values):  # type: ignore[no-untyped-def]
+        arrays[0][index] = values[0]
+        arrays[1][index] = values[1]
+        arrays[2][index] = values[2]
+        arrays[3][index] = values[3]
+
+    return (scatter_none, scatter_one, scatter_two, scatter_three, scatter_four)[_check_length(arrays)]
