@@ -134,8 +134,11 @@ def check_step_inputs(
     _check_state(config, state, weight)
 
     if ids.numel() > 0:
-        _check_range("ids", ids, num_rows, "rows in `weight`")
-        _check_range("grad_index", grad_index, sum(piece.size(0) for piece in grad_rows), "rows in `grad_rows`")
+        # Both ranges in one read of the device: on a GPU each read waits for the work queued before it.
+        id_low, id_high, index_low, index_high = torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)]).tolist()
+        _check_range("ids", id_low, id_high, num_rows, "rows in `weight`")
+        num_grad_rows = sum(piece.size(0) for piece in grad_rows)
+        _check_range("grad_index", index_low, index_high, num_grad_rows, "rows in `grad_rows`")
 
 
 def _check_tensor(
@@ -187,8 +190,7 @@ def _check_sorted_ids(sorted_ids: SortedIds, ids: torch.Tensor) -> None:
             )
 
 
-def _check_range(name: str, index: torch.Tensor, size: int, what: str) -> None:
-    low, high = (int(v) for v in torch.aminmax(index))
+def _check_range(name: str, low: int, high: int, size: int, what: str) -> None:
     if low < 0 or high >= size:
         bad = low if low < 0 else high
         raise SparseOptimizerError(

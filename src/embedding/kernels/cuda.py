@@ -1,20 +1,28 @@
-"""The fused sparse-optimizer step on GPU, as one numba.cuda kernel.
+"""The fused sparse-optimizer step on GPU, as two numba.cuda kernels.
 
-The ids are sorted on the device (stably) so that each row's occurrences form one segment; one
-thread block owns one row, its threads striding over the row's elements. Each thread sums its
-elements' gradient over the row's occurrences in sorted order: no atomics, and the same result
-on every run. A row looked up more than ``_CHUNK`` times (the head of a Zipf batch: one id can
-take a tenth of it) would hold its block for all of them while the rest of the GPU idles, so its
-occurrences are first summed in chunks, one block each, and its block then sums the chunks'
-sums in order: still the same result on every run. An optimizer with a row step (row-wise
-Adagrad) needs the whole row's squared gradient, so the row's gradient is kept in shared memory
-and one thread sums it in a fixed order.
+The ids are sorted on the device (stably; as 32-bit keys where the table allows, half the passes
+of a 64-bit sort), so that each row's occurrences form one segment. The sorted positions are then
+cut into *units*: a unit ends where its segment ends or at a multiple of ``_CHUNK``, so no unit
+holds more than ``_CHUNK`` occurrences. A group of threads (a warp, or fewer lanes for a narrow
+row) owns a unit, each lane striding over the row's elements and summing its elements' gradient
+over the unit's occurrences in sorted order: no atomics, and the same result on every run.
 
-The kernel is compiled once per optimizer around its update functions (see
-:class:`embedding.optimizers.SparseOptimizerSpec`), which it calls for each element and row.
+Most segments are one unit, and their group updates the row at once. A row looked up more than a
+chunk's worth (the head of a Zipf batch: one id can take a tenth of it) would otherwise hold one
+group for all of its occurrences while the rest of the GPU idles: its units write partial sums
+instead, and a second kernel, one block per such row, adds them in order and updates the row:
+still the same result on every run. As the cuts fall at fixed multiples of ``_CHUNK`` (not at a
+row's own offsets), a unit finds the slot of its partial sum from its start alone, and the second
+kernel finds its rows from the sorted ids alone: the step waits for the device once (for the
+count of units), not once per stage.
 
-Without a GPU, numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) runs the same kernel on CPU
-tensors; it is how the tests run it.
+An optimizer with a row step (row-wise Adagrad) needs the whole row's squared gradient: the
+row's gradient is kept in shared memory and one thread sums its squares in a fixed order.
+
+The kernels are compiled once per optimizer around its update functions (see
+:class:`embedding.optimizers.SparseOptimizerSpec`), which they call for each element and row.
+Without a GPU, numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) runs the same kernels on CPU
+tensors; it is how the tests run them.
 
 It expects inputs already checked by :func:`embedding.kernels.fused_step`.
 """
@@ -26,7 +34,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba
-import numpy as np
 import torch
 from numba import cuda
 
@@ -35,16 +42,17 @@ from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
 
-# One thread per element up to this many: a narrower block still fills whole warps on the GPU,
-# and is faster in the simulator.
-_MAX_THREADS_PER_ROW = 256
-
-# Stands for the scales of a step without them; one element, not zero, so that no device array is
-# ever a null pointer.
-_UNUSED = torch.zeros(1)
-
 _CHUNK = 256
-"""The most occurrences of a row one block sums; a row with more is summed in chunks first."""
+"""The most occurrences one unit sums."""
+
+_THREADS_PER_BLOCK = 128
+"""Threads of a block of the units' kernel: several groups, so that a block of narrow rows still
+fills whole warps."""
+
+_MAX_THREADS_PER_ROW = 256
+"""Threads of a block of the long rows' kernel: one thread per element up to this many."""
+
+_WARP = 32
 
 
 def fused_step(
@@ -68,64 +76,57 @@ def fused_step(
     if ids.numel() == 0:
         return
     spec = spec_of(config)
-    lr = config.lr if lr is None else lr
+    num_rows, dim = weight.shape
 
-    sorted_keys, order = torch.sort(ids, stable=True)
-    _, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    segment_starts = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=ids.device)
-    torch.cumsum(counts, dim=0, out=segment_starts[1:])
-    chunk_bounds, first_chunk = _chunks(counts, segment_starts)
+    keys, order = torch.sort(ids.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else ids, stable=True)
+    unit_starts = _unit_starts(keys)
+    num_boundaries = (keys.numel() - 1) // _CHUNK
+    partial_sums = torch.empty((2 * num_boundaries + 2, dim), dtype=torch.float32, device=weight.device)
 
     row_states, element_states = state_tensors(spec, state)
-
-    dim = weight.size(1)
-    threads_per_row = min(_MAX_THREADS_PER_ROW, dim)
-    shared_bytes = dim * np.dtype(np.float32).itemsize
-    gradient = as_device_array(concatenated(grad_rows))
-    scale = as_device_array(_UNUSED.to(weight.device) if grad_scale is None else grad_scale)
-
-    num_chunks = chunk_bounds.size(0)
-    chunk_sums = torch.empty((max(num_chunks, 1), dim), dtype=torch.float32, device=weight.device)
-    if num_chunks > 0:
-        _chunk_sum_kernel[num_chunks, threads_per_row, stream_of(weight)](
-            as_device_array(order), as_device_array(chunk_bounds), gradient,
-            as_device_array(grad_index), scale, grad_scale is not None, as_device_array(chunk_sums),
-        )  # fmt: skip
-
     per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
-    kernel[counts.numel(), threads_per_row, stream_of(weight), shared_bytes](
+    units_kernel, long_rows_kernel = _kernels(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
+    tables = (
         as_device_array(weight),
         tuple(as_device_array(tensor) for tensor in row_states),
         tuple(as_device_array(tensor) for tensor in element_states),
         as_device_array(touch_counts(spec, state, weight)),
-        as_device_array(sorted_keys),
-        as_device_array(order),
-        as_device_array(segment_starts),
-        as_device_array(first_chunk),
-        as_device_array(chunk_sums),
-        gradient,
-        as_device_array(grad_index),
-        scale,
-        grad_scale is not None,
-        *step_factors(spec, config, step, lr),
+        as_device_array(keys),
+        as_device_array(partial_sums),
     )
+    factors = step_factors(spec, config, step, config.lr if lr is None else lr)
+    stream = stream_of(weight)
+
+    lanes = min(_WARP, 1 << (dim - 1).bit_length())  # a power of two: groups never straddle a warp
+    groups = max(1, _THREADS_PER_BLOCK // lanes)
+    units_kernel[(unit_starts.numel() + groups - 1) // groups, groups * lanes, stream, 4 * groups * (dim + 1)](
+        *tables,
+        as_device_array(unit_starts),
+        as_device_array(order),
+        as_device_array(concatenated(grad_rows)),
+        as_device_array(grad_index),
+        as_device_array(_unused(weight.device) if grad_scale is None else grad_scale),
+        grad_scale is not None,
+        lanes,
+        *factors,
+    )
+    if num_boundaries > 0:
+        long_rows_kernel[num_boundaries, min(_MAX_THREADS_PER_ROW, dim), stream, 4 * (dim + 1)](*tables, *factors)
 
 
-def _chunks(counts: torch.Tensor, segment_starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunks of the rows with more than ``_CHUNK`` occurrences: each chunk's [begin, end) in
-    sorted order, and each row's chunks, ``first_chunk[row]`` to ``first_chunk[row + 1]`` (none for
-    a row summed at once)."""
-    device = counts.device
-    per_row = torch.where(counts > _CHUNK, (counts + _CHUNK - 1) // _CHUNK, 0)
-    first_chunk = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=device)
-    torch.cumsum(per_row, dim=0, out=first_chunk[1:])
-    num_chunks = int(first_chunk[-1])
-    row_of_chunk = torch.repeat_interleave(torch.arange(counts.numel(), device=device), per_row)
-    position = torch.arange(num_chunks, device=device) - first_chunk[row_of_chunk]
-    begin = segment_starts[row_of_chunk] + position * _CHUNK
-    end = torch.minimum(begin + _CHUNK, segment_starts[row_of_chunk + 1])
-    return torch.stack([begin, end], dim=1), first_chunk
+def _unit_starts(keys: torch.Tensor) -> torch.Tensor:
+    """The sorted positions where a unit starts: each segment's first, and every multiple of ``_CHUNK``."""
+    starts = torch.empty(keys.numel(), dtype=torch.bool, device=keys.device)
+    torch.ne(keys[1:], keys[:-1], out=starts[1:])
+    starts[::_CHUNK] = True
+    return torch.nonzero(starts).view(-1)
+
+
+@functools.cache
+def _unused(device: torch.device) -> torch.Tensor:
+    """Stands for the scales of a step without them; one element, not zero, so that no device
+    array is ever a null pointer. Made once per device: a copy to the device each step would wait."""
+    return torch.zeros(1, device=device)
 
 
 def as_device_array(tensor: torch.Tensor) -> object:
@@ -144,113 +145,198 @@ def stream_of(tensor: torch.Tensor) -> object:
 
 
 @cuda.jit(device=True)
+def _occurrence(order, position, grad_rows, grad_index, grad_scale, has_grad_scale, d):  # type: ignore[no-untyped-def]
+    """Element ``d`` of the gradient of the occurrence at sorted ``position``."""
+    k = order[position]
+    if has_grad_scale:
+        return grad_scale[k] * grad_rows[grad_index[k], d]
+    return grad_rows[grad_index[k], d]
+
+
+@cuda.jit(device=True)
 def _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d):  # type: ignore[no-untyped-def]
-    """Element ``d`` of the gradient summed over the sorted occurrences ``begin`` to ``end``."""
+    """Element ``d`` of the gradient summed over the sorted occurrences ``begin`` to ``end``, in
+    order; four at a time, so that four loads are in flight where one would leave the lane waiting."""
     grad = numba.float32(0)
-    for position in range(begin, end):
-        k = order[position]
-        if has_grad_scale:
-            grad += grad_scale[k] * grad_rows[grad_index[k], d]
-        else:
-            grad += grad_rows[grad_index[k], d]
+    position = begin
+    while position + 4 <= end:
+        g0 = _occurrence(order, position, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        g1 = _occurrence(order, position + 1, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        g2 = _occurrence(order, position + 2, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        g3 = _occurrence(order, position + 3, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        grad += g0
+        grad += g1
+        grad += g2
+        grad += g3
+        position += 4
+    while position < end:
+        grad += _occurrence(order, position, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+        position += 1
     return grad
 
 
-@cuda.jit
-def _chunk_sum_kernel(order, chunk_bounds, grad_rows, grad_index, grad_scale, has_grad_scale, chunk_sums):  # type: ignore[no-untyped-def]
-    chunk = cuda.blockIdx.x
-    begin, end = chunk_bounds[chunk, 0], chunk_bounds[chunk, 1]
-    for d in range(cuda.threadIdx.x, chunk_sums.shape[1], cuda.blockDim.x):
-        chunk_sums[chunk, d] = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+@cuda.jit(device=True)
+def _partial_sum(partial_sums, first_boundary, last_boundary, d):  # type: ignore[no-untyped-def]
+    """Element ``d`` of a long row's gradient: its first unit's partial sum (slot ``2 * b + 1``
+    for the row's first boundary ``b``), then those of the units starting at each boundary it
+    spans (slot ``2 * b``), in order; four loads in flight at a time."""
+    grad = partial_sums[2 * first_boundary + 1, d]
+    boundary = first_boundary
+    while boundary + 4 <= last_boundary + 1:
+        s0 = partial_sums[2 * boundary, d]
+        s1 = partial_sums[2 * boundary + 2, d]
+        s2 = partial_sums[2 * boundary + 4, d]
+        s3 = partial_sums[2 * boundary + 6, d]
+        grad += s0
+        grad += s1
+        grad += s2
+        grad += s3
+        boundary += 4
+    while boundary <= last_boundary:
+        grad += partial_sums[2 * boundary, d]
+        boundary += 1
+    return grad
+
+
+@cuda.jit(device=True)
+def _segment_end(keys, start):  # type: ignore[no-untyped-def]
+    """The first sorted position after ``start`` whose key differs from the one at ``start``."""
+    low, high = start, keys.shape[0]
+    while low < high:
+        middle = (low + high) // 2
+        if keys[middle] == keys[start]:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 @functools.cache
-def _step_kernel(
+def _kernels(
     update_element: UpdateFunction,
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
     decay_per_touch: Callable[[Any, Any], Any] | None,
-) -> Any:
-    """The fused step compiled around one optimizer's update functions (see
+) -> tuple[Any, Any]:
+    """The units' and the long rows' kernels compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process."""
     has_row_step = update_row is not None
     counts_touches = decay_per_touch is not None  # Like has_row_step, compiled in: no branch without counts.
 
-    @cuda.jit
-    def fused_step_kernel(  # type: ignore[no-untyped-def]
-        weight,
-        row_states,
-        element_states,
-        touches,
-        sorted_ids,
-        order,
-        segment_starts,
-        first_chunk,
-        chunk_sums,
-        grad_rows,
-        grad_index,
-        grad_scale,
-        has_grad_scale,
-        decays,
-        decay,
-        factors,
-    ):
-        row_grad = cuda.shared.array(0, dtype=numba.float32)
-        row_multiplier = cuda.shared.array(1, dtype=numba.float32)
-
-        segment = cuda.blockIdx.x
-        begin, end = segment_starts[segment], segment_starts[segment + 1]
-        chunks_begin, chunks_end = first_chunk[segment], first_chunk[segment + 1]
-        row = sorted_ids[begin]
-        dim = weight.shape[1]
-
-        row_decay = decay
+    @cuda.jit(device=True)
+    def row_decay_of(touches, row, decay):  # type: ignore[no-untyped-def]
+        """The row's touch count after this step, and its weight decay."""
         if counts_touches:
             touched = touches[row] + numba.float32(1)
-            row_decay = decay_per_touch(decay, touched)  # type: ignore[misc]
+            return touched, decay_per_touch(decay, touched)  # type: ignore[misc]
+        return numba.float32(0), decay
 
-        for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-            if chunks_end > chunks_begin:
-                grad = numba.float32(0)
-                for chunk in range(chunks_begin, chunks_end):
-                    grad += chunk_sums[chunk, d]
-            else:
-                grad = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
-
-            new_weight = weight[row, d]
-            if decays:
-                new_weight, grad = weight_decay(new_weight, grad, row_decay)
-            if has_row_step:
-                weight[row, d] = new_weight
-                row_grad[d] = grad  # updated below, once the whole row's gradient is known
-            else:
-                element_values = gather(element_states, (row, d))
-                weight[row, d], element_values = update_element(
-                    new_weight, grad, numba.float32(1), element_values, factors
-                )
-                scatter(element_states, (row, d), element_values)
-
-        if counts_touches:
-            cuda.syncthreads()  # Every thread has read the count before it changes.
-            if cuda.threadIdx.x == 0:
-                touches[row] = touched
-
+    @cuda.jit(device=True)
+    def update_element_of(weight, element_states, shared, base, row, d, grad, decays, row_decay, factors):  # type: ignore[no-untyped-def]
+        """Element ``d``'s decay and, without a row step, its update; with one, its gradient
+        waits in ``shared`` for the row's."""
+        new_weight = weight[row, d]
+        if decays:
+            new_weight, grad = weight_decay(new_weight, grad, row_decay)
         if has_row_step:
-            cuda.syncthreads()
-            if cuda.threadIdx.x == 0:
+            weight[row, d] = new_weight
+            shared[base + d] = grad
+        else:
+            element_values = gather(element_states, (row, d))
+            weight[row, d], element_values = update_element(new_weight, grad, numba.float32(1), element_values, factors)
+            scatter(element_states, (row, d), element_values)
+
+    @cuda.jit(device=True)
+    def finish_rows(  # type: ignore[no-untyped-def]
+        weight, row_states, element_states, touches, shared, groups, group, lane, lanes, updating, row, touched, factors
+    ):
+        """The row step of each group's row, then its touch count. Every thread of the block
+        calls it (it holds barriers); ``updating`` says whether this thread's group has a row."""
+        dim = weight.shape[1]
+        base = group * dim
+        if has_row_step:
+            cuda.syncthreads()  # The row's whole gradient is in shared memory.
+            if updating and lane == 0:
                 squared = numba.float32(0)
                 for d in range(dim):
-                    squared += row_grad[d] * row_grad[d]
+                    squared += shared[base + d] * shared[base + d]
                 row_values = gather(row_states, (row,))
                 row_values, multiplier = update_row(row_values, squared / numba.float32(dim), factors)  # type: ignore[misc]
                 scatter(row_states, (row,), row_values)
-                row_multiplier[0] = multiplier
+                shared[groups * dim + group] = multiplier
             cuda.syncthreads()
-            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-                element_values = gather(element_states, (row, d))
-                weight[row, d], element_values = update_element(
-                    weight[row, d], row_grad[d], row_multiplier[0], element_values, factors
-                )
-                scatter(element_states, (row, d), element_values)
+            if updating:
+                multiplier = shared[groups * dim + group]
+                for d in range(lane, dim, lanes):
+                    element_values = gather(element_states, (row, d))
+                    weight[row, d], element_values = update_element(
+                        weight[row, d], shared[base + d], multiplier, element_values, factors
+                    )
+                    scatter(element_states, (row, d), element_values)
+        if counts_touches:
+            cuda.syncthreads()  # Every thread has read the count before it changes.
+            if updating and lane == 0:
+                touches[row] = touched
 
-    return fused_step_kernel
+    @cuda.jit
+    def units_kernel(  # type: ignore[no-untyped-def]
+        weight, row_states, element_states, touches, keys, partial_sums,
+        unit_starts, order, grad_rows, grad_index, grad_scale, has_grad_scale, lanes, decays, decay, factors,
+    ):  # fmt: skip
+        shared = cuda.shared.array(0, dtype=numba.float32)
+        groups = cuda.blockDim.x // lanes
+        group = cuda.threadIdx.x // lanes
+        lane = cuda.threadIdx.x - group * lanes
+        unit = cuda.blockIdx.x * groups + group
+        num_units, num_ids = unit_starts.shape[0], keys.shape[0]
+
+        updating = False
+        row = numba.int64(0)  # int64 whatever the keys' type: the state arrays are indexed by (row, d)
+        touched = numba.float32(0)
+        if unit < num_units:
+            begin = unit_starts[unit]
+            end = unit_starts[unit + 1] if unit + 1 < num_units else num_ids
+            row = numba.int64(keys[begin])
+            first = begin == 0 or keys[begin - 1] != row
+            updating = first and (end == num_ids or keys[end] != row)
+            if updating:
+                touched, row_decay = row_decay_of(touches, row, decay)
+                for d in range(lane, weight.shape[1], lanes):
+                    grad = _occurrence_sum(order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d)
+                    update_element_of(
+                        weight, element_states, shared, group * weight.shape[1], row, d, grad, decays, row_decay,
+                        factors,
+                    )  # fmt: skip
+            else:
+                # A long row's first unit ends at the next boundary, the others start at one.
+                slot = 2 * (begin // _CHUNK + 1) + 1 if first else 2 * (begin // _CHUNK)
+                for d in range(lane, weight.shape[1], lanes):
+                    partial_sums[slot, d] = _occurrence_sum(
+                        order, begin, end, grad_rows, grad_index, grad_scale, has_grad_scale, d
+                    )
+        finish_rows(
+            weight, row_states, element_states, touches, shared, groups, group, lane, lanes, updating, row, touched,
+            factors,
+        )  # fmt: skip
+
+    @cuda.jit
+    def long_rows_kernel(  # type: ignore[no-untyped-def]
+        weight, row_states, element_states, touches, keys, partial_sums, decays, decay, factors
+    ):
+        shared = cuda.shared.array(0, dtype=numba.float32)
+        boundary = cuda.blockIdx.x + 1
+        start = boundary * _CHUNK
+        row = numba.int64(keys[start])
+        if keys[start - 1] != row or (boundary > 1 and keys[start - _CHUNK - 1] == row):
+            return  # No row spans this boundary, or it spans an earlier one too, whose block updates it.
+        last_boundary = (_segment_end(keys, start) - 1) // _CHUNK
+        touched, row_decay = row_decay_of(touches, row, decay)
+        for d in range(cuda.threadIdx.x, weight.shape[1], cuda.blockDim.x):
+            grad = _partial_sum(partial_sums, boundary, last_boundary, d)
+            update_element_of(weight, element_states, shared, 0, row, d, grad, decays, row_decay, factors)
+        finish_rows(
+            weight, row_states, element_states, touches, shared, 1, 0, cuda.threadIdx.x, cuda.blockDim.x, True, row,
+            touched, factors,
+        )  # fmt: skip
+
+    return units_kernel, long_rows_kernel

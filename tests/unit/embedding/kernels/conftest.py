@@ -144,6 +144,11 @@ def make_table() -> Callable[..., Table]:
 
 
 @pytest.fixture
+def device_of() -> Callable[[str], torch.device]:
+    return backend_device
+
+
+@pytest.fixture
 def steps_runner() -> Callable[[SparseOptimizerConfig, Table, list[StepInputs], str], None]:
     return run_steps
 

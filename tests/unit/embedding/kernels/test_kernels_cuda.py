@@ -34,7 +34,8 @@ def test_matches_reference_on_empty_and_single_id_batches(name, make_step_inputs
 
 @pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adam"])
 def test_a_row_looked_up_more_than_a_chunk_sums_its_chunks_like_the_reference(name, make_step_inputs, reference_check):
-    """Rows looked up 600 and 257 times are summed in chunks of 256 first; a row at 256 is not."""
+    """Rows looked up 600 and 257 times are summed in units of at most 256 first, each unit's sum
+    then added in order by the long rows' kernel."""
     steps = [make_step_inputs(seed, NUM_ROWS, 4, 30, False, True) for seed in range(2)]
     for inputs, (row, times) in zip(steps, [(3, 600), (7, 257)]):
         hot = torch.full((times,), row)
@@ -58,3 +59,24 @@ def test_matches_reference_with_weight_decay_by_frequency(name, make_step_inputs
     steps = [make_step_inputs(seed, NUM_ROWS, 3, 20, True, True) for seed in range(2)]
 
     reference_check(config, NUM_ROWS, 3, steps, "cuda")
+
+
+@pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adamw"])
+def test_rows_cut_at_every_chunk_boundary_match_the_reference_with_the_same_bits_each_run(
+    name, make_step_inputs, make_table, steps_runner, reference_check, device_of
+):
+    """1,500 ids: one row spanning four boundaries of 256 sorted positions, and short rows that
+    straddle one; every row's units add up as the reference does, and a second run gives the very
+    same bits (no atomics)."""
+    config = sparse_optimizer_config(name, lr=0.05, weight_decay=0.01, weight_decay_by_frequency=True)
+    inputs = make_step_inputs(0, NUM_ROWS, 6, 1500, True, True)
+    generator = torch.Generator().manual_seed(0)
+    inputs.ids = torch.randint(0, NUM_ROWS // 2, (1500,), generator=generator)
+    inputs.ids[torch.randperm(1500, generator=generator)[:1000]] = 7
+
+    reference_check(config, NUM_ROWS, 6, [inputs], "cuda")
+    first, second = (make_table(config, NUM_ROWS, 6).to(device_of("cuda")) for _ in range(2))
+    steps_runner(config, first, [inputs], "cuda")
+    steps_runner(config, second, [inputs], "cuda")
+    assert torch.equal(first.weight, second.weight)
+    assert all(torch.equal(first.state[name], second.state[name]) for name in first.state)
