@@ -7,9 +7,11 @@ unpickled is refused instead of executed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -143,21 +145,74 @@ def write_torch_file(fs: AbstractFileSystem, path: str, state: Mapping[str, Any]
     return FileRecord(size=writer.size, sha256=sha256)
 
 
+class _Crc32Switch:
+    """Counts the writers inside :func:`_zip_crc32_disabled` where torch keeps one option for the
+    whole process (torch 2.11 does; 2.13 keeps one per thread): the first writer in turns it off,
+    the last one out restores it. Each writer saving and restoring it itself, one could restore
+    "off", read while another had it off, and leave it so for the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.writers = 0
+        self.previous = True
+
+
+_CRC32_SWITCH = _Crc32Switch()
+
+
+@functools.cache
+def _crc32_option_is_per_thread() -> bool:
+    """Whether an option set on one thread leaves the others' as it was (asked once: a thread of
+    its own flips the option, the caller looks, the thread flips it back)."""
+    flipped, looked = threading.Event(), threading.Event()
+
+    def flip_and_restore() -> None:
+        before = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(not before)
+        flipped.set()
+        looked.wait()
+        torch.serialization.set_crc32_options(before)
+
+    before = torch.serialization.get_crc32_options()
+    thread = threading.Thread(target=flip_and_restore, name="crc32-probe")
+    thread.start()
+    flipped.wait()
+    per_thread = torch.serialization.get_crc32_options() == before
+    looked.set()
+    thread.join()
+    return per_thread
+
+
 @contextmanager
 def _zip_crc32_disabled() -> Iterator[None]:
     """Skip the CRC-32 that ``torch.save`` computes for each zip record.
 
     The SHA-256 of the whole file already vouches for every byte, and the CRC-32 costs about
     as much CPU as the rest of ``torch.save``. ``torch.load`` reads files without it; only
-    external zip tools warn. The option is process-wide, so a ``torch.save`` that another
+    external zip tools warn. Where the option is process-wide, a ``torch.save`` that another
     thread runs meanwhile also skips it.
     """
-    previous = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
+    if _crc32_option_is_per_thread():
+        previous = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)
+        try:
+            yield
+        finally:
+            torch.serialization.set_crc32_options(previous)
+        return
+    switch = _CRC32_SWITCH
+    with switch.lock:
+        if switch.writers == 0:
+            switch.previous = torch.serialization.get_crc32_options()
+            torch.serialization.set_crc32_options(False)
+        switch.writers += 1
     try:
         yield
     finally:
-        torch.serialization.set_crc32_options(previous)
+        with switch.lock:
+            switch.writers -= 1
+            if switch.writers == 0:
+                torch.serialization.set_crc32_options(switch.previous)
 
 
 def read_torch_file(fs: AbstractFileSystem, path: str, expected: FileRecord) -> dict[str, Any]:

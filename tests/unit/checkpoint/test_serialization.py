@@ -5,6 +5,8 @@ import io
 import json
 import os
 import shlex
+import threading
+import types
 from pathlib import Path
 
 import fsspec
@@ -129,3 +131,45 @@ def test_cuda_tensors_are_saved_and_load_on_cpu(tmp_path: Path) -> None:
     for step in (1, 2):
         loaded = manager.load(step).shared_state["model"]
         assert all(torch.equal(loaded[key], value.cpu()) for key, value in state.items())
+
+
+@pytest.mark.parametrize("per_thread", [True, False], ids=["option per thread", "option per process"])
+def test_files_written_on_several_threads_at_once_leave_the_crc32_option_as_it_was(
+    per_thread: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers on two threads, the second in before the first is out: the option ends as it
+    began, whether torch keeps it per thread (2.13) or for the process (2.11, where each writer
+    restoring what it had read itself left it off)."""
+    from checkpoint import serialization
+
+    options = threading.local() if per_thread else types.SimpleNamespace()
+    monkeypatch.setattr(torch.serialization, "get_crc32_options", lambda: getattr(options, "crc32", True))
+    monkeypatch.setattr(torch.serialization, "set_crc32_options", lambda value: setattr(options, "crc32", value))
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, tuple[bool, bool]] = {}
+
+    def write(name: str, wait_in: threading.Event, now_in: threading.Event, wait_out: threading.Event) -> None:
+        wait_in.wait()
+        with serialization._zip_crc32_disabled():
+            inside = torch.serialization.get_crc32_options()
+            now_in.set()
+            wait_out.wait()
+        seen[name] = (inside, torch.serialization.get_crc32_options())
+
+    go = threading.Event()
+    go.set()
+    serialization._crc32_option_is_per_thread.cache_clear()
+    try:
+        first = threading.Thread(target=write, args=("first", go, first_in, second_in))
+        second = threading.Thread(target=write, args=("second", first_in, second_in, first_out))
+        first.start()
+        second.start()
+        first.join()
+        first_out.set()
+        second.join()
+    finally:
+        serialization._crc32_option_is_per_thread.cache_clear()
+
+    # Per process, the first writer out leaves the option off: the second still writes.
+    assert seen == {"first": (False, per_thread), "second": (False, True)}
+    assert torch.serialization.get_crc32_options()
