@@ -28,13 +28,14 @@ log = logging.getLogger(__name__)
 
 # Keys a resumed run may change: they extend the run, change only what is recorded or kept, change
 # the parallel layout (batch sizes are global, so the same config trains the same on any number of
-# ranks), or change how the host runs a step but not what it computes.
+# ranks), or change where or how a step runs but not what it computes.
 RESUMABLE_CHANGES = (
     "trainer.max_num_steps",
     "trainer.max_num_data_epochs",
     "trainer.max_num_windows",
     "trainer.pipeline",
     "trainer.keep_freed_memory",
+    "trainer.device",  # checkpoints load to the CPU, then move: a run trained on a GPU goes on on a CPU
     "metrics.",
     "profiler.",
     "checkpoint.",
