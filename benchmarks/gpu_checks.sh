@@ -1,38 +1,44 @@
 #!/usr/bin/env bash
-# The checks and figures that need a GPU, in one run (a lent GPU machine's time is short):
-# the CUDA kernels' tests on the device, the fused update's bandwidth, the hash map against
-# the CPU's, and a preset with hash tables trained on the GPU against the same on the CPU.
+# The checks and figures that need a GPU, in one run of under 7 minutes (a lent GPU machine's time
+# is short), one line per check or figure, every part's full output under OUT_DIR:
+#   1. the CUDA kernels' tests on the device (the checkpoint writer's GPU test among them);
+#   2. the fused update against the same optimizer in torch ops, for every sparse optimizer;
+#   3. DLRM samples/s at batches 16,384 and 65,536, dims 64 and 128, and where a step's time goes;
+#   4. every training path on the GPU (benchmarks/gpu_paths.py: fixed and hash tables, pipeline on
+#      and off, blocking and async saves, kill -9 and resume, eval, predict, export-tables, runs
+#      moved between the GPU and the CPU);
+#   5. the hash map on the GPU against the CPU's.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR
 #
-# On the lent machines of 2026-11 (numba-cuda 0.30.4, numpy 2.5.2) numba-cuda failed to import
-# (`np.row_stack` is gone from numpy 2.5): carry a numpy 2.4 wheel and put it first on
-# PYTHONPATH, as BENCHMARKS.md ("On a GPU") says.
+# Each part has a time limit of its own, so that one that hangs costs its share only. On the lent
+# machines of 2026-11 (numba-cuda 0.30.4, numpy 2.5.2) numba-cuda failed to import (`np.row_stack`
+# is gone from numpy 2.5): carry a numpy 2.4 wheel and put it first on PYTHONPATH, as
+# BENCHMARKS.md ("On a GPU") says.
 set -o pipefail
 out=${1:?usage: gpu_checks.sh OUT_DIR}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 WANDB_MODE=offline
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/numba_cache}
-
-echo "== CUDA tests"
-python3 -m pytest -q -p no:cacheprovider -W ignore tests/unit/embedding/kernels/test_kernels_cuda.py \
-    tests/unit/embedding/test_cuda_hash_index.py tests/unit/units/test_metric_bag.py \
-    tests/unit/checkpoint/test_serialization.py 2>&1 | tail -4
-
-echo "== fused update bandwidth"
-for optimizer in rowwise_adagrad sgd adam; do
-    python3 benchmarks/update_bandwidth.py --optimizer "$optimizer" 2>&1 | tail -4 | tee -a "$out/update_bandwidth.txt"
-done
-
-echo "== hash map, GPU against CPU"
-python3 benchmarks/hash_table_gpu.py --batches 10 --warmup 10 2>&1 | tee "$out/hash_table_gpu.txt"
-
-echo "== dlrm_criteo_tiny_dynamic on the GPU and on the CPU"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/pip.log" 2>&1 || tail -3 "$out/pip.log"
-for device in cuda cpu; do
-    (time python3 -m recipes train dlrm_criteo_tiny_dynamic -o "$out/run_$device" trainer.device=$device) \
-        > "$out/run_$device.log" 2>&1
-    echo "$device: exit $?, $(grep real "$out/run_$device.log")"
-    python3 -m recipes export-tables "$out/run_$device" -o "$out/export_$device" > /dev/null 2>&1
-done
-python3 benchmarks/gpu_cpu_hash_runs.py "$out/run_cuda" "$out/run_cpu" "$out/export_cuda" "$out/export_cpu"
+
+part() {  # part NAME SECONDS COMMAND...: the command's output kept whole in OUT_DIR/NAME.txt
+    local name=$1 limit=$2 started=$SECONDS
+    shift 2
+    echo "== $name"
+    timeout -k 10 "$limit" "$@" > "$out/$name.txt" 2>&1
+    local code=$?
+    grep -E "$FILTER" "$out/$name.txt"
+    echo "-- $name: exit $code, $((SECONDS - started)) s"
+}
+
+FILTER='passed|failed|error' part cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -W ignore \
+    tests/unit/embedding/kernels/test_kernels_cuda.py tests/unit/embedding/test_cuda_hash_index.py \
+    tests/unit/units/test_metric_bag.py tests/unit/checkpoint/test_serialization.py
+FILTER='^device|^optimizer=' part update_bandwidth 150 python3 benchmarks/update_bandwidth.py --optimizer all
+FILTER='^batch=|^summary|wait' part gpu_throughput 150 python3 benchmarks/gpu_throughput.py \
+    --warmup-steps 15 --steps 30 --profile-steps 5 --reader-steps 8
+FILTER='^(PASS|FAIL|SKIP)|^gpu_paths' part gpu_paths 130 python3 benchmarks/gpu_paths.py "$out/paths" --device cuda \
+    --jobs 8 --budget 120
+FILTER='_over_cpu' part hash_table_gpu 40 python3 benchmarks/hash_table_gpu.py --batches 5 --warmup 5
+echo "gpu_checks: $SECONDS s"

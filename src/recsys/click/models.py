@@ -175,9 +175,6 @@ class DLRM(PooledModel):
         num_vectors = len(feature_names) + 1
         num_interactions = num_vectors * (num_vectors - 1) // 2
         self.top_mlp = mlp_with_dropout(embedding_dim + num_interactions, top_dims, 1, dropout)
-        pairs = torch.triu_indices(num_vectors, num_vectors, offset=1)
-        # Copies: views of one tensor would be saved by `torch.export` as one storage, which it warns of.
-        self._pair_rows, self._pair_cols = pairs[0].clone(), pairs[1].clone()
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.top_mlp, "top_mlp")  # The bottom MLP sees a handful of dense features.
@@ -189,6 +186,9 @@ class DLRM(PooledModel):
         dense = self.bottom_mlp(dense)
         vectors = torch.stack([dense, *(pooled[VECTORS][name] for name in self.feature_names)], dim=1)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))
-        interactions = dots[:, self._pair_rows.to(dots.device), self._pair_cols.to(dots.device)]
+        # The pairs are made where the dots are: indices kept on the CPU took a blocking copy to the GPU at every
+        # forward, which waited for every kernel queued before it.
+        rows, cols = torch.triu_indices(vectors.size(1), vectors.size(1), offset=1, device=dots.device)
+        interactions = dots[:, rows, cols]
         logits: torch.Tensor = self.top_mlp(torch.cat([dense, interactions], dim=1)).squeeze(1)
         return logits
