@@ -3,7 +3,7 @@ over all its occurrences, update its optimizer state and write the row, in one p
 
 :func:`fused_step` checks its inputs and hands them to one of three backends with the same
 signature: ``reference`` (plain torch, the oracle), ``cpu`` (numba, parallel over rows) and
-``cuda`` (numba.cuda, one thread block per row).
+``cuda`` (numba.cuda, a group of lanes per run of a row's sorted occurrences).
 """
 
 from __future__ import annotations

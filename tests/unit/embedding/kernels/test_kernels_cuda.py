@@ -79,4 +79,4 @@ def test_rows_cut_at_every_chunk_boundary_match_the_reference_with_the_same_bits
     steps_runner(config, first, [inputs], "cuda")
     steps_runner(config, second, [inputs], "cuda")
     assert torch.equal(first.weight, second.weight)
-    assert all(torch.equal(first.state[name], second.state[name]) for name in first.state)
+    assert all(torch.equal(first.state[key], second.state[key]) for key in first.state)
