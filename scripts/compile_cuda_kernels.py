@@ -11,6 +11,7 @@ optimizer, with and without weight decay by frequency, with 32- and 64-bit sort 
 
 from __future__ import annotations
 
+import re
 import sys
 
 import _numba_cuda_redirector  # noqa: F401  (numba.cuda is numba-cuda's, as on the GPU machines)
@@ -77,12 +78,13 @@ def main() -> int:
                 for kernel_name, signature in signatures(name, by_frequency, keys).items():
                     label = f"{name} weight_decay_by_frequency={by_frequency} keys={keys} {kernel_name}"
                     try:
-                        cuda.compile_ptx(kernels[kernel_name].py_func, signature, cc=(9, 0))
+                        ptx, _ = cuda.compile_ptx(kernels[kernel_name].py_func, signature, cc=(9, 0))
                     except Exception as error:  # every kernel is tried; each failure is one line and its cause
                         failures += 1
                         print(f"FAIL {label}: {str(error).strip().splitlines()[-1][:300]}")
                     else:
-                        print(f"ok {label}")
+                        spilled = sum(int(size) for size in re.findall(r"__local_depot\d*\[(\d+)\]", ptx))
+                        print(f"ok {label}: {len(ptx):,} characters of PTX, {spilled} bytes of local memory")
     print(f"compile_cuda_kernels: {failures} failed")
     return 1 if failures else 0
 
