@@ -11,6 +11,7 @@ its kernel sorts them on the device.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -94,12 +95,20 @@ def uniform_ids(
         rows = torch.tensor([[table.num_rows] for table, _ in pairs], device=device)
         ids = torch.where(torch.tensor(hashed, device=device).unsqueeze(1), torch.remainder(ids, rows), ids)
     if ids.size(1) > 0 and pairs[0][0].kind == "fixed":  # a hash table takes any id
-        lows, highs = ids.aminmax(dim=1)
-        for (table, feature), low, high in zip(pairs, lows.tolist(), highs.tolist()):
+        # One read of the device for every feature's range: on a GPU each read waits for the queued work.
+        lows, highs = torch.stack(ids.aminmax(dim=1)).tolist()
+        for (table, feature), low, high in zip(pairs, lows, highs):
             _check_id_range(table, feature, low, high)
     if any(buffer_offsets):
-        ids += torch.tensor(buffer_offsets, device=device).unsqueeze(1)
+        ids += _on_device(tuple(buffer_offsets), device).unsqueeze(1)
     return ids.flatten()
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, made once: a copy from a list to a GPU at every step waits for the work
+    queued before it."""
+    return torch.tensor(values, device=device)
 
 
 def ids_a_feature_at_a_time(
