@@ -185,7 +185,7 @@ def overrides(args: argparse.Namespace, data: Data, batch: int, dim: int, plan: 
         f"dataset.valid_path={data.valid_path}",
         f"dataset.batch_size={batch}",
         f"dataset.num_embeddings_per_feature=[{args.rows}]",
-        f"dataset.parse_threads={args.parse_threads}",
+        f"dataset.parse_threads={'null' if args.parse_threads is None else args.parse_threads}",
         f"model.embeddings.dim={dim}",
         "model.bottom_dims=[512,256]",
         "model.top_dims=[1024,1024,512,256]",
@@ -487,7 +487,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=10, help="steps under torch.profiler, after the timed")
     parser.add_argument("--reader-steps", type=int, default=12, help="steps of the reader alone")
-    parser.add_argument("--parse-threads", type=int, default=4, help="dataset.parse_threads")
+    parser.add_argument(
+        "--parse-threads", type=int, help="dataset.parse_threads (default: the preset's, which picks by device)"
+    )
     parser.add_argument("--mixed-precision", choices=("none", "bf16"), default="none")
     parser.add_argument("--categories", type=int, default=1000, help="distinct values of a synthetic feature")
     parser.add_argument("--data-workers", type=int, default=os.cpu_count() or 1, help="processes writing the data")
@@ -534,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         data = write_data(args.data_dir or scratch / "data", num_rows, args.categories, args.data_workers, seed=2)
         print(
             f"{PRESET} on {describe_device(args.device)}: {args.rows:,} rows x 26 tables, "
-            f"{args.categories:,} values a feature, dataset.parse_threads={args.parse_threads}, "
+            f"{args.categories:,} values a feature, dataset.parse_threads={args.parse_threads or 'default'}, "
             f"precision {precision(args.mixed_precision)}; {num_rows:,} rows of data written/reused in "
             f"{time.perf_counter() - started:.1f}s; steps: warm-up {plan.warmup}, timed {plan.timed}, "
             f"profiled {plan.profiled}, publish every {plan.publish}",

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from recipes.protocols import Predictor, Validation
     from recipes.registry import register_preset, register_recipe
     from recipes.sections import RecipeConfig, Seed
+    from recipes.threads import parse_threads
 
 _EXPORTS = {
     "ConfigError": "recipes.config",
@@ -55,6 +56,7 @@ _EXPORTS = {
     "register_recipe": "recipes.registry",
     "RecipeConfig": "recipes.sections",
     "Seed": "recipes.sections",
+    "parse_threads": "recipes.threads",
 }
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "UserError",
     "Validation",
     "megatron_mlp_plan",
+    "parse_threads",
     "per_rank_batch_size",
     "reader_options",
     "register_preset",

@@ -41,6 +41,7 @@ RESUMABLE_CHANGES = (
     "checkpoint.",
     "gang.",
     "validation.batch_size",
+    "dataset.parse_threads",  # the same rows in the same order, parsed on more threads
 )
 
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # numba and torch are imported where they are used: `size_numba_pool` must run before numba is
 # first imported, from `python -m recipes`'s first lines.
@@ -33,6 +37,26 @@ def threads_per_rank(requested: int | None) -> int:
     if requested is not None:
         return requested
     return max(1, len(_usable_cores()) // _ranks_on_this_node())
+
+
+MAX_AUTO_PARSE_THREADS = 4
+"""The most threads a reader parses with by default on a GPU: with 4, DLRM's reader kept 1.23x ahead of an H200's
+step at batch 65,536 (BENCHMARKS.md, "The GPU checks"); more were not measured."""
+
+
+def parse_threads(requested: int | None, device: torch.device) -> int:
+    """``requested``, or the threads a rank's reader parses its files with (``dataset.parse_threads``).
+
+    On a GPU the CPU's cores do not compute the step, and parsing is most of reading (2 threads parse a Criteo TSV
+    1.7-1.9x as fast as 1), which a GPU's step can outrun: the reader takes this rank's share of the cores less two
+    (the main thread and the pipeline's), at most ``MAX_AUTO_PARSE_THREADS``. On a CPU, 1: the step's threads take
+    the cores.
+    """
+    if requested is not None:
+        return requested
+    if device.type == "cpu":
+        return 1
+    return max(1, min(MAX_AUTO_PARSE_THREADS, threads_per_rank(None) - 2))
 
 
 def free_cores(interval_s: float = 0.25) -> float | None:

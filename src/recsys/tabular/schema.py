@@ -310,9 +310,10 @@ class TabularDataSection:
     follow: bool = False
     """With ``windows.by: path``: at the last window, wait for the next to appear rather than end (online
     training); a SIGTERM while waiting stops the run, saved."""
-    parse_threads: PositiveInt = 1
+    parse_threads: PositiveInt | None = None
     """Threads that parse the chunks after the one being batched, meanwhile: for a run whose reading is the
-    bottleneck, on a machine with cores to spare (the rows and their order are the same)."""
+    bottleneck, on a machine with cores to spare (the rows and their order are the same). By default 1 on a
+    CPU, up to 4 on a GPU (``recipes.parse_threads``)."""
 
     def __post_init__(self) -> None:
         self.format.check(self)

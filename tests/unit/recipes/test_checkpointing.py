@@ -32,9 +32,15 @@ def test_a_list_of_groups_saved_as_json_is_not_a_changed_key() -> None:
 
 
 def test_how_the_host_runs_a_step_is_not_a_changed_key() -> None:
-    saved = {"trainer": {"pipeline": True, "keep_freed_memory": True, "device": "cuda", "nan_policy": "stop"}}
+    saved = {
+        "trainer": {"pipeline": True, "keep_freed_memory": True, "device": "cuda", "nan_policy": "stop"},
+        "dataset": {"parse_threads": 1},
+    }
 
-    changed = {"trainer": {"pipeline": False, "keep_freed_memory": False, "device": "cpu", "nan_policy": "skip"}}
+    changed = {
+        "trainer": {"pipeline": False, "keep_freed_memory": False, "device": "cpu", "nan_policy": "skip"},
+        "dataset": {"parse_threads": None},
+    }
 
     assert changed_keys(saved, changed) == ["trainer.nan_policy"]
 

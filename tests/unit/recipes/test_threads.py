@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recipes import threads
-from recipes.threads import size_numba_pool, threads_per_rank, use_threads
+from recipes.threads import parse_threads, size_numba_pool, threads_per_rank, use_threads
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +42,30 @@ def test_a_rank_takes_its_share_of_the_cores_it_may_run_on(
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
 
     assert threads_per_rank(requested) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "cores", "local_world_size", "requested", "expected"),
+    [
+        ("cpu", 16, None, None, 1),  # the step's threads take the cores
+        ("cuda", 16, None, None, 4),  # at most 4
+        ("cuda", 16, "4", None, 2),  # a rank's share of 4, less the main thread's and the pipeline's
+        ("cuda", 2, None, None, 1),  # never fewer than one
+        ("cuda", 16, None, 7, 7),  # dataset.parse_threads wins
+        ("cpu", 16, None, 3, 3),
+    ],
+)
+def test_a_reader_parses_on_one_thread_on_a_cpu_and_on_the_cores_a_gpu_leaves_idle(
+    monkeypatch: pytest.MonkeyPatch, device: str, cores: int, local_world_size: str | None, requested: int | None,
+    expected: int,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+
+    assert parse_threads(requested, torch.device(device)) == expected
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from recipes import (
     RecipeConfig,
     RecipeContext,
     RecipeParts,
+    parse_threads,
     reader_options,
     register_recipe,
 )
@@ -61,7 +62,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     options: dict[str, Any] = {
         "shuffle_buffer_size": data.shuffle_buffer_size,
         "max_malformed_rows": data.max_malformed_rows,
-        "parse_threads": data.parse_threads,
+        "parse_threads": parse_threads(data.parse_threads, context.device),
     }
     # Vocabularies, counts and histories are of the schema's columns, which a format of its own features lacks.
     train_path = resolve_path(data.train_path)
