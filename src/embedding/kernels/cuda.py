@@ -78,7 +78,8 @@ def fused_step(
     spec = spec_of(config)
     num_rows, dim = weight.shape
 
-    keys, order = torch.sort(ids.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else ids, stable=True)
+    sort = SortedIds.of(ids, num_rows)
+    keys, order = sort.keys, sort.order
     unit_starts = _unit_starts(keys)
     num_boundaries = (keys.numel() - 1) // _CHUNK
     partial_sums = torch.empty((2 * num_boundaries + 2, dim), dtype=torch.float32, device=weight.device)
