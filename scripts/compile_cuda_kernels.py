@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from embedding.kernels import cuda as fused
+from embedding.kernels import cuda_kernels
 from embedding.kernels.common import state_tensors, step_factors, touch_counts
 from embedding.optimizers import SPARSE_OPTIMIZERS, init_optimizer_state, sparse_optimizer_config, spec_of
 
@@ -36,12 +36,16 @@ class _Hopper:
 numba.cuda.api.get_current_device = numba.cuda.dispatcher.get_current_device = lambda: _Hopper()
 
 
+ELEMENTS_PER_LANE = 4
+"""A 128-wide row over a warp's 32 lanes."""
+
+
 def typeof(tensor: torch.Tensor) -> object:
     return numba.typeof(tensor.numpy())
 
 
 def signatures(name: str, by_frequency: bool, keys: torch.dtype) -> dict[str, tuple[object, ...]]:
-    """The two kernels' argument types, as ``fused.fused_step`` launches them."""
+    """The two kernels' argument types, as ``embedding.kernels.cuda.fused_step`` launches them."""
     config = sparse_optimizer_config(name, lr=0.1, weight_decay=0.01 if by_frequency else 0.0,
                                      weight_decay_by_frequency=by_frequency)  # fmt: skip
     spec = spec_of(config)
@@ -55,14 +59,15 @@ def signatures(name: str, by_frequency: bool, keys: torch.dtype) -> dict[str, tu
         typeof(touch_counts(spec, state, weight)),
         typeof(torch.zeros(4, dtype=keys)),
         typeof(torch.zeros(4, 8)),
+        typeof(torch.zeros(4, dtype=torch.int64)),
+        typeof(torch.zeros(1, dtype=torch.int32)),
+        numba.int64,
     )
     factors = tuple(numba.typeof(value) for value in step_factors(spec, config, 1, 0.1))
     positions = typeof(torch.zeros(4, dtype=torch.int64))
     grads, scales = typeof(torch.zeros(4, 8)), typeof(torch.zeros(4))
-    return {
-        "units": (*tables, positions, positions, grads, positions, scales, numba.boolean, numba.int64, *factors),
-        "long_rows": (*tables, *factors),
-    }
+    units = (positions, positions, positions, scales, numba.boolean, grads, positions, numba.int64)
+    return {"units": (*tables, *units, *factors), "long_rows": (*tables, numba.int64, *factors)}
 
 
 def main() -> int:
@@ -71,8 +76,8 @@ def main() -> int:
         for by_frequency in (False, True):
             spec = spec_of(sparse_optimizer_config(name, weight_decay=0.01, weight_decay_by_frequency=by_frequency))
             per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
-            kernels = dict(zip(("units", "long_rows"), fused._kernels(
-                spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch
+            kernels = dict(zip(("units", "long_rows"), cuda_kernels.compiled(
+                spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch, ELEMENTS_PER_LANE
             )))  # fmt: skip
             for keys in (torch.int32, torch.int64):
                 for kernel_name, signature in signatures(name, by_frequency, keys).items():

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from embedding.kernels.common import check_ranges
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -67,7 +68,9 @@ def fused_step(
     step_fn = _backend_step(backend)
 
     pieces = (grad_rows,) if isinstance(grad_rows, torch.Tensor) else tuple(grad_rows)
-    check_step_inputs(config, weight, state, ids, pieces, grad_index, grad_scale, step)
+    # The CUDA step reads the ranges of the ids once its kernels are queued (they check them too): a read
+    # here would make the host wait for the device.
+    check_step_inputs(config, weight, state, ids, pieces, grad_index, grad_scale, step, ranges=backend != "cuda")
     if sorted_ids is not None:
         _check_sorted_ids(sorted_ids, ids)
 
@@ -100,9 +103,11 @@ def check_step_inputs(
     grad_index: torch.Tensor,
     grad_scale: torch.Tensor | None,
     step: int,
+    ranges: bool = True,
 ) -> None:
     """Raise :class:`SparseOptimizerError` on any input that would make a kernel read or write
-    out of bounds, or compute with the wrong types."""
+    out of bounds, or compute with the wrong types; with ``ranges=False``, but for the values of
+    ``ids`` and ``grad_index`` (which a caller then checks with :func:`check_ranges`)."""
     _check_tensor("weight", weight, dim=2, dtype=torch.float32, device=weight.device)
     num_rows, dim = weight.shape
     if dim == 0:
@@ -133,12 +138,10 @@ def check_step_inputs(
 
     _check_state(config, state, weight)
 
-    if ids.numel() > 0:
+    if ranges and ids.numel() > 0:
         # Both ranges in one read of the device: on a GPU each read waits for the work queued before it.
         id_low, id_high, index_low, index_high = torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)]).tolist()
-        _check_range("ids", id_low, id_high, num_rows, "rows in `weight`")
-        num_grad_rows = sum(piece.size(0) for piece in grad_rows)
-        _check_range("grad_index", index_low, index_high, num_grad_rows, "rows in `grad_rows`")
+        check_ranges(id_low, id_high, index_low, index_high, num_rows, sum(piece.size(0) for piece in grad_rows))
 
 
 def _check_tensor(
@@ -190,12 +193,4 @@ def _check_sorted_ids(sorted_ids: SortedIds, ids: torch.Tensor) -> None:
             )
 
 
-def _check_range(name: str, low: int, high: int, size: int, what: str) -> None:
-    if low < 0 or high >= size:
-        bad = low if low < 0 else high
-        raise SparseOptimizerError(
-            f"`{name}` must be in [0, {size}) as there are {size} {what}, but contains {bad} instead."
-        )
-
-
-__all__ = ["BACKENDS", "FusedStep", "SortedIds", "check_step_inputs", "fused_step"]
+__all__ = ["BACKENDS", "FusedStep", "SortedIds", "check_ranges", "check_step_inputs", "fused_step"]

@@ -12,7 +12,7 @@ import torch
 from numba.core.errors import TypingError
 from numba.extending import overload
 
-from embedding.optimizers import SparseOptimizerConfig
+from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError
 from embedding.optimizers.spec import TOUCHES, SparseOptimizerSpec
 
 
@@ -36,6 +36,20 @@ def step_factors(
     torch does. Without weight decay the kernels skip it, which leaves every bit as it is."""
     decay = np.float32(spec.weight_decay.factor(lr, config.weight_decay))
     return config.weight_decay != 0, decay, tuple(np.float32(factor) for factor in spec.factors(step, lr))
+
+
+def check_ranges(id_low: int, id_high: int, index_low: int, index_high: int, num_rows: int, num_grad_rows: int) -> None:
+    """Raise :class:`SparseOptimizerError` unless the step's ids (lowest, highest) are rows of the
+    table and its gradient indices rows of the gradient."""
+    for name, low, high, size, what in (
+        ("ids", id_low, id_high, num_rows, "rows in `weight`"),
+        ("grad_index", index_low, index_high, num_grad_rows, "rows in `grad_rows`"),
+    ):
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            raise SparseOptimizerError(
+                f"`{name}` must be in [0, {size}) as there are {size} {what}, but contains {bad} instead."
+            )
 
 
 def concatenated(grad_rows: Sequence[torch.Tensor]) -> torch.Tensor:

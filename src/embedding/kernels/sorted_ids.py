@@ -19,9 +19,14 @@ class SortedIds:
     keys: torch.Tensor
     order: torch.Tensor
 
+    @staticmethod
+    def key_dtype(num_rows: int) -> torch.dtype:
+        """The keys' type for a table of ``num_rows`` rows: int32 where it holds every row (under 2**31)."""
+        return torch.int32 if num_rows <= torch.iinfo(torch.int32).max else torch.int64
+
     @classmethod
-    def of(cls, ids: torch.Tensor, num_rows: int) -> SortedIds:
-        """``ids``, rows of a table of ``num_rows`` rows, sorted. torch's stable sort is a radix sort, several times
-        faster than numba's, and three times faster again on int32 keys, which hold any row under 2**31."""
-        keys = ids.to(torch.int32) if num_rows <= torch.iinfo(torch.int32).max else ids
-        return cls(*torch.sort(keys, stable=True))
+    def of(cls, ids: torch.Tensor, num_rows: int, out: tuple[torch.Tensor, torch.Tensor] | None = None) -> SortedIds:
+        """``ids``, rows of a table of ``num_rows`` rows, sorted (into ``out``'s keys and order, if given).
+        torch's stable sort is a radix sort, several times faster than numba's, and three times faster
+        again on int32 keys."""
+        return cls(*torch.sort(ids.to(cls.key_dtype(num_rows)), stable=True, out=out))

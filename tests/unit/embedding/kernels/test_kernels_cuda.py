@@ -5,7 +5,8 @@ the simulator runs every GPU thread as a Python thread), or on a GPU with
 import pytest
 import torch
 
-from embedding.optimizers import SPARSE_OPTIMIZERS, sparse_optimizer_config
+from embedding.kernels import fused_step
+from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerError, sparse_optimizer_config
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 
 NUM_ROWS = 50
@@ -80,3 +81,30 @@ def test_rows_cut_at_every_chunk_boundary_match_the_reference_with_the_same_bits
     steps_runner(config, second, [inputs], "cuda")
     assert torch.equal(first.weight, second.weight)
     assert all(torch.equal(first.state[key], second.state[key]) for key in first.state)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"ids": [3, 50, 3]}, r"`ids` must be in \[0, 50\) as there are 50 rows in `weight`, but contains 50"),
+        ({"ids": [3, -1, 3]}, r"`ids` must be in \[0, 50\) .* but contains -1"),
+        ({"grad_index": [0, 3, 1]}, r"`grad_index` must be in \[0, 3\) .* but contains 3"),
+    ],
+)
+def test_ids_out_of_range_raise_and_leave_every_row_as_it_was(bad, message, make_table, device_of):
+    """The step reads the ids' range only once its kernels are queued; they read it first and write nothing."""
+    config = sparse_optimizer_config("adam", lr=0.05)
+    device = device_of("cuda")
+    table = make_table(config, NUM_ROWS, 4).to(device)
+    before = table.clone()
+    inputs = {"ids": [3, 7, 3], "grad_index": [0, 1, 2]} | bad
+
+    with pytest.raises(SparseOptimizerError, match=message):
+        fused_step(
+            config, table.weight, table.state, torch.tensor(inputs["ids"], device=device),
+            torch.ones(3, 4, device=device), torch.tensor(inputs["grad_index"], device=device), None, 1,
+            backend="cuda",
+        )  # fmt: skip
+
+    assert torch.equal(table.weight, before.weight)
+    assert all(torch.equal(table.state[key], before.state[key]) for key in table.state)
