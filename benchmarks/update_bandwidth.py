@@ -48,15 +48,15 @@ def median_seconds(action: Callable[[], object], device: torch.device, repeats: 
         action()
     times = []
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         action()
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -131,7 +131,7 @@ def profile_step(workload: Workload, device: torch.device) -> None:
     with profile(activities=activities) as profiler:
         for _ in range(steps):
             workload.run()
-        _synchronize(device)
+        synchronize(device)
     sort_key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     print(profiler.key_averages().table(sort_by=sort_key, row_limit=14, max_name_column_width=48))
     print(f"(totals over {steps} steps)")
