@@ -48,8 +48,9 @@ def test_a_row_looked_up_more_than_a_chunk_sums_its_chunks_like_the_reference(na
     reference_check(sparse_optimizer_config(name, lr=0.05), NUM_ROWS, 4, steps, "cuda")
 
 
-def test_rowwise_adagrad_sums_a_row_wider_than_a_block_like_the_reference(make_step_inputs, reference_check):
-    """300 elements over 256 threads: some threads square two elements before the tree sums them."""
+def test_rowwise_adagrad_sums_a_row_wider_than_a_warp_like_the_reference(make_step_inputs, reference_check):
+    """300 elements over a warp's 32 lanes: ten a lane (the last ones' tenth past the row, left out) before the
+    lanes' sums are added."""
     steps = [make_step_inputs(0, NUM_ROWS, 300, 6, True, True)]
     reference_check(RowwiseAdagradConfig(lr=0.05), NUM_ROWS, 300, steps, "cuda")
 
