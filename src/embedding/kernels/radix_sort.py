@@ -2,10 +2,11 @@
 
 A batch's ids are rows of one table (or buffer): below ``num_rows``, so a sort needs only the bits that
 ``num_rows`` takes (20 for a million rows), not the key type's 32 or 64. Two passes of 10 bits sort a
-million-row table's ids, where a general radix sort of int32 keys makes four; each pass counts the
-digits and moves every id once, to a place its digit's count gives, keeping equal ids in their order
-(the same order ``torch.sort(stable=True)`` gives). One thread: a batch's ids (a few hundred thousand)
-take well under a millisecond, and a parallel region would wait for a second core on a shared machine.
+million-row table's ids, where a sort of whole int32 keys by bytes makes four; each pass moves every id
+once, to the next place of its digit, keeping equal ids in their order (the order of
+``torch.sort(stable=True)``). One thread: a hundred thousand ids take about half a millisecond, and a
+parallel region would wait for a second core on a shared machine (torch's two-thread sort took 3.9 ms
+in a step beside a busy process; BENCHMARKS.md, issue 35).
 """
 
 from __future__ import annotations
