@@ -176,8 +176,9 @@ def _workspace(device: torch.device, stream: object, dim: int, key_dtype: torch.
     space = _WORKSPACES.get(key)
     if space is None or space.capacity < num_ids:
         capacity = num_ids if space is None else max(num_ids, space.capacity * 5 // 4)  # grown by steps, not by ids
-        del space  # its memory is free for the new one's
-        _WORKSPACES[key] = space = _Workspace(device, dim, key_dtype, capacity)
+        _WORKSPACES.pop(key, None)
+        del space  # the old buffers are freed before the new ones are made
+        space = _WORKSPACES[key] = _Workspace(device, dim, key_dtype, capacity)
     return space
 
 

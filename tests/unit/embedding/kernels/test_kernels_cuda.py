@@ -5,7 +5,7 @@ the simulator runs every GPU thread as a Python thread), or on a GPU with
 import pytest
 import torch
 
-from embedding.kernels import fused_step
+from embedding.kernels import cuda, fused_step
 from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerError, sparse_optimizer_config
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 
@@ -109,3 +109,16 @@ def test_ids_out_of_range_raise_and_leave_every_row_as_it_was(bad, message, make
 
     assert torch.equal(table.weight, before.weight)
     assert all(torch.equal(table.state[key], before.state[key]) for key in table.state)
+
+
+def test_steps_of_growing_and_shrinking_batches_reuse_and_grow_the_workspace_like_the_reference(
+    make_step_inputs, reference_check
+):
+    """The step's buffers are kept between steps and made anew, larger, for a batch with more ids than any before:
+    a batch after a larger one, and one larger than every one before, both sum as the reference does."""
+    cuda._WORKSPACES.clear()
+    steps = [make_step_inputs(seed, NUM_ROWS, 4, size, True, True) for seed, size in enumerate([40, 7, 300, 12])]
+
+    reference_check(sparse_optimizer_config("rowwise_adagrad", lr=0.05), NUM_ROWS, 4, steps, "cuda")
+    (space,) = cuda._WORKSPACES.values()
+    assert space.capacity == 300
