@@ -260,6 +260,12 @@ def _step_kernel(
                     or occurrence >= num_occurrences
                     or ids[occurrence] != sorted_ids[position]
                     or (position > 0 and sorted_ids[position - 1] > sorted_ids[position])
+                    # Stable (an id's occurrences in their order), so that no occurrence comes twice.
+                    or (
+                        position > 0
+                        and sorted_ids[position - 1] == sorted_ids[position]
+                        and order[position - 1] >= occurrence
+                    )
                 ):
                     misplaced += 1
                     continue

@@ -141,20 +141,25 @@ def test_a_sort_made_ahead_gives_the_bits_of_the_kernels_own_sort(name, key_dtyp
 
 def wrong_sorts(ids):
     """Sorts that do not sort ``ids``: keys that are not the ids they point at, keys that decrease, an order out
-    of range (which the kernel must not follow)."""
+    of range (which the kernel must not follow), an order that names one occurrence twice and another never
+    (every key still the id it points at)."""
     keys, order = torch.sort(ids, stable=True)
     other_keys = keys.clone()
     other_keys[-1] = keys[-1] - 1 if keys[-1] > keys[0] else keys[-1] + 1
     out_of_range = order.clone()
     out_of_range[0] = ids.numel()
+    repeated = order.clone()
+    first_repeat = int(torch.nonzero(keys[1:] == keys[:-1])[0])  # two occurrences of one id, side by side
+    repeated[first_repeat + 1] = repeated[first_repeat]
     return {
         "keys not the ids": SortedIds(other_keys, order),
         "keys decreasing": SortedIds(keys.flip(0), order.flip(0)),
         "order out of range": SortedIds(keys, out_of_range),
+        "an occurrence twice": SortedIds(keys, repeated),
     }
 
 
-@pytest.mark.parametrize("case", ["keys not the ids", "keys decreasing", "order out of range"])
+@pytest.mark.parametrize("case", ["keys not the ids", "keys decreasing", "order out of range", "an occurrence twice"])
 def test_a_sort_that_does_not_sort_the_ids_is_refused_before_any_write(case, make_step_inputs, make_table):
     config = sparse_optimizer_config("rowwise_adagrad")
     inputs = make_step_inputs(0, NUM_ROWS, 4, 50, True, True)
@@ -213,3 +218,29 @@ def test_the_sums_by_id_refuse_indices_out_of_bounds_and_too_few_ids(make_step_i
             torch.empty(distinct, dtype=torch.int64),
             torch.empty(distinct, 5),
         )
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"ids": [3, NUM_ROWS, 3]}, rf"`ids` must be in \[0, {NUM_ROWS}\) .* but contains {NUM_ROWS}"),
+        ({"ids": [3, -1, 3]}, rf"`ids` must be in \[0, {NUM_ROWS}\) .* but contains -1"),
+        ({"ids": [3, 2**40, 3]}, rf"`ids` must be in \[0, {NUM_ROWS}\) .* but contains {2**40}"),
+        ({"grad_index": [0, 3, 1]}, r"`grad_index` must be in \[0, 3\) .* but contains 3"),
+    ],
+)
+def test_ids_out_of_range_raise_before_any_write(bad, message, make_table):
+    """An id past 2**31, which an int32 sort key would wrap onto a row, is an id out of range too."""
+    config = sparse_optimizer_config("adam", lr=0.05)
+    table = make_table(config, NUM_ROWS, 4)
+    before = table.clone()
+    inputs = {"ids": [3, 7, 3], "grad_index": [0, 1, 2]} | bad
+
+    with pytest.raises(SparseOptimizerError, match=message):
+        fused_step(
+            config, table.weight, table.state, torch.tensor(inputs["ids"]), torch.ones(3, 4),
+            torch.tensor(inputs["grad_index"]), None, 1,
+        )  # fmt: skip
+
+    assert torch.equal(table.weight, before.weight)
+    assert all(torch.equal(table.state[key], before.state[key]) for key in table.state)
