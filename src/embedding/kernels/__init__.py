@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from embedding.kernels.common import check_ranges
+from embedding.kernels.common import check_ranges, step_bounds
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -139,8 +139,7 @@ def check_step_inputs(
     _check_state(config, state, weight)
 
     if ranges and ids.numel() > 0:
-        # Both ranges in one read of the device: on a GPU each read waits for the work queued before it.
-        id_low, id_high, index_low, index_high = torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)]).tolist()
+        id_low, id_high, index_low, index_high = step_bounds(ids, grad_index).tolist()
         check_ranges(id_low, id_high, index_low, index_high, num_rows, sum(piece.size(0) for piece in grad_rows))
 
 

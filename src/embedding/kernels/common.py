@@ -38,6 +38,12 @@ def step_factors(
     return config.weight_decay != 0, decay, tuple(np.float32(factor) for factor in spec.factors(step, lr))
 
 
+def step_bounds(ids: torch.Tensor, grad_index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The lowest and highest id and gradient index, as one tensor on their device (one read of it gives all
+    four: on a GPU each read waits for the work queued before it); :func:`check_ranges` takes them in order."""
+    return torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)], out=out)
+
+
 def check_ranges(id_low: int, id_high: int, index_low: int, index_high: int, num_rows: int, num_grad_rows: int) -> None:
     """Raise :class:`SparseOptimizerError` unless the step's ids (lowest, highest) are rows of the
     table and its gradient indices rows of the gradient."""

@@ -35,7 +35,7 @@ import torch
 from numba import cuda
 
 from embedding.kernels import cuda_kernels
-from embedding.kernels.common import check_ranges, concatenated, state_tensors, step_factors, touch_counts
+from embedding.kernels.common import check_ranges, concatenated, state_tensors, step_bounds, step_factors, touch_counts
 from embedding.kernels.cuda_kernels import CHUNK
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
@@ -156,7 +156,7 @@ class _Workspace:
         """Queue the torch work ahead of the kernels: the bounds, the sort, the gradient rows and
         scales in sorted order, and the units."""
         n = ids.numel()
-        torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)], out=self.bounds)
+        step_bounds(ids, grad_index, out=self.bounds)
         keys, order = self.keys[:n], self.order[:n]
         SortedIds.of(ids, num_rows, out=(keys, order))
         torch.index_select(grad_index, 0, order, out=self.sorted_rows[:n])
