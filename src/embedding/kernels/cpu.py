@@ -54,9 +54,11 @@ _ROW_COST_IN_OCCURRENCES = 4
 _CHUNKS_PER_THREAD = 8
 
 # How far ahead the kernel prefetches: far enough to hide a memory access behind the work in
-# between, near enough that the prefetched lines are still cached when they are used.
-_ROW_PREFETCH_DISTANCE = 4
-_OCCURRENCE_PREFETCH_DISTANCE = 8
+# between, near enough that the prefetched lines are still cached when they are used. Measured on
+# the sparse step's rows (BENCHMARKS.md, issue 35): occurrences 8 ahead left the loop over rows
+# waiting on memory (2.0 ms); 32 ahead took 1.2-1.5 ms, 64 to 128 no less.
+_ROW_PREFETCH_DISTANCE = 8
+_OCCURRENCE_PREFETCH_DISTANCE = 32
 
 # Floats per 64-byte cache line: a row is prefetched one line at a time.
 _FLOATS_PER_CACHE_LINE = 16
@@ -253,7 +255,12 @@ def _step_kernel(
         sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
         misplaced = 0
         for chunk in prange(num_chunks):
-            for position in range(chunk * num_occurrences // num_chunks, (chunk + 1) * num_occurrences // num_chunks):
+            end = (chunk + 1) * num_occurrences // num_chunks
+            for position in range(chunk * num_occurrences // num_chunks, end):
+                if position + _OCCURRENCE_PREFETCH_DISTANCE < end:  # the order scatters these reads: half the pass
+                    coming = order[position + _OCCURRENCE_PREFETCH_DISTANCE]  # checked when its turn comes
+                    _prefetch_for_read(ids, (coming,))
+                    _prefetch_for_read(grad_index, (coming,))
                 occurrence = order[position]
                 if (
                     occurrence < 0
@@ -427,20 +434,26 @@ def _call_prefetch(builder: Any, byte_pointer: Any, for_write: bool) -> None:
     builder.call(prefetch_function, [byte_pointer, int32(int(for_write)), int32(3), int32(1)])
 
 
-@intrinsic  # type: ignore[untyped-decorator]
-def _prefetch_for_write(typingctx: Any, array: Any, index: Any) -> Any:
-    """LLVM's prefetch hint, for writing, of the cache line of ``array[index]``, which numba does not
-    expose. A hint never faults and changes no value."""
+def _element_prefetch(for_write: bool) -> Any:
+    """An intrinsic ``(array, index)``: LLVM's prefetch hint, for writing or reading, of the cache line of
+    ``array[index]``, which numba does not expose. A hint never faults and changes no value."""
 
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        array_type, index_type = signature.args
-        array_value = context.make_array(array_type)(context, builder, args[0])
-        indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
-        pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
-        _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write=True)
-        return context.get_dummy_value()
+    def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            array_type, index_type = signature.args
+            array_value = context.make_array(array_type)(context, builder, args[0])
+            indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
+            pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
+            _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write=for_write)
+            return context.get_dummy_value()
 
-    return types.void(array, index), codegen
+        return types.void(array, index), codegen
+
+    return intrinsic(prefetch)
+
+
+_prefetch_for_write = _element_prefetch(for_write=True)
+_prefetch_for_read = _element_prefetch(for_write=False)
 
 
 @intrinsic  # type: ignore[untyped-decorator]

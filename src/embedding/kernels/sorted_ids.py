@@ -33,10 +33,10 @@ class SortedIds:
 
         On a CPU, by the bits below ``num_rows`` alone (:mod:`embedding.kernels.radix_sort`: two passes for a
         million rows, on one thread); ids outside the table, which the callers' checks have refused by then,
-        fall back to torch's sort of the whole keys. On a GPU, torch's radix sort, three times faster on
-        int32 keys than on int64."""
+        and a table of ``2 ** 31`` rows or more fall back to torch's sort of the whole keys. On a GPU,
+        torch's radix sort, three times faster on int32 keys than on int64."""
         key_dtype = cls.key_dtype(num_rows)
-        if ids.device.type == "cpu":
+        if ids.device.type == "cpu" and key_dtype == torch.int32:
             keys, order = out or (torch.empty(ids.shape, dtype=key_dtype), torch.empty(ids.shape, dtype=torch.int64))
             bits = np.array(digit_bits(num_rows), dtype=np.int64)
             if ids.numel() == 0 or radix_sort(ids.numpy(), bits, keys.numpy(), order.numpy()):

@@ -59,3 +59,9 @@ def test_ids_outside_the_digits_are_refused_by_the_passes_and_sorted_by_torch(ou
     sort = SortedIds.of(ids, 8)
     keys, order = torch.sort(ids.to(torch.int32), stable=True)
     assert torch.equal(sort.keys, keys) and torch.equal(sort.order, order)
+
+
+def test_keys_of_more_than_31_bits_are_refused_by_the_passes():
+    ids = torch.tensor([3, 1, 2])
+
+    assert not radix_sort(ids.numpy(), np.array([12, 12, 8], np.int64), np.empty(3, np.int32), np.empty(3, np.int64))
