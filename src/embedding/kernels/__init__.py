@@ -69,8 +69,9 @@ def fused_step(
 
     pieces = (grad_rows,) if isinstance(grad_rows, torch.Tensor) else tuple(grad_rows)
     # The CUDA step reads the ranges of the ids once its kernels are queued (they check them too): a read
-    # here would make the host wait for the device.
-    check_step_inputs(config, weight, state, ids, pieces, grad_index, grad_scale, step, ranges=backend != "cuda")
+    # here would make the host wait for the device. The CPU kernel checks them in its first pass, which reads
+    # every id and gradient index anyway: a pass of its own took 0.1-0.2 ms of a 4-8 ms sparse step.
+    check_step_inputs(config, weight, state, ids, pieces, grad_index, grad_scale, step, ranges=backend == "reference")
     if sorted_ids is not None:
         _check_sorted_ids(sorted_ids, ids)
 

@@ -20,7 +20,8 @@ The kernel is compiled once per optimizer around its update functions (see
 :class:`embedding.optimizers.SparseOptimizerSpec`), which it calls for each element and row with
 scalars: a call that took arrays would count their references, as the helpers below explain.
 
-It expects inputs already checked by :func:`embedding.kernels.fused_step`.
+It expects inputs checked by :func:`embedding.kernels.check_step_inputs` but for the ranges of the ids and
+gradient indices, which its first pass checks before any write.
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from embedding import compiled_source
-from embedding.kernels.common import gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.common import (
+    check_ranges,
+    gather,
+    scatter,
+    state_tensors,
+    step_bounds,
+    step_factors,
+    touch_counts,
+)
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
@@ -93,7 +102,7 @@ def fused_step(
     row_states, element_states = state_tensors(spec, state)
     per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
     kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
-    misplaced = kernel(
+    misplaced, out_of_range = kernel(
         _as_numpy(weight),
         tuple(_as_numpy(tensor) for tensor in row_states),
         tuple(_as_numpy(tensor) for tensor in element_states),
@@ -108,6 +117,9 @@ def fused_step(
         *step_factors(spec, config, step, lr),
         numba.get_num_threads() * _CHUNKS_PER_THREAD,
     )
+    if misplaced or out_of_range:  # The ranges first, as the other backends check them before the sort.
+        id_low, id_high, index_low, index_high = step_bounds(ids, grad_index).tolist()
+        check_ranges(id_low, id_high, index_low, index_high, weight.size(0), sum(piece.size(0) for piece in grad_rows))
     if misplaced:
         raise SparseOptimizerError(
             f"`sorted_ids` must sort `ids` (`keys` equal to `ids[order]`, never decreasing), but {misplaced} of its "
@@ -211,7 +223,7 @@ def _step_kernel(
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
     decay_per_touch: Callable[[Any, Any], Any] | None,
-) -> Callable[..., int]:
+) -> Callable[..., tuple[int, bool]]:
     """The fused step compiled around one optimizer's update functions (see
     :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
     it between processes, keyed by the functions the kernel captures."""
@@ -242,18 +254,21 @@ def _step_kernel(
         num_chunks,
     ):
         """Each chunk of rows goes to one thread; each row is summed, updated and written once. Returns how
-        many positions of the sort do not sort ``ids`` (then before it writes anything)."""
+        many positions of the sort do not sort ``ids`` and whether an id or gradient index is out of range (then
+        before it writes anything)."""
         source_digest  # noqa: B018 (named, so that the kernel captures it)
         grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
         dim = weight.shape[1]
 
-        # Each occurrence's gradient row address and scale, in sorted order; and whether the sort,
-        # which may come from elsewhere, sorts the ids: a row that ``ids`` does not hold could lie
-        # outside the table, and a row split over two segments would race between two threads.
+        # Each occurrence's gradient row address and scale, in sorted order; whether the sort, which
+        # may come from elsewhere, sorts the ids (a row that ``ids`` does not hold could lie outside
+        # the table, and a row split over two segments would race between two threads); and whether
+        # every gradient index is a gradient row. The ids are rows of the table if the sort's first
+        # and last keys are.
         num_occurrences = order.size
         sorted_addresses = np.empty(num_occurrences, dtype=np.int64)
         sorted_scales = np.empty(num_occurrences if has_grad_scale else 0, dtype=np.float32)
-        misplaced = 0
+        misplaced, bad_indices = 0, 0
         for chunk in prange(num_chunks):
             end = (chunk + 1) * num_occurrences // num_chunks
             for position in range(chunk * num_occurrences // num_chunks, end):
@@ -276,11 +291,16 @@ def _step_kernel(
                 ):
                     misplaced += 1
                     continue
-                sorted_addresses[position] = grad_row_addresses[grad_index[occurrence]]
+                index = grad_index[occurrence]
+                if index < 0 or index >= grad_row_addresses.size:
+                    bad_indices += 1
+                    continue
+                sorted_addresses[position] = grad_row_addresses[index]
                 if has_grad_scale:
                     sorted_scales[position] = grad_scale[occurrence]
-        if misplaced:
-            return misplaced
+        out_of_range = bad_indices > 0 or sorted_ids[0] < 0 or sorted_ids[num_occurrences - 1] >= weight.shape[0]
+        if misplaced or out_of_range:
+            return misplaced, out_of_range
         segment_starts = _segment_starts(sorted_ids)
         chunk_bounds = _balanced_chunk_bounds(segment_starts, num_chunks)
 
@@ -325,7 +345,7 @@ def _step_kernel(
                         new_weight, new_grad, multiplier, element_values, factors
                     )
                     scatter(element_states, (row, d), element_values)
-        return 0
+        return 0, False
 
     return fused_step_kernel  # type: ignore[no-any-return]
 
