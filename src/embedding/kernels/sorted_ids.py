@@ -32,9 +32,9 @@ class SortedIds:
         """``ids``, rows of a table of ``num_rows`` rows, sorted (into ``out``'s keys and order, if given).
 
         On a CPU, by the bits below ``num_rows`` alone (:mod:`embedding.kernels.radix_sort`: two passes for a
-        million rows, on one thread); ids outside the table, which the callers' checks have refused by then,
-        and a table of ``2 ** 31`` rows or more fall back to torch's sort of the whole keys. On a GPU,
-        torch's radix sort, three times faster on int32 keys than on int64."""
+        million rows, on one thread); ids outside the table (the grouping refuses them before its sort, the
+        CPU kernel after its own) and a table of ``2 ** 31`` rows or more fall back to torch's sort of the
+        whole keys. On a GPU, torch's radix sort, three times faster on int32 keys than on int64."""
         key_dtype = cls.key_dtype(num_rows)
         if ids.device.type == "cpu" and key_dtype == torch.int32:
             keys, order = out or (torch.empty(ids.shape, dtype=key_dtype), torch.empty(ids.shape, dtype=torch.int64))
