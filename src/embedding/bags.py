@@ -19,7 +19,7 @@ import torch
 from embedding.config import EmbeddingTableConfig
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.kernels import SortedIds
-from embedding.kernels.grouping import IdOutOfRange, group_ids
+from embedding.kernels.grouping import IdOutOfRange, group_ids, one_id_bag_offsets
 from embedding.lookup import Bags
 from embedding.sharding import ShardGroup
 
@@ -39,13 +39,16 @@ def group_bags(group: ShardGroup, features: SparseFeatures, sort: bool = False) 
     weighted = any(feature.weights is not None for feature in jagged)
     scales = torch.cat([_weights_or_ones(feature) for feature in jagged]) if weighted else None
     uniform = len({(feature.ids.numel(), num_bags(table, feature)) for (table, _), feature in zip(pairs, jagged)}) == 1
-    sorted_ids = None
+    sorted_ids, offsets = None, None
     if jagged[0].ids.device.type == "cpu":
         ids, sorted_ids = compiled_ids(pairs, jagged, buffer_offsets, group.weight.size(0) if sort else None)
+        offsets = compiled_one_id_offsets(pairs, jagged) if uniform else None
     elif uniform:
         ids = uniform_ids(pairs, jagged, buffer_offsets)
     else:
         ids = ids_a_feature_at_a_time(pairs, jagged, buffer_offsets)
+    if offsets is not None:
+        return Bags(ids, offsets, scales, True, sorted_ids)
     offsets, one_id_per_bag = uniform_offsets(pairs, jagged) if uniform else (jagged_offsets(pairs, jagged), False)
     return Bags(ids, offsets, scales, one_id_per_bag, sorted_ids)
 
@@ -81,6 +84,17 @@ def compiled_ids(
         low, high = (int(value) for value in torch.aminmax(feature_ids))
         raise _id_range_error(table, feature, low, high) from None
     return ids, None if buffer_rows is None else SortedIds.of(ids, buffer_rows)
+
+
+def compiled_one_id_offsets(
+    pairs: list[tuple[EmbeddingTableConfig, str]], jagged: list[JaggedIds]
+) -> torch.Tensor | None:
+    """On the CPU, the offsets of features that all have as many ids and bags, if every bag holds one id (else
+    ``None``), by the compiled pass (:func:`embedding.kernels.grouping.one_id_bag_offsets`)."""
+    if num_bags(pairs[0][0], jagged[0]) != jagged[0].ids.numel():
+        return None
+    pooled = [feature.offsets.to(torch.int64) for (table, _), feature in zip(pairs, jagged) if table.pooling != "none"]
+    return one_id_bag_offsets(pooled, len(jagged) * jagged[0].ids.numel()) if pooled else None
 
 
 def uniform_ids(

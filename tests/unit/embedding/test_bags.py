@@ -30,6 +30,7 @@ FEATURES = {
         name: jagged([1 + i, 2, 23, -9 if name in "cd" else 0], [2, 0, 2]) for i, name in enumerate("abcd")
     },
     "weighted": {name: jagged([1, 2 + i, 9], [1, 1, 1], [0.5, 2.0, 1.0 + i]) for i, name in enumerate("abcd")},
+    "as many ids as bags, not one each": {name: jagged([1 + i, 2, 3], [0, 2, 1]) for i, name in enumerate("abcd")},
     "jagged": {
         name: jagged([3] * (i + 1) + [-40 + i if name in "cd" else 29], [1, i + 1]) for i, name in enumerate("abcd")
     },
