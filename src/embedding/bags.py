@@ -2,11 +2,11 @@
 hashed into their table's rows and moved to the group's buffer, and where each bag starts.
 
 One lookup serves all the features of a group, so their bags are concatenated. On the CPU the ids
-take one compiled pass (:mod:`embedding.kernels.grouping`), then, where the group's rows are all local
-(so that its ids are the update's), the sort the update needs: one sort a batch, made where a train
-pipeline prepares the next batch ahead. On an accelerator, torch ops move the ids, all features at
-once when they have as many ids and bags each (one id per sample, say), else a feature at a time;
-its kernel sorts them on the device.
+take one compiled pass (:mod:`embedding.kernels.grouping`; one-id bags' offsets another), then, where
+the group's rows are all local (so that its ids are the update's), the sort the update needs: one sort
+a batch, made where a train pipeline prepares the next batch ahead. On an accelerator, torch ops move
+the ids, all features at once when they have as many ids and bags each (one id per sample, say), else a
+feature at a time; its kernel sorts them on the device.
 """
 
 from __future__ import annotations
@@ -39,17 +39,20 @@ def group_bags(group: ShardGroup, features: SparseFeatures, sort: bool = False) 
     weighted = any(feature.weights is not None for feature in jagged)
     scales = torch.cat([_weights_or_ones(feature) for feature in jagged]) if weighted else None
     uniform = len({(feature.ids.numel(), num_bags(table, feature)) for (table, _), feature in zip(pairs, jagged)}) == 1
-    sorted_ids, offsets = None, None
+    sorted_ids, one_id_offsets = None, None
     if jagged[0].ids.device.type == "cpu":
         ids, sorted_ids = compiled_ids(pairs, jagged, buffer_offsets, group.weight.size(0) if sort else None)
-        offsets = compiled_one_id_offsets(pairs, jagged) if uniform else None
+        one_id_offsets = compiled_one_id_offsets(pairs, jagged) if uniform else None
     elif uniform:
         ids = uniform_ids(pairs, jagged, buffer_offsets)
     else:
         ids = ids_a_feature_at_a_time(pairs, jagged, buffer_offsets)
-    if offsets is not None:
-        return Bags(ids, offsets, scales, True, sorted_ids)
-    offsets, one_id_per_bag = uniform_offsets(pairs, jagged) if uniform else (jagged_offsets(pairs, jagged), False)
+    if one_id_offsets is not None:
+        offsets, one_id_per_bag = one_id_offsets, True
+    elif uniform:
+        offsets, one_id_per_bag = uniform_offsets(pairs, jagged)
+    else:
+        offsets, one_id_per_bag = jagged_offsets(pairs, jagged), False
     return Bags(ids, offsets, scales, one_id_per_bag, sorted_ids)
 
 
