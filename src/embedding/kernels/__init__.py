@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from embedding.kernels.common import check_ranges, step_bounds
+from embedding.kernels.common import check_ranges, check_step_ranges
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -140,8 +140,7 @@ def check_step_inputs(
     _check_state(config, state, weight)
 
     if ranges and ids.numel() > 0:
-        id_low, id_high, index_low, index_high = step_bounds(ids, grad_index).tolist()
-        check_ranges(id_low, id_high, index_low, index_high, num_rows, sum(piece.size(0) for piece in grad_rows))
+        check_step_ranges(ids, grad_index, num_rows, grad_rows)
 
 
 def _check_tensor(

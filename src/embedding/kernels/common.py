@@ -44,6 +44,15 @@ def step_bounds(ids: torch.Tensor, grad_index: torch.Tensor, out: torch.Tensor |
     return torch.stack([*torch.aminmax(ids), *torch.aminmax(grad_index)], out=out)
 
 
+def check_step_ranges(
+    ids: torch.Tensor, grad_index: torch.Tensor, num_rows: int, grad_rows: Sequence[torch.Tensor]
+) -> None:
+    """:func:`check_ranges` on the bounds of ``ids`` and ``grad_index`` (a table of ``num_rows`` rows, the
+    gradient rows in pieces), read at once."""
+    id_low, id_high, index_low, index_high = step_bounds(ids, grad_index).tolist()
+    check_ranges(id_low, id_high, index_low, index_high, num_rows, sum(piece.size(0) for piece in grad_rows))
+
+
 def check_ranges(id_low: int, id_high: int, index_low: int, index_high: int, num_rows: int, num_grad_rows: int) -> None:
     """Raise :class:`SparseOptimizerError` unless the step's ids (lowest, highest) are rows of the
     table and its gradient indices rows of the gradient."""

@@ -40,15 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from embedding import compiled_source
-from embedding.kernels.common import (
-    check_ranges,
-    gather,
-    scatter,
-    state_tensors,
-    step_bounds,
-    step_factors,
-    touch_counts,
-)
+from embedding.kernels.common import check_step_ranges, gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.spec import UpdateFunction
@@ -118,8 +110,7 @@ def fused_step(
         numba.get_num_threads() * _CHUNKS_PER_THREAD,
     )
     if misplaced or out_of_range:  # The ranges first, as the other backends check them before the sort.
-        id_low, id_high, index_low, index_high = step_bounds(ids, grad_index).tolist()
-        check_ranges(id_low, id_high, index_low, index_high, weight.size(0), sum(piece.size(0) for piece in grad_rows))
+        check_step_ranges(ids, grad_index, weight.size(0), grad_rows)
     if misplaced:
         raise SparseOptimizerError(
             f"`sorted_ids` must sort `ids` (`keys` equal to `ids[order]`, never decreasing), but {misplaced} of its "
