@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -23,9 +23,19 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
-def load_yaml(stream: Any) -> Any:
-    """Parse YAML safely (no objects), reading exponent notation as floats."""
-    return yaml.load(stream, Loader=_YamlLoader)
+def load_yaml(stream: str | TextIO) -> Any:
+    """Parse YAML safely (no objects), reading exponent notation as floats.
+
+    A file that is not UTF-8 text (an image given as ``--config-file``) fails as it is read, with a
+    ``UnicodeDecodeError`` that names no file: it is the user's error, naming the file.
+    """
+    try:
+        return yaml.load(stream, Loader=_YamlLoader)
+    except UnicodeDecodeError as ex:
+        name = getattr(stream, "name", "?")
+        raise ConfigError(
+            f"The file {name} must be YAML, which is UTF-8 text, but is not text ({ex.reason})."
+        ) from None
 
 
 def to_dict(config: Any) -> Any:

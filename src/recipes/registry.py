@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import yaml
 
@@ -232,7 +232,7 @@ def _read_package_presets(entry_point: importlib.metadata.EntryPoint) -> dict[st
     return _parse_preset_file(data, source, search_path=())
 
 
-def _parse_yaml(text: str, source: str) -> Any:
+def _parse_yaml(text: str | TextIO, source: str) -> Any:
     try:
         return load_yaml(text)
     except yaml.YAMLError as ex:
@@ -240,7 +240,8 @@ def _parse_yaml(text: str, source: str) -> Any:
 
 
 def _read_yaml(path: Path) -> Any:
-    return _parse_yaml(path.read_text(), str(path))
+    with path.open(encoding="utf-8") as file:  # load_yaml names the file when it is not text
+        return _parse_yaml(file, str(path))
 
 
 def _read_preset_file(path: Path, required: bool) -> dict[str, Preset]:

@@ -191,8 +191,8 @@ class GangSection:
     timeout_s: Annotated[float, Range(gt=0, le=30 * 86400)] = 300.0
     """How long a collective may wait for a peer before the job fails."""
     threads_per_rank: PositiveInt | None = None
-    """Threads of torch and numba in each rank; ``None``: the cores this process may run on, divided by
-    the ranks on its node."""
+    """Threads of torch and numba in each rank, at most the cores this process may run on (checked at start-up:
+    more only wait for each other); ``None``: those cores divided by the ranks on its node."""
 
 
 @dataclass

@@ -14,6 +14,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from recipes.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -53,10 +55,21 @@ def parse_threads(requested: int | None, device: torch.device) -> int:
     the cores.
     """
     if requested is not None:
+        _check_at_most_the_cores(requested, "dataset.parse_threads")
         return requested
     if device.type == "cpu":
         return 1
     return max(1, min(MAX_AUTO_PARSE_THREADS, threads_per_rank(None) - 2))
+
+
+def _check_at_most_the_cores(requested: int | None, key: str) -> None:
+    """Refuse more threads than the cores this process may run on, as the config key ``key`` asks: they would only
+    wait for each other, and 100,000 exhausted the machine's processes and died of SIGSEGV without a word."""
+    cores = len(_usable_cores())
+    if requested is not None and requested > cores:
+        raise ConfigError(
+            f"`{key}` must be at most the {cores} cores this process may run on, but is {requested} instead."
+        )
 
 
 def free_cores(interval_s: float = 0.25) -> float | None:
@@ -96,14 +109,17 @@ def _cpu_times(cores: set[int]) -> dict[int, tuple[int, int]]:
 def use_threads(requested: int | None) -> str:
     """Set torch's and numba's threads for this rank; return the start-up line that says how many, and why.
 
-    Without ``requested``, a rank takes its share of the cores that are free now, not merely present: on a
-    machine where other work keeps a core busy, a thread there would make every parallel region of a step
-    wait for the other work's time slice (see BENCHMARKS.md, "Training on a shared machine").
+    ``requested`` (``gang.threads_per_rank``) must be at most the cores this process may run on, checked before
+    any thread is made. Without it, a rank takes its share of the cores that
+    are free now, not merely present: on a machine where other work keeps a core busy, a thread there would make
+    every parallel region of a step wait for the other work's time slice (see BENCHMARKS.md, "Training on a shared
+    machine").
     """
     import numba
     import torch
 
     ranks, present = _ranks_on_this_node(), len(_usable_cores())
+    _check_at_most_the_cores(requested, "gang.threads_per_rank")
     free = None if requested is not None else free_cores()
     if requested is not None:
         count, why = requested, "gang.threads_per_rank"

@@ -124,6 +124,28 @@ def test_a_user_error_exits_2_with_one_line(
     assert_one_line_error(err, *fragments)
 
 
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["show", "ctr_tiny", "--config-file", "picture.bin"], "picture.bin"),
+        (["show", "./picture.bin"], "picture.bin"),
+        (["train", "picture.yaml"], "picture.yaml"),
+    ],
+)
+def test_a_binary_file_as_config_or_preset_is_a_user_error_naming_it(
+    argv: list[str], name: str, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once a UnicodeDecodeError naming no file, exit 1."""
+    picture = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+    for file_name in ("picture.bin", "picture.yaml"):
+        (isolated_presets / file_name).write_bytes(picture)
+
+    code, _, err = run_main(capsys, *argv)
+
+    assert code == 2
+    assert_one_line_error(err, f"The file {name} must be YAML, which is UTF-8 text, but is not text")
+
+
 def test_a_malformed_recipes_yaml_in_the_current_directory_is_a_user_error(
     isolated_presets: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -189,6 +211,19 @@ def test_a_bad_value_is_refused_with_one_line_before_anything_is_written(
     assert code == 2
     assert_one_line_error(err, fragment)
     assert not (isolated_presets / "out").exists()
+
+
+def test_more_threads_per_rank_than_cores_is_refused_with_one_line_before_training(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once death by SIGSEGV without a word, after the threads had exhausted the machine's processes."""
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "gang.threads_per_rank=100000")
+
+    assert code == 2
+    assert_one_line_error(err, "`gang.threads_per_rank` must be at most the ", "but is 100000 instead.")
+    assert (
+        not (isolated_presets / "out" / "checkpoints").exists() and not (isolated_presets / "out/train.lock").exists()
+    )
 
 
 def test_a_checkpoint_exclude_pattern_that_matches_nothing_is_refused(

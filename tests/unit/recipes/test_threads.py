@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from recipes import threads
+from recipes.errors import ConfigError
 from recipes.threads import parse_threads, size_numba_pool, threads_per_rank, use_threads
 
 
@@ -101,11 +102,29 @@ def test_use_threads_sets_torch_and_numba_and_says_so(monkeypatch: pytest.Monkey
 
 def test_numba_never_gets_more_threads_than_its_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = numba.config.NUMBA_NUM_THREADS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(pool + 1)), raising=False)
 
     line = use_threads(pool + 1)
 
     assert torch.get_num_threads() == pool + 1 and numba.get_num_threads() == pool
     assert f"(numba {pool}: NUMBA_NUM_THREADS)" in line
+
+
+def test_more_threads_than_the_cores_are_refused_naming_the_key_before_any_thread_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 100,000 exhausted the machine's processes and died of SIGSEGV without a word.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    before = torch.get_num_threads(), numba.get_num_threads()
+
+    with pytest.raises(ConfigError, match=r"`gang.threads_per_rank` must be at most the 2 cores .* is 100000 instead"):
+        use_threads(100_000)
+    with pytest.raises(ConfigError, match=r"`dataset.parse_threads` must be at most the 2 cores .* is 3 instead"):
+        parse_threads(3, torch.device("cuda"))
+
+    assert (torch.get_num_threads(), numba.get_num_threads()) == before
+    assert use_threads(2).startswith("threads: 2 per rank") and parse_threads(2, torch.device("cpu")) == 2
 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, samples: list[dict[int, tuple[int, int]]]) -> None:
