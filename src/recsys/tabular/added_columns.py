@@ -26,6 +26,11 @@ from recsys.tabular.vocabulary import KeyCounter, ValueCounts
 _SECONDS_PER_DAY = 86_400
 _EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday; Monday is 0.
 
+TIME_RANGE_S = (-62_135_596_800, 253_402_300_800)
+"""The unix times in seconds a time part reads, from 0001-01-01 to before 10000-01-01 (UTC): the years of
+Python's ``datetime``, which names the windows of a time column too. A float beyond int64's seconds (1e20) was
+cast to garbage and trained, with a warning from numpy only."""
+
 
 @dataclass
 class AddedValues:
@@ -136,12 +141,29 @@ class AddedColumns:
                 orders = numbers[self._schema.split.column] if derived.transform == "count_before" else None  # type: ignore[index]
                 numbers[derived.name] = counts.lookup(source, orders) if counts else np.full(len(source), np.nan)
             else:
+                self._mark_times_out_of_range(derived, numbers[derived.source], values)
                 numbers[derived.name] = time_part(numbers[derived.source], derived.transform)
         for name in self._dense:
             values.numbers[name] = numbers[name]
         for name in self._categorical - set(values.bags):
             values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], name)
         return values
+
+    @staticmethod
+    def _mark_times_out_of_range(derived: DerivedColumn, seconds: npt.NDArray[np.float64], values: AddedValues) -> None:
+        """Rows whose time, the source of a time part, lies outside ``TIME_RANGE_S`` are malformed: kept by no
+        split, each with its problem (the reader names the file and the row, and counts it against
+        ``dataset.max_malformed_rows``)."""
+        bad = times_out_of_range(seconds)
+        if not bad.any():
+            return
+        values.keep = ~bad if values.keep is None else values.keep & ~bad
+        for row in np.flatnonzero(bad):
+            values.problems.setdefault(
+                int(row),
+                f"`{derived.source}`, the time of the derived column '{derived.name}', must be seconds since 1970 "
+                f"in years 1 to 9999 (UTC), but is {seconds[row]:g} instead",
+            )
 
     def _join(
         self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
@@ -250,10 +272,16 @@ def dense_column(numbers: npt.NDArray[np.float64], fill: float, log: bool) -> np
     return (np.log1p(np.maximum(values, 0.0)) if log else values).astype(np.float32)
 
 
+def times_out_of_range(seconds: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """Which of the unix times ``seconds`` are known (not NaN) but outside ``TIME_RANGE_S``, infinities included."""
+    return ~np.isnan(seconds) & ~((seconds >= TIME_RANGE_S[0]) & (seconds < TIME_RANGE_S[1]))
+
+
 def time_part(seconds: npt.NDArray[np.float64], part: str) -> npt.NDArray[np.float64]:
-    """The ``part`` (one of ``TIME_PARTS``) of unix times in seconds, in UTC; NaN (missing) stays NaN."""
+    """The ``part`` (one of ``TIME_PARTS``) of unix times in seconds, in UTC; NaN (missing), and a time outside
+    ``TIME_RANGE_S``, give NaN."""
     assert part in TIME_PARTS
-    known = np.isfinite(seconds)
+    known = (seconds >= TIME_RANGE_S[0]) & (seconds < TIME_RANGE_S[1])
     whole = np.floor(np.where(known, seconds, 0.0)).astype(np.int64)
     if part == "hour":
         result = (whole // 3600) % 24

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import datetime
 import gzip
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recipes.data_reader import DataError
-from recsys.tabular.added_columns import time_part
+from recsys.tabular.added_columns import TIME_RANGE_S, time_part, times_out_of_range
 from recsys.tabular.arrow import ArrowFormatConfig
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.parquet import ParquetReader
@@ -280,6 +281,38 @@ def test_a_row_without_a_split_value_is_malformed(tmp_path: Path) -> None:
         rows(path, data, "valid")
 
 
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+@pytest.mark.parametrize("part", ["hour", "year"])
+def test_a_time_outside_the_calendar_under_a_time_part_is_malformed_naming_file_row_and_value(
+    tmp_path: Path, file_format: str, part: str
+) -> None:
+    """Once cast to garbage and trained, with a warning from numpy only."""
+    times = ["100", "200", "1e20", "400", "500", "600"]
+    if file_format == "csv":
+        path = write_ratings(tmp_path, "csv", {**RATINGS, "time": times})
+    else:
+        path = str(tmp_path / "ratings.parquet")
+        ratings = {**RATINGS, "rating": [float(r) for r in RATINGS["rating"]], "time": [float(t) for t in times]}
+        pq.write_table(pa.table(ratings), path)
+    data = movie_schema(
+        tmp_path,
+        file_format,
+        joins=[],
+        derived=[DerivedColumn(name="when", source="time", transform=part)],  # type: ignore[arg-type]
+        dense=[],
+        categorical=[CategoricalColumns(columns=["user", "when"])],
+        split=SplitByValue(),
+    )
+    where = "Line 4 of .*ratings.csv" if file_format == "csv" else "Row 3 of .*ratings.parquet"
+
+    with pytest.raises(
+        DataError,
+        match=rf"{where} is malformed: `time`, the time of the derived column 'when', must be seconds since 1970 in "
+        r"years 1 to 9999 \(UTC\), but is 1e\+20 instead",
+    ):
+        rows(path, data, "train")
+
+
 def test_a_side_table_with_several_rows_per_key_needs_multi_hot_for_a_single_value(tmp_path: Path) -> None:
     path = write_ratings(tmp_path, "csv")
     data = movie_schema(tmp_path, "csv", categorical=[CategoricalColumns(columns=["tag"])], dense=[], derived=[])
@@ -387,7 +420,8 @@ def test_a_gzip_side_table(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("part", ["hour", "weekday", "day", "month", "year"])
 def test_time_parts_agree_with_the_calendar(part: str) -> None:
-    seconds = np.array([0.0, 1_339_227_125.0, 951_782_400.0 + 86_399, -1.0, np.nan])
+    first, last = TIME_RANGE_S[0], TIME_RANGE_S[1] - 1  # Python's datetime.min and max, to the second
+    seconds = np.array([0.0, 1_339_227_125.0, 951_782_400.0 + 86_399, -1.0, first, last, np.nan])
     expected = []
     for value in seconds[:-1]:
         moment = datetime.datetime.fromtimestamp(value, datetime.timezone.utc)
@@ -400,6 +434,20 @@ def test_time_parts_agree_with_the_calendar(part: str) -> None:
     parts = time_part(seconds, part)
 
     assert parts[:-1].tolist() == expected and np.isnan(parts[-1])
+    utc = datetime.timezone.utc
+    assert datetime.datetime.fromtimestamp(first, utc) == datetime.datetime.min.replace(tzinfo=utc)
+    assert datetime.datetime.fromtimestamp(last, utc) == datetime.datetime.max.replace(microsecond=0, tzinfo=utc)
+
+
+def test_a_time_outside_the_calendar_has_no_time_part_and_no_numpy_warning() -> None:
+    seconds = np.array([1e20, -1e20, np.inf, -np.inf, TIME_RANGE_S[1], TIME_RANGE_S[0] - 1, np.nan, 0.0])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parts = time_part(seconds, "year")
+
+    assert np.isnan(parts[:-1]).all() and parts[-1] == 1970
+    assert times_out_of_range(seconds).tolist() == [True] * 6 + [False, False]
 
 
 def test_a_package_path_names_a_file_of_the_installed_package() -> None:
