@@ -38,7 +38,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from gang import Gang
-from recipes.errors import UserError
+from recipes.errors import UserError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,12 @@ RECORD_WAIT_S = 1.0
 
 # flock's answers that mean "not on this file system" rather than "taken".
 _FLOCK_UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+# The failures to lock that come of the output directory the user named (not theirs to write, under a file, not
+# there on a remote store): exit 2. Any other (a full disk, an I/O error) is a runtime failure: exit 1.
+_USER_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENOENT, errno.ELOOP}
+)
 
 
 class OutputDirLockedError(UserError):
@@ -140,11 +146,14 @@ class RunLock:
         self._record: Holder | None = None
 
     def acquire(self) -> None:
+        """Take the lock; a failure leaves no lock file behind, half written or empty, that a later run would read."""
         try:
             if not (isinstance(self._fs, LocalFileSystem) and self._acquire_flock()):
                 self._acquire_record()
         except OSError as ex:
-            raise UserError(f"Cannot lock the output directory {self.output_dir}: {ex}") from None
+            if ex.errno in _USER_ERRNOS:
+                raise UserError(f"Cannot lock the output directory {self.output_dir}: {ex}") from None
+            raise WriteError(self.path, ex) from ex
 
     def acquire_on_rank_0(self, gang: Gang) -> None:
         """Rank 0 takes the lock, and every rank learns whether it did; the others hold nothing.
@@ -231,7 +240,8 @@ class RunLock:
             os.pwrite(fd, data, 0)
             os.fsync(fd)
         except BaseException:
-            os.close(fd)
+            self._fd = fd
+            self.release()  # The file goes, as at the end of a run: no empty or half-written record stays.
             raise
         self._fd, self._record = fd, record
         return True
@@ -258,7 +268,13 @@ class RunLock:
                 raise self._locked_error(previous, unverifiable=running is None)
             self.taken_over = previous
         record = Holder.this_process()
-        self._fs.pipe_file(self._fs_path, record.to_json().encode())
+        try:
+            self._fs.pipe_file(self._fs_path, record.to_json().encode())
+        except OSError:
+            with contextlib.suppress(OSError):
+                if self._read_record() is None:  # Empty or half written (a full disk): no record of anyone's.
+                    self._fs.rm(self._fs_path)
+            raise
         back = self._read_record()
         if back != record:
             raise self._locked_error(back, unverifiable=False)

@@ -4,6 +4,7 @@ Real processes and a real training: tests/integration/recipes/test_cli.py."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,26 @@ def test_a_threads_uncaught_error_goes_to_the_log_not_the_terminal(
 
     assert capsys.readouterr().err == ""
     assert "Thread writer failed: OSError: [Errno 28] No space left on device" in caplog.text
+
+
+def test_a_full_disk_when_the_run_is_locked_is_a_runtime_failure_leaving_no_lock_file(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once exit 2, a user's error, leaving an empty train.lock."""
+    pwrite = os.pwrite
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("train.lock"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full)
+
+    code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.recorders.console=false")
+
+    assert code == 1
+    assert_one_line_error(err, "error: WriteError: Could not write out/train.lock: [Errno 28] No space left on device.")
+    assert os.listdir(isolated_presets / "out") == []
 
 
 def test_a_full_disk_when_the_config_is_written_is_one_line_naming_the_file(

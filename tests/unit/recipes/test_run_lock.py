@@ -5,6 +5,7 @@ crashed holder's lock taken over, flock-less and remote directories locked by th
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import pytest
 
 from gang import FakeGang
 from recipes import run_lock
-from recipes.errors import UserError
+from recipes.errors import UserError, WriteError
 from recipes.run_lock import LOCK_FILE_NAME, Holder, OutputDirLockedError, RunLock
 
 
@@ -141,6 +142,42 @@ def test_an_output_dir_that_is_a_file_is_a_user_error(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="Cannot lock the output directory"):
         RunLock(str(tmp_path / "file")).acquire()
+
+
+def full_disk(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_when_the_record_is_written_is_a_runtime_failure_leaving_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a user's error (exit 2) that left an empty train.lock behind."""
+    monkeypatch.setattr(run_lock.os, "pwrite", full_disk)
+
+    with pytest.raises(WriteError, match=rf"Could not write {tmp_path}/{LOCK_FILE_NAME}: \[Errno 28\] No space left"):
+        RunLock(str(tmp_path)).acquire()
+
+    assert not (tmp_path / LOCK_FILE_NAME).exists()
+    monkeypatch.undo()
+    with RunLock(str(tmp_path)) as lock:  # Once the disk has room, the next run takes the lock as if none had tried.
+        assert lock.taken_over is None
+
+
+def test_a_full_disk_on_a_remote_directory_leaves_no_half_written_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = fsspec.filesystem("memory")
+    written = fs.pipe_file
+
+    def half_written(path: str, value: bytes, **kwargs: Any) -> None:
+        written(path, value[:10], **kwargs)
+        full_disk()
+
+    monkeypatch.setattr(fs, "pipe_file", half_written)
+    try:
+        with pytest.raises(WriteError, match=r"Could not write memory://locks/full/train.lock: \[Errno 28\]"):
+            RunLock("memory://locks/full").acquire()
+        assert not fs.exists(f"/locks/full/{LOCK_FILE_NAME}")
+    finally:
+        fs.rm("/locks", recursive=True)
 
 
 def test_rank_0_locks_for_its_gang_and_its_failure_is_everyones(tmp_path: Path) -> None:
