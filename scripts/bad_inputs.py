@@ -54,6 +54,17 @@ def write(path: str, text: str, gz: bool = False) -> Setup:
     return setup
 
 
+PICTURE = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4
+"""The start of a PNG image, then every byte: a binary file, given where a YAML file is wanted."""
+
+
+def write_bytes(path: str, data: bytes) -> Setup:
+    def setup(folder: Path) -> None:
+        (folder / path).write_bytes(data)
+
+    return setup
+
+
 def both(*setups: Setup) -> Setup:
     def setup(folder: Path) -> None:
         for step in setups:
@@ -179,6 +190,14 @@ def config_cases() -> list[Case]:
         ),
         Case("train: cuda on a machine without", f"train ctr_tiny -o out {TINY} trainer.device=cuda"),
         Case("train: tp_size not dividing the world", f"train ctr_tiny -o out {TINY} gang.tp_size=3"),
+        *(
+            Case(
+                f"train: threads_per_rank={count}, more than the cores",
+                f"train ctr_tiny -o out {TINY} gang.threads_per_rank={count}",
+                expect="`gang.threads_per_rank` must be at most the",
+            )
+            for count in (100000, 50000)
+        ),
         Case(
             "train: a hidden layer too big for memory",
             f"train ctr_tiny -o out {TINY} 'model.hidden_dims=[200000000]'",
@@ -223,6 +242,18 @@ def cli_cases() -> list[Case]:
             "a config file of another recipe",
             "show ctr_tiny --config-file other.yaml",
             setup=write("other.yaml", "recipe: dlrm\nconfig: {}\n"),
+        ),
+        Case(
+            "a binary config file",
+            "show ctr_tiny --config-file some.bin",
+            setup=write_bytes("some.bin", PICTURE),
+            expect="The file some.bin must be YAML",
+        ),
+        Case(
+            "a binary preset file",
+            "train ./some.bin",
+            setup=write_bytes("some.bin", PICTURE),
+            expect="The file some.bin must be YAML",
         ),
         Case("a preset file of bad YAML", "list", setup=write("recipes.yaml", "mine: [")),
         Case("a preset without a recipe", "train mine", setup=write("recipes.yaml", "mine:\n  config: {}\n")),
@@ -372,6 +403,27 @@ def data_cases() -> list[Case]:
             "data: bad labels, none allowed",
             "train mine -o out dataset.max_malformed_rows=0",
             setup=both(preset(), data(csv_rows(40).replace("\n1,", "\n7,"))),
+        ),
+        *(
+            Case(
+                f"data: a time of 1e20 under a derived {part}, {how}",
+                f"train mine -o out 'dataset.derived=[{{name: when, source: age, transform: {part}}}]' "
+                "'dataset.categorical=[{columns: [user, item, when], num_buckets: 100}]' dataset.dense=[]" + extra,
+                outcome=outcome,
+                setup=both(preset(), data(csv_rows(40) + "1,u1,i1,1e20\n")),
+                expect="the time of the derived column 'when', must be seconds since 1970" if outcome == "user" else "",
+            )
+            for part in ("hour", "year")
+            for how, extra, outcome in (
+                ("skipped up to the limit", "", "ok"),
+                ("none allowed", " dataset.max_malformed_rows=0", "user"),
+            )
+        ),
+        Case(
+            "data: parse_threads more than the cores",
+            "train mine -o out dataset.parse_threads=100000",
+            setup=both(preset(), data(good)),
+            expect="`dataset.parse_threads` must be at most the",
         ),
         Case(
             "data: text in a dense column",
