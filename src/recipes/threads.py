@@ -55,14 +55,14 @@ def parse_threads(requested: int | None, device: torch.device) -> int:
     the cores.
     """
     if requested is not None:
-        _check_at_most_the_cores(requested, "dataset.parse_threads")
+        check_at_most_the_cores(requested, "dataset.parse_threads")
         return requested
     if device.type == "cpu":
         return 1
     return max(1, min(MAX_AUTO_PARSE_THREADS, threads_per_rank(None) - 2))
 
 
-def _check_at_most_the_cores(requested: int | None, key: str) -> None:
+def check_at_most_the_cores(requested: int | None, key: str) -> None:
     """Refuse more threads than the cores this process may run on, as the config key ``key`` asks: they would only
     wait for each other, and 100,000 exhausted the machine's processes and died of SIGSEGV without a word."""
     cores = len(_usable_cores())
@@ -119,7 +119,7 @@ def use_threads(requested: int | None) -> str:
     import torch
 
     ranks, present = _ranks_on_this_node(), len(_usable_cores())
-    _check_at_most_the_cores(requested, "gang.threads_per_rank")
+    check_at_most_the_cores(requested, "gang.threads_per_rank")
     free = None if requested is not None else free_cores()
     if requested is not None:
         count, why = requested, "gang.threads_per_rank"
