@@ -39,7 +39,7 @@ from recipes.rng import seed_everything
 from recipes.run_lock import RunLock
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables, refuse_features_without_tables, sharded_state_with_tables
-from recipes.threads import use_threads
+from recipes.threads import check_at_most_the_cores, use_threads
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,8 @@ def job_gangs(config: RecipeConfig, output_dir: str, lock: RunLock | None = None
     device = default_device() if config.trainer.device == "auto" else torch.device(config.trainer.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("`trainer.device` is 'cuda', but this machine has no CUDA device.")
+    # Before the gangs, the lock and the logs: a run refused for it must leave nothing written.
+    check_at_most_the_cores(config.gang.threads_per_rank, "gang.threads_per_rank")
     try:
         gangs = setup_gangs(device, config.gang.tp_size, timedelta(seconds=config.gang.timeout_s))
     except ValueError as ex:
