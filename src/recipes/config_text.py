@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -24,17 +25,24 @@ _YamlLoader.add_implicit_resolver(
 
 
 def load_yaml(stream: str | TextIO) -> Any:
-    """Parse YAML safely (no objects), reading exponent notation as floats.
+    """Parse YAML safely (no objects), reading exponent notation as floats."""
+    return yaml.load(stream, Loader=_YamlLoader)
 
-    A file that is not UTF-8 text (an image given as ``--config-file``) fails as it is read, with a
-    ``UnicodeDecodeError`` that names no file: it is the user's error, naming the file.
+
+def read_yaml_file(path: str | os.PathLike[str]) -> Any:
+    """The YAML in the file at ``path``, a config or preset file the user named (``yaml.YAMLError`` if it is not YAML).
+
+    A file this user may not read, or that is not UTF-8 text (an image given as ``--config-file``), is the user's
+    error, naming the file: not a ``PermissionError`` or a ``UnicodeDecodeError`` (which names none) and exit 1.
     """
     try:
-        return yaml.load(stream, Loader=_YamlLoader)
+        with open(path, encoding="utf-8") as file:
+            return load_yaml(file)
+    except PermissionError as ex:
+        raise ConfigError(f"The file {path} must be readable by this user, but is not ({ex.strerror}).") from None
     except UnicodeDecodeError as ex:
-        name = getattr(stream, "name", "?")
         raise ConfigError(
-            f"The file {name} must be YAML, which is UTF-8 text, but is not text ({ex.reason})."
+            f"The file {path} must be YAML, which is UTF-8 text, but is not text ({ex.reason})."
         ) from None
 
 

@@ -27,7 +27,8 @@ from embedding import ShardedEmbeddingCollection
 from gang import FakeGang, Gangs, default_device, setup_gangs
 from recipes.allocation_guard import AllocationGuard
 from recipes.checkpointing import checkpoint_policy
-from recipes.config import ConfigError, load_yaml, overrides_to_dict, resolve_config, to_dict
+from recipes.config import ConfigError, overrides_to_dict, resolve_config, to_dict
+from recipes.config_text import read_yaml_file
 from recipes.errors import UserError, WriteError
 from recipes.host_memory import keep_freed_memory
 from recipes.job_spec import JobSpec
@@ -72,8 +73,7 @@ def read_config_file(path: str, recipe_name: str) -> Mapping[str, Any]:
     if not os.path.isfile(path):
         raise UserError(f"The config file {path} does not exist.")
     try:
-        with open(path) as f:
-            data = load_yaml(f) or {}
+        data = read_yaml_file(path) or {}
     except yaml.YAMLError as ex:
         raise UserError(f"The config file {path} is not valid YAML: {ex}".replace("\n", " ")) from None
     if not isinstance(data, dict):

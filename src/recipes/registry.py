@@ -28,11 +28,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
-from recipes.config import load_yaml
+from recipes.config_text import load_yaml, read_yaml_file
 from recipes.errors import UserError, closest
 from recipes.sections import RecipeConfig
 from recipes.shadowing import refuse_shadowing_modules
@@ -232,16 +232,22 @@ def _read_package_presets(entry_point: importlib.metadata.EntryPoint) -> dict[st
     return _parse_preset_file(data, source, search_path=())
 
 
-def _parse_yaml(text: str | TextIO, source: str) -> Any:
+def _parse_yaml(text: str, source: str) -> Any:
     try:
         return load_yaml(text)
     except yaml.YAMLError as ex:
-        raise UserError(f"The preset file {source} is not valid YAML: {ex}".replace("\n", " ")) from None
+        raise _not_yaml(source, ex) from None
 
 
 def _read_yaml(path: Path) -> Any:
-    with path.open(encoding="utf-8") as file:  # load_yaml names the file when it is not text
-        return _parse_yaml(file, str(path))
+    try:
+        return read_yaml_file(path)
+    except yaml.YAMLError as ex:
+        raise _not_yaml(str(path), ex) from None
+
+
+def _not_yaml(source: str, ex: yaml.YAMLError) -> UserError:
+    return UserError(f"The preset file {source} is not valid YAML: {ex}".replace("\n", " "))
 
 
 def _read_preset_file(path: Path, required: bool) -> dict[str, Preset]:

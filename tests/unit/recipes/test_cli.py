@@ -3,7 +3,9 @@ Real processes and a real training: tests/integration/recipes/test_cli.py."""
 
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import os
 import threading
 from pathlib import Path
@@ -145,6 +147,41 @@ def test_a_binary_file_as_config_or_preset_is_a_user_error_naming_it(
 
     assert code == 2
     assert_one_line_error(err, f"The file {name} must be YAML, which is UTF-8 text, but is not text")
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["show", "ctr_tiny", "--config-file", "secret.yaml"], "secret.yaml"),
+        (["show", "./secret.yaml"], "secret.yaml"),
+        (["show", "ctr_tiny"], "recipes.yaml"),  # the presets of the working folder, read by every command
+    ],
+)
+def test_a_config_or_preset_file_the_user_may_not_read_is_a_user_error_naming_it(
+    argv: list[str],
+    name: str,
+    isolated_presets: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once a PermissionError, exit 1. Tests run as root, whom ``chmod 000`` does not stop, so opening the file
+    (by ``open`` or ``Path.open``) is refused as the OS refuses another user."""
+    (isolated_presets / "secret.yaml").write_text("recipe: ctr\n")
+    (isolated_presets / "recipes.yaml").write_text("mine:\n  recipe: ctr\n")
+    real_open = io.open
+
+    def refusing_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, (str, os.PathLike)) and Path(file).name == name:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing_open)
+    monkeypatch.setattr(io, "open", refusing_open)
+
+    code, _, err = run_main(capsys, *argv)
+
+    assert code == 2
+    assert_one_line_error(err, "The file ", f"{name} must be readable by this user, but is not (Permission denied).")
 
 
 def test_a_malformed_recipes_yaml_in_the_current_directory_is_a_user_error(
