@@ -312,8 +312,9 @@ class TabularDataSection:
     training); a SIGTERM while waiting stops the run, saved."""
     parse_threads: PositiveInt | None = None
     """Threads that parse the chunks after the one being batched, meanwhile: for a run whose reading is the
-    bottleneck, on a machine with cores to spare (the rows and their order are the same). By default 1 on a
-    CPU, up to 4 on a GPU (``recipes.parse_threads``)."""
+    bottleneck, on a machine with cores to spare (the rows and their order are the same). At most the cores this
+    process may run on (checked at start-up: more would only wait for each other). By default 1 on a CPU, up to 4
+    on a GPU (``recipes.parse_threads``)."""
 
     def __post_init__(self) -> None:
         self.format.check(self)
