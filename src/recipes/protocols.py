@@ -62,13 +62,16 @@ class SparseGradientScaling(Protocol):
 
 @runtime_checkable
 class WindowedReader(Protocol):
-    """A train reader whose data is a sequence of time windows, read in time order, one at a time.
+    """A train reader whose data is a sequence of time windows, read one at a time, each once: the next is the
+    earliest complete window not trained yet, so one that is complete late (after a later one started, or while
+    the run was down) is trained then, not lost.
 
     Its ``next()`` raises ``StopIteration`` at the end of each window; the Trainer then decides what a
     window's end means (a checkpoint every N windows, the window limit) and moves it on. So that every rank
-    moves on together, moving is two calls: ``next_window_ready`` (asked on every rank, and agreed) and
-    ``start_next_window``. ``window_index`` and ``window_name`` are part of the reader's state, so a resume
-    continues in the same window at the same row.
+    moves on together, to the same window, moving is two calls: ``next_window_ready`` (asked on every rank,
+    and agreed with ``next_window_start``) and ``start_next_window``. ``window_index``, ``window_name`` and
+    the windows trained are part of the reader's state, so a resume continues in the same window at the same
+    row and trains no window twice.
     """
 
     @property
@@ -84,8 +87,12 @@ class WindowedReader(Protocol):
         """How long to wait before asking again when the next window is not there yet."""
 
     def next_window_ready(self) -> bool | None:
-        """Whether the window after the current one is there (complete); ``None``: there is none and there will
-        be none (the end of the data), ``False``: not yet (the reader follows the data as it lands)."""
+        """Whether a window to train next is there (complete, not trained yet); ``None``: there is none and there
+        will be none (the end of the data), ``False``: not yet (the reader follows the data as it lands)."""
+
+    def next_window_start(self) -> float:
+        """The time of the window that ``next_window_ready`` found (seconds since 1970), which the ranks compare
+        so that all start the same one."""
 
     def start_next_window(self) -> None:
         """Read the next window from now on (its first step is the next ``next()``)."""
@@ -96,6 +103,10 @@ class WindowedReader(Protocol):
 
     def waiting_for(self) -> str:
         """What the reader waits for when the next window is not there yet, for a line that says so."""
+
+    def windows_not_done(self) -> str:
+        """The windows there but not complete yet (a done-file missing), named for the lines that say what the
+        data holds: ``2 windows wait for their _SUCCESS file: 2026-11-27, 2026-11-29``; '' when none."""
 
 
 class ShardedStateful(Protocol):

@@ -35,7 +35,7 @@ from recipes.sections import TrainerSection
 from recipes.step_sums import read_step_stats, step_stats
 from recipes.trainer_state import TrainerCounters, TrainingState
 from recipes.validator import NOOP_VALIDATOR, Validator
-from recipes.windows import wait_for_next_window, windows_of
+from recipes.windows import announce_windows, next_window, windows_of
 from units import Mean, MetricBag, Throughput, TrainUnit
 
 if TYPE_CHECKING:
@@ -186,6 +186,7 @@ class Trainer(Generic[BatchT]):
     def run(self) -> None:
         """Train until a stop condition; then publish, validate and checkpoint whatever the last step left."""
         log.info("Training starts at step %d (data epoch %d).", self.step_nr, self._counters.data_epoch_nr)
+        announce_windows(self._windows, self._gangs.root)
         self._unit.model.train()
         with self._profiler, torch.autograd.set_detect_anomaly(self._config.anomaly_detection):
             while not self._should_stop():
@@ -319,11 +320,10 @@ class Trainer(Generic[BatchT]):
         while True:
             if windows.window_index >= 0 and not self._end_window(windows):
                 return None
-            waited = wait_for_next_window(windows, self._gangs.root, lambda: self._stop_requested)
-            if waited != "ready":
-                self._stop_agreed = waited == "stop"  # A stop while waiting saves a checkpoint, as any stop does.
+            moved = next_window(windows, self._gangs.root, lambda: self._stop_requested)
+            if moved != "started":
+                self._stop_agreed = moved == "stop"  # A stop while waiting saves a checkpoint, as any stop does.
                 return None
-            windows.start_next_window()
             log.info("Window %d (%s) starts at step %d.", windows.window_index, windows.window_name, self.step_nr)
             self._validator.score_window(
                 self.step_nr + 1, windows.window_index, windows.window_name, windows.window_scoring_reader()

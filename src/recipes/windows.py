@@ -1,8 +1,11 @@
-"""Data in windows, as the Trainer meets it: finding the reader of windows, and waiting for the next window.
+"""Data in windows, as the Trainer meets it: finding the reader of windows, saying what its data holds, and moving
+on to the next window.
 
-A ``WindowedReader`` (``recipes.protocols``) says whether its next window is there; every rank asks its own
-and the ranks agree in one collective per poll, so that all start the window together, or all stop. The
-Trainer does the rest (predict, then train; checkpoints every N windows; the window limit).
+A ``WindowedReader`` (``recipes.protocols``) says whether its next window is there, and which it is; every rank
+asks its own and the ranks agree in one collective per look, so that all start the same window together, or all
+stop. The Trainer does the rest (predict, then train; checkpoints every N windows; the window limit). The lines
+that say what the data holds name the windows that wait for their done-file, at start-up, while the run waits,
+and when the data ends: such a window is trained once it is complete, and the user must know it is not yet.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from recipes.protocols import WindowedReader
 
 log = logging.getLogger(__name__)
 
-NextWindow = Literal["ready", "end", "stop"]
+NextWindow = Literal["started", "end", "stop"]
 
 
 def windows_of(reader: DataReader[Any]) -> WindowedReader | None:
@@ -32,31 +35,55 @@ def windows_of(reader: DataReader[Any]) -> WindowedReader | None:
     return inner if isinstance(inner, WindowedReader) else None
 
 
-def wait_for_next_window(windows: WindowedReader, root: Gang, stop_requested: Callable[[], bool]) -> NextWindow:
-    """``ready`` once the next window is there on every rank; ``end`` at the end of the data; ``stop`` when a
-    rank was asked to stop (a signal) meanwhile. While the reader follows the data and no window is there, it
-    says once what it waits for and asks again every ``poll_interval_s``."""
-    announced = False
+def announce_windows(windows: WindowedReader | None, root: Gang) -> None:
+    """At start-up, the line that says what the data in windows holds: the windows that wait for their done-file
+    (on the console too, where any do)."""
+    if windows is not None:
+        _say(f"Data in windows: {windows.waiting_for()}", windows, root)
+
+
+def next_window(windows: WindowedReader, root: Gang, stop_requested: Callable[[], bool]) -> NextWindow:
+    """``started`` once every rank found the same window to train next, and started it; ``end`` at the end of
+    the data; ``stop`` when a rank was asked to stop (a signal) meanwhile. While the reader follows the data and
+    no window is there, it says once what it waits for and asks again every ``poll_interval_s``; so it does
+    while the ranks found different windows (one is landing: a rank saw it complete, another not yet)."""
+    announced = disagreed = False
     while True:
         ready = windows.next_window_ready()
-        stats = [float(ready is None), float(ready is False), float(stop_requested())]
+        start = windows.next_window_start() if ready else 0.0
+        # Any rank's end, wait or stop; the latest and the earliest window the ranks found.
+        looks = [float(ready is None), float(ready is False), float(stop_requested()), start, -start]
         if root.size > 1:
-            reduced = torch.tensor(stats, dtype=torch.float64, device=root.device)
-            root.all_reduce(reduced, ReduceOperation.SUM)
-            stats = reduced.tolist()
-        if stats[2] > 0:
+            reduced = torch.tensor(looks, dtype=torch.float64, device=root.device)
+            root.all_reduce(reduced, ReduceOperation.MAX)
+            looks = reduced.tolist()
+        end, not_yet, stop, latest, earliest = looks[0] > 0, looks[1] > 0, looks[2] > 0, looks[3], -looks[4]
+        after = windows.window_name or "the start"
+        if stop:
             return "stop"
-        if stats[0] > 0:
-            log.info("The data has no window after %s: training ends.", windows.window_name or "the start")
+        if end:
+            _say(f"The data has no more windows to train after {after}: training ends", windows, root)
             return "end"
-        if stats[1] == 0:
-            return "ready"
-        if not announced:
-            line = f"Waiting for the next window after {windows.window_name or 'the start'}: {windows.waiting_for()}"
-            log.info(line)
-            if root.rank == 0:
-                print(line, file=sys.stderr, flush=True)  # On the console too: a run that waits must say so.
+        if not not_yet and latest == earliest:
+            windows.start_next_window()
+            return "started"
+        if not_yet and not announced:
+            _say(f"Waiting for the next window after {after}: {windows.waiting_for()}", windows, root, console=True)
             announced = True
+        elif not not_yet and not disagreed:
+            log.info("The ranks found different windows to train next (one is landing): they look again.")
+            disagreed = True
         deadline = time.monotonic() + windows.poll_interval_s
         while not stop_requested() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
+
+
+def _say(line: str, windows: WindowedReader, root: Gang, console: bool = False) -> None:
+    """``line`` and the windows that wait for their done-file in the log, and on rank 0's console too where any
+    wait or with ``console`` (a run that waits must say so)."""
+    not_done = windows.windows_not_done()
+    if not_done:
+        line = f"{line}; {not_done}"
+    log.info(line)
+    if (console or not_done) and root.rank == 0:
+        print(line, file=sys.stderr, flush=True)

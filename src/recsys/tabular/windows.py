@@ -61,9 +61,17 @@ def window_name(start: datetime, with_hour: bool) -> str:
     return start.strftime("%Y-%m-%dT%H" if with_hour else "%Y-%m-%d")
 
 
+@dataclass
+class PathWindowsScan:
+    """The windows of files there at one look: ``done`` (complete), ``waiting`` (a done-file missing)."""
+
+    done: list[Window]
+    waiting: list[Window]
+
+
 class PathWindows:
     """The windows of the files that ``pattern`` matches, by the time in their paths; with ``done_file``, only
-    those whose every folder holds it."""
+    those whose every folder holds it are complete, the others wait for it."""
 
     def __init__(self, pattern: str, done_file: str | None) -> None:
         if not _WILDCARDS.search(pattern) and time_in(pattern) is None:
@@ -76,6 +84,19 @@ class PathWindows:
         self._fs, self._path = fsspec.core.url_to_fs(pattern)
 
     def windows(self) -> list[Window]:
+        return self.scan().done
+
+    def windows_not_done(self) -> str:
+        waiting = self.scan().waiting
+        if not waiting:
+            return ""
+        names = ", ".join(window.name for window in waiting)
+        if len(waiting) == 1:
+            return f"1 window waits for its {self._done_file} file: {names}"
+        return f"{len(waiting)} windows wait for their {self._done_file} file: {names}"
+
+    def scan(self) -> PathWindowsScan:
+        """The windows there now, in time order: the complete ones, and those whose done-file is missing."""
         self._fs.invalidate_cache()
         by_time: dict[datetime, tuple[bool, list[str]]] = {}
         for path in sorted(self._fs.glob(self._path)):
@@ -89,13 +110,14 @@ class PathWindows:
             files = [p for p in self._fs.find(path)] if self._fs.isdir(path) else [path]
             data = [p for p in files if not posixpath.basename(p).startswith(("_", "."))]
             by_time.setdefault(start, (with_hour, []))[1].extend(data)
-        windows = []
+        scan = PathWindowsScan([], [])
         for start, (with_hour, paths) in sorted(by_time.items()):
-            if not paths or not self._done(paths):
+            if not paths:
                 continue
             full = tuple(self._fs.unstrip_protocol(path) for path in sorted(set(paths)))
-            windows.append(Window(window_name(start, with_hour), start.timestamp(), full))
-        return windows
+            window = Window(window_name(start, with_hour), start.timestamp(), full)
+            (scan.done if self._done(paths) else scan.waiting).append(window)
+        return scan
 
     def _done(self, paths: Sequence[str]) -> bool:
         if self._done_file is None:
@@ -106,6 +128,26 @@ class PathWindows:
     def describe(self) -> str:
         done = "" if self._done_file is None else f" with a {self._done_file} file"
         return f"files matching {self._pattern}{done}"
+
+    def check_any_done(self) -> None:
+        """At start-up, without ``follow``: that a window is there to train, or a ``ConfigError`` saying what
+        the pattern matches."""
+        scan = self.scan()
+        if scan.done:
+            return
+        if not scan.waiting:
+            raise ConfigError(
+                f"`dataset.train_path` must match the files of at least one window, but '{self._pattern}' matches "
+                "none (set `dataset.follow: true` to wait for them)."
+            )
+        files = sum(len(window.paths) for window in scan.waiting)
+        first, last = scan.waiting[0].name, scan.waiting[-1].name
+        times = first if first == last else f"{first} to {last}"
+        raise ConfigError(
+            f"`dataset.train_path` must match the files of at least one window with its {self._done_file} file "
+            f"(`dataset.windows.done_file`), but '{self._pattern}' matches {files} files of {len(scan.waiting)} "
+            f"windows ({times}), none with it (set `dataset.follow: true` to wait for them)."
+        )
 
 
 class ColumnWindows:
@@ -146,6 +188,9 @@ class ColumnWindows:
     def windows(self) -> list[Window]:
         return self._windows
 
+    def windows_not_done(self) -> str:
+        return ""  # Every window of a table is complete: the table is there.
+
     def describe(self) -> str:
         return f"windows of {self._paths}"
 
@@ -179,12 +224,10 @@ def windowed_train_reader(
     written, one file each (by every rank: each its own folder)."""
     windows = schema.windows
     if windows.by == "path":
-        source: PathWindows | ColumnWindows = PathWindows(train_path, windows.done_file)
-        if not schema.follow and not source.windows():
-            raise ConfigError(
-                f"`dataset.train_path` must match the files of at least one window, but '{train_path}' matches none "
-                "(set `dataset.follow: true` to wait for them)."
-            )
+        by_path = PathWindows(train_path, windows.done_file)
+        if not schema.follow:
+            by_path.check_any_done()
+        source: PathWindows | ColumnWindows = by_path
     else:
         column = windows.column or schema.split.column
         if column is None or (schema.split.column not in (None, column)):

@@ -1,5 +1,6 @@
 """Data in windows as the Trainer runs it (``recipes.windows``): each window scored, then trained on; checkpoints
-every N windows; the window limit; waiting for the next window, and a stop while waiting."""
+every N windows; the window limit; waiting for the next window, and a stop while waiting; the lines that name the
+windows waiting for their done-file; the ranks agreeing on the window they start."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from gang import FakeGang, Gangs
+from gang import FakeGang, Gangs, ReduceOperation
 from recipes.data_reader import DataReader
 from recipes.profiler import Profiler
 from recipes.protocols import WindowedReader
@@ -22,7 +23,7 @@ from recipes.recorders.jsonl import JsonlRecorder
 from recipes.sections import TrainerSection
 from recipes.trainer import Trainer
 from recipes.validator import NoopValidator
-from recipes.windows import wait_for_next_window, windows_of
+from recipes.windows import next_window, windows_of
 from recsys.data.memory import InMemoryReader
 from support.linear_regression import FEATURES, TARGETS, Batch, SquaredErrorUnit, linear_model, sequence_validation
 from unit.recipes.test_trainer import ListRecorder, RecordingCheckpointer, make_trainer
@@ -31,7 +32,8 @@ ROWS_PER_WINDOW = 32  # 4 steps of 8 rows.
 
 
 class ListWindows(DataReader[Batch]):
-    """Windows ``names`` of 32 rows each; with ``follow``, then none yet, asking ``on_wait`` at each look."""
+    """Windows ``names`` of 32 rows each; with ``follow``, then none yet, asking ``on_wait`` at each look;
+    ``not_done``: the windows that wait for their done-file, as the reader names them."""
 
     def __init__(self, names: list[str], events: list[tuple[str, Any]], follow: bool = False) -> None:
         self.names = names
@@ -41,6 +43,7 @@ class ListWindows(DataReader[Batch]):
         self.reader: InMemoryReader[Batch] | None = None
         self.looks = 0
         self.on_wait = lambda: None
+        self.not_done = ""
 
     def _window_reader(self) -> InMemoryReader[Batch]:
         rows = slice(ROWS_PER_WINDOW * (self.index % 2), ROWS_PER_WINDOW * (self.index % 2 + 1))
@@ -80,6 +83,9 @@ class ListWindows(DataReader[Batch]):
         self.on_wait()
         return False if self.follow else None
 
+    def next_window_start(self) -> float:
+        return float(self.index + 1)
+
     def start_next_window(self) -> None:
         self.index += 1
         self.reader = self._window_reader()
@@ -89,6 +95,9 @@ class ListWindows(DataReader[Batch]):
 
     def waiting_for(self) -> str:
         return "more windows"
+
+    def windows_not_done(self) -> str:
+        return self.not_done
 
 
 class ScoringValidator(NoopValidator):
@@ -181,9 +190,73 @@ def test_a_following_reader_is_waited_for_and_a_stop_while_waiting_saves(caplog:
     assert caplog.messages.count("Waiting for the next window after w0: more windows") == 1
 
 
+def test_the_lines_at_start_while_waiting_and_at_the_end_name_the_windows_waiting_for_their_done_file(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_done = "1 window waits for its _SUCCESS file: w1"
+    windows = ListWindows(["w0"], [], follow=True)
+    windows.not_done = not_done
+    trainer = windowed_trainer(windows, UNLIMITED, RecordingCheckpointer(), every_n_windows=None)
+    windows.on_wait = lambda: trainer.request_stop() if windows.looks == 3 else None  # After the wait is said.
+    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+        trainer.run()
+    windows.follow = False
+    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+        assert next_window(windows, FakeGang(), lambda: False) == "end"
+
+    lines = [
+        f"Data in windows: more windows; {not_done}",
+        f"Waiting for the next window after w0: more windows; {not_done}",
+        f"The data has no more windows to train after w0: training ends; {not_done}",
+    ]
+    assert caplog.messages == lines
+    assert capsys.readouterr().err.splitlines() == lines  # On the console too.
+
+
+def test_without_windows_waiting_the_start_and_the_end_are_in_the_log_only(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    windows = ListWindows(["w0"], [])
+    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+        windowed_trainer(windows, UNLIMITED, RecordingCheckpointer(), every_n_windows=None).run()
+    assert caplog.messages == [
+        "Data in windows: more windows",
+        "The data has no more windows to train after w0: training ends",
+    ]
+    assert capsys.readouterr().err == ""
+
+
+class RankZeroOfTwo(FakeGang):
+    """Rank 0 of a gang of 2 whose rank 1 looked as ``looks`` says, one row per collective."""
+
+    def __init__(self, looks: list[list[float]]) -> None:
+        super().__init__()
+        self.looks = looks
+
+    @property
+    def size(self) -> int:
+        return 2
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOperation) -> None:
+        assert op is ReduceOperation.MAX
+        tensor.copy_(torch.maximum(tensor, torch.tensor(self.looks.pop(0), dtype=tensor.dtype)))
+
+
+def test_the_ranks_start_a_window_only_once_they_found_the_same(caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 1 found the window of time 5 (one landing), this rank that of time 1: they look again; then both
+    found that of time 1."""
+    windows = ListWindows(["w0", "w1"], [])
+    windows.start_next_window()
+    gang = RankZeroOfTwo([[0, 0, 0, 5, -5], [0, 0, 0, 1, -1]])
+    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+        assert next_window(windows, gang, lambda: False) == "started"
+    assert (windows.looks, windows.window_name, gang.looks) == (2, "w1", [])
+    assert caplog.messages == ["The ranks found different windows to train next (one is landing): they look again."]
+
+
 def test_the_end_of_the_windows_ends_the_wait() -> None:
     windows = ListWindows([], [])
-    assert wait_for_next_window(windows, FakeGang(), lambda: False) == "end"
+    assert next_window(windows, FakeGang(), lambda: False) == "end"
     assert windows_of(windows) is windows
     assert isinstance(windows, WindowedReader)
 

@@ -1,6 +1,7 @@
 """Online training end to end (``dataset.windows``): windows of files trained in time order, each scored before
 it is trained on; every N windows checkpointed; the window limit; a kill -9 inside a window resumed bit-exact;
-a following run that picks up a window written while it waits and stops, saved, on SIGTERM; and the misuse."""
+a following run that picks up a window written while it waits and stops, saved, on SIGTERM; a window complete
+after a later one trained when it is, and named while it waits for its done-file; and the misuse."""
 
 from __future__ import annotations
 
@@ -198,36 +199,74 @@ def test_follow_picks_up_a_new_window_and_stops_saved_on_sigterm_while_waiting(t
     assert committed_steps(output)[-1] == 24
 
 
+def test_a_window_done_after_a_later_one_is_trained_late_and_named_while_it_waits(tmp_path: Path) -> None:
+    """The hours 0 and 2 have their done-file, hour 1 not yet: 0 and 2 are trained, and the lines at the start and
+    at the end name hour 1; once its done-file is there, the same command trains it, saying it is late."""
+    make_data(tmp_path)
+    mark_done(tmp_path, 0, 2)
+    overrides = ["dataset.windows.by=path", "dataset.windows.done_file=_SUCCESS", *KEEP_ALL]
+    first = check_ok(run_recipes(tmp_path, *train(tmp_path, "out", *overrides)))
+    waits = f"1 window waits for its _SUCCESS file: {HOURS[1]}"
+    assert f"Data in windows: files matching {PATTERN} with a _SUCCESS file; {waits}\n" in first.stderr
+    assert f"The data has no more windows to train after {HOURS[2]}: training ends; {waits}\n" in first.stderr
+    assert [row["window"] for row in metric_history(tmp_path / "out")["window"]] == [HOURS[0], HOURS[2]]
+
+    mark_done(tmp_path, 1)
+    second = check_ok(run_recipes(tmp_path, *train(tmp_path, "out", *overrides)))
+    assert f"Window {HOURS[1]} is trained late, after {HOURS[2]}, a later one" in second.stderr
+    assert "waits for" not in second.stderr
+    rows = metric_history(tmp_path / "out")["window"]
+    assert [(row["step"], row["window"], row["window_index"]) for row in rows] == [
+        (1, HOURS[0], 0.0),
+        (5, HOURS[2], 1.0),
+        (9, HOURS[1], 2.0),
+    ]
+    assert committed_steps(tmp_path / "out") == [8, 12]
+    trained = load_verified(tmp_path / "out" / "checkpoints" / "step_12", "rank_0.pt")["data_reader"]["trained"]
+    assert trained == [HOURS[0], HOURS[2], HOURS[1]]
+
+
 @pytest.mark.parametrize(
-    ("train_path", "error"),
+    ("overrides", "error"),
     [
         pytest.param(
-            "flat/a.csv",
+            ["dataset.train_path=flat/a.csv"],
             "error: `dataset.train_path` must be a pattern with a time in it (YYYY-MM-DD, YYYY-MM-DD-HH (or THH), "
             "YYYYMMDD, YYYYMMDDHH, and an hour as hour=HH; or a wildcard where it is) to be read in windows, but is ",
             id="no-time",
         ),
         pytest.param(
-            "flat/*.csv",
+            ["dataset.train_path=flat/*.csv"],
             "error: Every file that `dataset.train_path` matches must have a time in its path (YYYY-MM-DD",
             id="a-file-without-time",
         ),
         pytest.param(
-            "none/*/hour=*/*.csv",
+            ["dataset.train_path=none/*/hour=*/*.csv"],
             "error: `dataset.train_path` must match the files of at least one window, but ",
             id="matches-nothing",
+        ),
+        pytest.param(
+            ["dataset.windows.done_file=_SUCCESS"],
+            "error: `dataset.train_path` must match the files of at least one window with its _SUCCESS file "
+            f"(`dataset.windows.done_file`), but '{PATTERN}' matches 4 files of 3 windows ({HOURS[0]} to {HOURS[2]}), "
+            "none with it (set `dataset.follow: true` to wait for them).\n",
+            id="none-done",
         ),
     ],
 )
 def test_a_misused_window_pattern_is_one_line_and_exit_2(
-    tmp_path: Path, train_path: str, error: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    overrides: list[str],
+    error: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     make_data(tmp_path)
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.csv").write_text("ts,user,item,click\n1,2,3,1\n")
     monkeypatch.chdir(tmp_path)
 
-    misused = train(tmp_path, "out", f"dataset.train_path={train_path}", "dataset.windows.by=path")
+    misused = train(tmp_path, "out", *overrides, "dataset.windows.by=path")
     code, _, err = run_main(capsys, *misused)
 
     assert code == 2

@@ -1,8 +1,9 @@
-"""``WindowSequence``: windows in time order, one reader each; the next one found by time (a late one too); the
-state holds the window's name and the position in it."""
+"""``WindowSequence``: windows in time order, one reader each; the next one the earliest not trained yet (a late
+one too, said in a line); the state holds the windows trained, the current one's name and the position in it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -19,6 +20,9 @@ class Windows:
 
     def windows(self) -> Sequence[Window]:
         return sorted(self.list, key=lambda window: window.start)
+
+    def windows_not_done(self) -> str:
+        return "none waits"
 
     def describe(self) -> str:
         return "test windows"
@@ -57,20 +61,64 @@ def test_windows_are_read_in_time_order_one_reader_each() -> None:
     assert reader.next_window_ready() is None  # The end of the data.
 
 
-def test_a_following_reader_waits_and_then_takes_the_next_window_by_time() -> None:
+def start_next(reader: WindowSequence[torch.Tensor]) -> str:
+    """The name of the window the reader starts next."""
+    assert reader.next_window_ready() is True
+    reader.start_next_window()
+    return reader.window_name
+
+
+def test_a_following_reader_waits_then_takes_the_earliest_window_not_trained_a_late_one_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     source = Windows([window("a", 10, 2)])
     reader = sequence(source, follow=True)
-    reader.next_window_ready()
-    reader.start_next_window()
+    assert start_next(reader) == "a"
     read_window(reader)
     assert reader.next_window_ready() is False  # Not yet.
     assert reader.poll_interval_s == 0.5
-    assert reader.waiting_for() == "test windows"
+    assert (reader.waiting_for(), reader.windows_not_done()) == ("test windows", "none waits")
 
     source.list += [window("c", 30, 2), window("b", 20, 2), window("early", 5, 2)]
     assert reader.next_window_ready() is True
-    reader.start_next_window()
-    assert reader.window_name == "b"  # The first after the current one; one earlier is not taken.
+    assert reader.next_window_start() == 5  # What the ranks agree on.
+    with caplog.at_level(logging.WARNING, logger="recsys.data.windows"):
+        names = [reader.window_name, *(start_next(reader) for _ in range(3))]
+    assert names == ["a", "early", "b", "c"]  # Each once, the earliest first: none is lost.
+    assert [reader.window_index, reader.next_window_ready()] == [3, False]
+    assert caplog.messages == [
+        "Window early is trained late, after a, a later one: it was not complete, or not there, when that one started."
+    ]
+
+
+def test_a_window_complete_after_a_later_one_is_trained_when_it_is_also_after_a_resume() -> None:
+    """Days 1 and 3 complete, day 2 not: 1 and 3 are trained, the data ends; day 2 lands, the run resumes from
+    its last state and trains day 2, and neither 1 nor 3 again."""
+    source = Windows([window("day1", 1, 2), window("day3", 3, 2)])
+    reader = sequence(source)
+    assert [start_next(reader), start_next(reader)] == ["day1", "day3"]
+    read_window(reader)
+    assert reader.next_window_ready() is None  # The end of the data, as it is now.
+    state = reader.state_dict()
+    assert (state["window"], state["window_index"], state["trained"]) == ("day3", 1, ["day1", "day3"])
+
+    source.list.append(window("day2", 2, 2))
+    resumed = sequence(source)
+    resumed.load_state_dict(state)
+    assert read_window(resumed) == []  # Day 3 was read to its end.
+    assert (start_next(resumed), resumed.window_index, read_window(resumed)) == ("day2", 2, [[200, 201]])
+    assert resumed.next_window_ready() is None
+    assert resumed.state_dict()["trained"] == ["day1", "day3", "day2"]
+
+
+def test_a_state_without_the_windows_trained_means_all_up_to_its_window_were() -> None:
+    """A checkpoint written before the reader kept the windows trained: it took them in time order."""
+    source = Windows([window("a", 10, 2), window("b", 20, 2), window("c", 30, 2)])
+    reader = sequence(source)
+    reader.load_state_dict({"window": "b", "window_index": 1, "reader": rows_reader(source.list[1]).state_dict()})
+    assert reader.state_dict()["trained"] == ["a", "b"]
+    read_window(reader)
+    assert (start_next(reader), reader.window_index) == ("c", 2)
 
 
 def test_the_state_resumes_in_the_same_window_at_the_same_row() -> None:
@@ -81,7 +129,7 @@ def test_the_state_resumes_in_the_same_window_at_the_same_row() -> None:
         reader.start_next_window()
     next(reader)
     state = reader.state_dict()
-    assert (state["window"], state["window_index"]) == ("b", 1)
+    assert (state["window"], state["window_index"], state["trained"]) == ("b", 1, ["a", "b"])
 
     resumed = sequence(source)
     resumed.load_state_dict(state)
@@ -102,5 +150,7 @@ def test_starting_a_window_that_is_not_ready_is_a_programming_error() -> None:
     reader = sequence(Windows([]))
     with pytest.raises(RuntimeError, match="must follow a `next_window_ready` that is True"):
         reader.start_next_window()
+    with pytest.raises(RuntimeError, match="must follow a `next_window_ready` that is True"):
+        reader.next_window_start()
     with pytest.raises(RuntimeError, match="must follow `start_next_window`"):
         reader.window_scoring_reader()

@@ -66,6 +66,8 @@ def test_files_of_one_time_are_a_window_in_time_order_done_files_and_underscores
     done = PathWindows(f"{tmp_path}/*/hour=*/*.csv", "_SUCCESS")
     assert [w.name for w in done.windows()] == ["2026-11-27T09"]
     assert done.describe() == f"files matching {tmp_path}/*/hour=*/*.csv with a _SUCCESS file"
+    assert done.windows_not_done() == "1 window waits for its _SUCCESS file: 2026-11-27T10"
+    assert PathWindows(f"{tmp_path}/*/hour=*/*.csv", None).windows_not_done() == ""
     # A folder matched is a window of its files.
     assert [len(w.paths) for w in PathWindows(f"{tmp_path}/2026-*", None).windows()] == [4]
 
@@ -85,6 +87,34 @@ def test_a_pattern_or_a_file_without_time_is_an_error(tmp_path: Path) -> None:
     assert [w.name for w in PathWindows(f"{tmp_path}/2026-01-01/logs/2026-11-27/a.csv", None).windows()] == [
         "2026-11-27"
     ]
+
+
+def test_windows_waiting_for_their_done_file_are_named_and_none_done_says_what_the_pattern_matches(
+    tmp_path: Path,
+) -> None:
+    for day in (1, 2, 3):
+        touch(tmp_path / f"2024-01-0{day}" / "part-0.csv")
+    touch(tmp_path / "2024-01-03" / "part-1.csv")
+    windows = PathWindows(f"{tmp_path}/*/*.csv", "_SUCCESS")
+    with pytest.raises(ConfigError) as raised:
+        windows.check_any_done()
+    assert str(raised.value) == (
+        "`dataset.train_path` must match the files of at least one window with its _SUCCESS file "
+        f"(`dataset.windows.done_file`), but '{tmp_path}/*/*.csv' matches 4 files of 3 windows (2024-01-01 to "
+        "2024-01-03), none with it (set `dataset.follow: true` to wait for them)."
+    )
+
+    for day in (1, 3):
+        touch(tmp_path / f"2024-01-0{day}" / "_SUCCESS", "")
+    windows.check_any_done()
+    assert [window.name for window in windows.windows()] == ["2024-01-01", "2024-01-03"]
+    assert windows.windows_not_done() == "1 window waits for its _SUCCESS file: 2024-01-02"
+    (tmp_path / "2024-01-03" / "_SUCCESS").unlink()
+    touch(tmp_path / "2024-01-05" / "part-0.csv")
+    assert windows.windows_not_done() == "3 windows wait for their _SUCCESS file: 2024-01-02, 2024-01-03, 2024-01-05"
+
+    with pytest.raises(ConfigError, match=r"must match the files of at least one window, but '.*' matches none \("):
+        PathWindows(f"{tmp_path}/*/*.parquet", "_SUCCESS").check_any_done()
 
 
 def test_every_is_a_number_and_a_unit() -> None:
@@ -108,8 +138,10 @@ def test_windows_by_column_are_written_one_file_each_the_validation_rows_left_ou
     lines = [f"{ts},{k}\n" for k, ts in enumerate(times)]
     (tmp_path / "t.csv").write_text("ts,k\n" + "".join(lines))
 
-    windows = ColumnWindows(str(tmp_path / "t.csv"), schema(start=DAY), "ts", 86400, str(tmp_path / "w")).windows()
+    by_column = ColumnWindows(str(tmp_path / "t.csv"), schema(start=DAY), "ts", 86400, str(tmp_path / "w"))
+    windows = by_column.windows()
     assert [w.name for w in windows] == ["before-2026-11-27", "2026-11-27", "2026-11-28"]
+    assert by_column.windows_not_done() == ""  # The table is there: every window of it is complete.
     assert [w.start for w in windows] == [DAY - 86400, DAY, DAY + 86400]
     assert [Path(local(w.paths[0])).read_text() for w in windows] == [
         "ts,k\n" + lines[1],
