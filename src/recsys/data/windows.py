@@ -124,7 +124,7 @@ class WindowSequence(DataReader[BatchT], Generic[BatchT]):
             names = [str(trained) for trained in state_dict["trained"]]
         else:
             names = [window.name for window in there if window.start <= current.start]
-        # A window gone from the data since (kept no longer) orders no later one: its start is unknown.
+        # A window trained and since gone from the data (kept no longer) has no start here: it makes none late.
         self._trained = {trained: starts.get(trained, -math.inf) for trained in names}
         self._open(current)
         assert self._reader is not None
