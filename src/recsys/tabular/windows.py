@@ -26,6 +26,7 @@ import numpy as np
 from recipes import ConfigError, DataError, DataReader
 from recsys.click.batch import CTRBatch
 from recsys.data.windows import Window, WindowSequence
+from recsys.tabular.added_columns import times_out_of_range
 from recsys.tabular.data_format import DataFormat
 from recsys.tabular.schema import TabularDataSection
 
@@ -287,14 +288,16 @@ def _read_tables(paths: str, schema: TabularDataSection, column: str) -> list[_T
             f"'{name}' (use `by: path` with files per window)."
         )
     tables = []
-    for file in fsspec.open_files(paths, mode="rb", compression="infer"):
+    files = fsspec.open_files(paths, mode="rb", compression="infer")
+    text = schema.format_options(CsvConfig) if name != "parquet" else None
+    for file in files:
         with file as stream:
             data = stream.read()
         if name == "parquet":
             table = pq.read_table(pa.BufferReader(data))
             tables.append(_Table(table.column(column).to_numpy(zero_copy_only=False).astype(np.float64), table))
             continue
-        text = schema.format_options(CsvConfig)
+        assert text is not None
         read = pa_csv.read_csv(
             pa.BufferReader(data),
             read_options=pa_csv.ReadOptions(column_names=None if text.header else text.column_names),
@@ -310,6 +313,24 @@ def _read_tables(paths: str, schema: TabularDataSection, column: str) -> list[_T
                 f"{len(lines)} lines and {len(values)} rows."
             )
         tables.append(_Table(values, lines, header if not header or header.endswith(b"\n") else header + b"\n"))
+    for file, table in zip(files, tables):
+        _check_times(
+            file.full_name.removeprefix("file://"), column, table.values, None if text is None else int(text.header)
+        )
     if not tables:
         raise DataError(f"`dataset.train_path` must name at least one file, but {paths!r} matches none.")
     return tables
+
+
+def _check_times(file: str, column: str, values: np.ndarray[Any, Any], header_lines: int | None) -> None:
+    """Refuse a time that no window can hold (outside years 1 to 9999, as ``TIME_RANGE_S`` says): 1e20 was cast
+    to garbage and ended in a raw numpy error. ``header_lines``: a text file's lines before its rows, to name the
+    line too; ``None`` for a Parquet file."""
+    bad = np.flatnonzero(times_out_of_range(values))
+    if len(bad):
+        row = int(bad[0])
+        line = "" if header_lines is None else f" (line {row + 1 + header_lines})"
+        raise DataError(
+            f"`dataset.windows.column` '{column}' must hold seconds since 1970 in years 1 to 9999 (UTC), but row "
+            f"{row + 1} of {file}{line} holds {values[row]:g} instead."
+        )

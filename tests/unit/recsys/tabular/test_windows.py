@@ -162,3 +162,23 @@ def test_windows_by_column_of_parquet_files_by_the_hour(tmp_path: Path) -> None:
 def test_follow_needs_windows_of_files() -> None:
     with pytest.raises(ValueError, match=r"`follow` waits for new windows of files, so `windows.by` must be `path`"):
         TabularDataSection(follow=True)
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_a_time_no_window_can_hold_is_refused_naming_the_file_and_row(tmp_path: Path, form: str) -> None:
+    times = [DAY + 5, 1e20, DAY + 7]
+    if form == "csv":
+        (tmp_path / "t.csv").write_text("ts,k\n" + "".join(f"{ts},{k}\n" for k, ts in enumerate(times)))
+        data = schema()
+    else:
+        pq.write_table(pa.table({"ts": times, "k": [0, 1, 2]}), tmp_path / "t.parquet")
+        data = TabularDataSection(format=ArrowFormatConfig(name="parquet"), windows=WindowsSection(by="column"))
+
+    with pytest.raises(DataError) as raised:
+        ColumnWindows(str(tmp_path / f"t.{form}"), data, "ts", 86400, str(tmp_path / "w"))
+    line = " (line 3)" if form == "csv" else ""
+    assert str(raised.value) == (
+        "`dataset.windows.column` 'ts' must hold seconds since 1970 in years 1 to 9999 (UTC), but row 2 of "
+        f"{tmp_path}/t.{form}{line} holds 1e+20 instead."
+    )
+    assert not (tmp_path / "w").exists()
