@@ -73,9 +73,9 @@ class HandWrittenLoop:
             batches = next(self._reader)
         num_targets = 0
         for batch in batches:
-            loss, batch_targets = self._unit(batch)  # The same loss and unit metrics as the Trainer's.
-            loss.backward()
-            num_targets += batch_targets
+            loss = self._unit(batch)  # The same loss and unit metrics as the Trainer's.
+            loss.sum().backward()
+            num_targets += loss.numel()
         for group in self._optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:

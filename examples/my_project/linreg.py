@@ -5,7 +5,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from recipes import RecipeConfig, RecipeContext, RecipeParts, Validation, per_rank_batch_size, register_recipe
+from recipes import (
+    GlobalBatchSize,
+    RecipeConfig,
+    RecipeContext,
+    RecipeParts,
+    Validation,
+    per_rank_batch_size,
+    register_recipe,
+)
 from recsys.data.memory import InMemoryReader
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 
@@ -16,7 +24,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class DataSection:
     num_features: int = 8
     num_samples: int = 4096
-    batch_size: int = 64  # global: split over the data-parallel ranks
+    batch_size: GlobalBatchSize = 64  # split over the data-parallel ranks (checked at the first step)
     noise: float = 0.1
 
 
@@ -46,10 +54,9 @@ class RegressionReader(InMemoryReader[Batch]):
 
 
 class RegressionTrainUnit(TrainUnit[Batch]):
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         features, targets = batch
-        loss = ((self.model(features).squeeze(1) - targets) ** 2).sum()
-        return loss, len(targets)  # The summed loss and the number of targets it sums over.
+        return (self.model(features).squeeze(1) - targets) ** 2  # One loss per target: the Trainer sums them.
 
 
 class RegressionEvalUnit(EvalUnit[Batch]):

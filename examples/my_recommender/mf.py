@@ -9,7 +9,15 @@ from torch import nn
 from torch.nn.functional import binary_cross_entropy_with_logits
 
 from embedding import JaggedIds, SparseFeatures
-from recipes import RecipeConfig, RecipeContext, RecipeParts, Validation, per_rank_batch_size, register_recipe
+from recipes import (
+    GlobalBatchSize,
+    RecipeConfig,
+    RecipeContext,
+    RecipeParts,
+    Validation,
+    per_rank_batch_size,
+    register_recipe,
+)
 from recsys.data.memory import InMemoryReader
 from recsys.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 from units import BinaryAUC, EvalUnit, LogLoss, MetricBag, NormalizedEntropy, TrainUnit
@@ -22,7 +30,7 @@ SHIPPED_RATINGS = str(files("recsys.builtin.movielens") / "ml-latest-small" / "r
 class DataSection:
     ratings: str = SHIPPED_RATINGS  # a MovieLens ratings.csv: userId,movieId,rating,timestamp
     valid_fraction: float = 0.2
-    batch_size: int = 1024  # global: split over the data-parallel ranks
+    batch_size: GlobalBatchSize = 1024  # split over the data-parallel ranks (checked at the first step)
 
 
 @dataclass
@@ -66,9 +74,9 @@ class RatingsReader(InMemoryReader[Batch]):
 
 
 class ClickTrainUnit(TrainUnit[Batch]):
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         features, clicks = batch
-        return binary_cross_entropy_with_logits(self.model(features), clicks, reduction="sum"), len(clicks)
+        return binary_cross_entropy_with_logits(self.model(features), clicks, reduction="none")
 
 
 class ClickEvalUnit(EvalUnit[Batch]):

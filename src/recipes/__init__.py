@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from recipes.batch_size import GlobalBatchSize
     from recipes.config import (
         ConfigError,
         NonNegativeFloat,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from recipes.threads import parse_threads
 
 _EXPORTS = {
+    "GlobalBatchSize": "recipes.batch_size",
     "ConfigError": "recipes.config",
     "NonNegativeFloat": "recipes.config",
     "NonNegativeInt": "recipes.config",
@@ -64,6 +66,7 @@ __all__ = [
     "DataError",
     "DataReader",
     "DenseForServing",
+    "GlobalBatchSize",
     "NonNegativeFloat",
     "NonNegativeInt",
     "PooledInput",

@@ -26,6 +26,7 @@ from checkpoint import CheckpointInfo, CheckpointManager
 from embedding import ShardedEmbeddingCollection
 from gang import FakeGang, Gangs, default_device, setup_gangs
 from recipes.allocation_guard import AllocationGuard
+from recipes.batch_size import configured_batch_size
 from recipes.checkpointing import checkpoint_policy
 from recipes.config import ConfigError, overrides_to_dict, resolve_config, to_dict
 from recipes.config_text import read_yaml_file
@@ -40,6 +41,7 @@ from recipes.rng import seed_everything
 from recipes.run_lock import RunLock
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import find_sparse_tables, refuse_features_without_tables, sharded_state_with_tables
+from recipes.step_checks import ConfiguredBatchSize
 from recipes.threads import check_at_most_the_cores, use_threads
 
 log = logging.getLogger(__name__)
@@ -150,11 +152,17 @@ class BuiltParts:
     parts: RecipeParts
     tables: dict[str, ShardedEmbeddingCollection]
     sharded_state: dict[str, ShardedStateful] = field(default_factory=dict)
+    batch_size: ConfiguredBatchSize | None = None
+    """The config's train batch size, where a field is typed ``GlobalBatchSize``: the first step checks it."""
 
 
 def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
-    """What the recipe builds, checked: every sparse table found, checkpointed, and fed only features it looks up."""
+    """What the recipe builds, checked: every sparse table found, checkpointed, and fed only features it looks up;
+    the train batch size (``GlobalBatchSize``) a multiple of the DP ranks."""
     config = job.config
+    batch_size = configured_batch_size(config)
+    if batch_size is not None:
+        batch_size.per_rank(gangs.dp.size)  # Named by its key before a recipe's own check names another.
     seed_everything(config.seed)
     try:
         with AllocationGuard(gangs.root.device):
@@ -164,7 +172,7 @@ def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
     tensor_parallel(parts.train_unit.model, gangs)
     tables = find_sparse_tables(parts.train_unit.model)
     refuse_features_without_tables(tables)
-    return BuiltParts(parts, tables, sharded_state_with_tables(tables, parts.sharded_state))
+    return BuiltParts(parts, tables, sharded_state_with_tables(tables, parts.sharded_state), batch_size)
 
 
 def _path_error(recipe: str, ex: OSError) -> UserError:

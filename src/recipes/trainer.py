@@ -32,6 +32,7 @@ from recipes.protocols import (
 )
 from recipes.recorders import MetricRecorder
 from recipes.sections import TrainerSection
+from recipes.step_checks import ConfiguredBatchSize, StepChecks
 from recipes.step_sums import read_step_stats, step_stats
 from recipes.trainer_state import TrainerCounters, TrainingState
 from recipes.validator import NOOP_VALIDATOR, Validator
@@ -96,6 +97,7 @@ class Trainer(Generic[BatchT]):
         checkpoint_every_n_windows: int | None = None,
         reloads: ModelBank | None = None,
         checkpoint_new_best: bool = False,
+        batch_size: ConfiguredBatchSize | None = None,
     ) -> None:
         self._unit = unit
         self._reader = data_reader
@@ -117,6 +119,7 @@ class Trainer(Generic[BatchT]):
         self._checkpoint_new_best = checkpoint_new_best
         """Checkpoint at every validation that improves on the best score (``checkpoint.keep_best_n``): the best
         checkpoint is then the best validation, whatever the checkpoint periods."""
+        self._checks = StepChecks(unit, gangs.dp, batch_size)
         self._step_sums = step_sums(unit.model)
         """Where DDP syncs the gradients, the channel that sums ``_agree_on_step``'s values with them."""
         self._improved_step = -1
@@ -353,19 +356,16 @@ class Trainer(Generic[BatchT]):
         return f"The training data fills no step of a data epoch{what}: is it empty, or smaller than one step?"
 
     def _forward_backward(self, batches: list[BatchT]) -> tuple[float, int]:
-        """Sum the losses and targets of the step's micro-batches, back-propagating each.
-
-        The losses are summed as tensors and read once, after the last backward: reading a loss
-        waits for the device, and the step's single read is the one that tells if it is finite.
-        """
+        """The step's summed loss and its targets, each micro-batch back-propagated. The sum is read once, after
+        the last backward: a read waits for the device, and that one tells whether the loss is finite."""
         losses = []
         num_targets = 0
         for index, batch in enumerate(batches):
             is_last = index == len(batches) - 1
             with gradient_sync(self._unit.model, enabled=is_last), self._autocast():
-                loss, batch_targets = self._unit(batch)
+                loss, batch_targets = self._checks.summed_loss(batch, is_last)
             losses.append(loss.detach())
-            num_targets += int(batch_targets)
+            num_targets += batch_targets
             if is_last:
                 loss_total = torch.stack(losses).double().sum()
                 if self._step_sums is not None:  # summed with the gradients by this backward

@@ -22,10 +22,18 @@ BatchT_contra = TypeVar("BatchT_contra", contravariant=True)
 class TrainUnit(ABC, Generic[BatchT_contra]):
     """Computes the training loss of a batch.
 
-    ``__call__`` returns the loss *summed* over the batch's targets, and the number of
-    those targets. The Trainer divides the sum of the step's losses by the sum of their
-    targets (over every micro-batch and every data-parallel rank), so that gradient
-    accumulation and data parallelism give the gradient of one big batch.
+    ``__call__`` returns the loss *unreduced*: one element per target, shape ``[N]`` or ``[N, ...]`` with the
+    batch's ``N`` rows first (``binary_cross_entropy_with_logits(logits, labels, reduction="none")``). The
+    Trainer sums it and counts its elements itself, and divides the step's sum by the step's count over every
+    micro-batch and every data-parallel rank, so that gradient accumulation and data parallelism give the
+    gradient of one big batch. Reducing is the Trainer's alone, so a unit cannot reduce wrongly: a mean or a
+    sum (torch's default ``reduction``, a 0-dim tensor) is refused at the first step.
+
+    A weighted loss multiplies each target's loss by its weight (``loss * weights``: the step still divides
+    by the number of targets); a masked one returns the targets it keeps (``loss[mask]``), which are then the
+    ones counted. Where the recipe's config types its train batch size as ``recipes.GlobalBatchSize``, the
+    first step also checks that the loss's first dimension is the rank's share of it: a loss that selects its
+    targets has no such dimension, so its config keeps a plain ``int``.
     """
 
     def __init__(self, model: nn.Module, metric_bag: MetricBag) -> None:
@@ -34,8 +42,8 @@ class TrainUnit(ABC, Generic[BatchT_contra]):
         self._step_nr = 0
 
     @abstractmethod
-    def __call__(self, batch: BatchT_contra) -> tuple[torch.Tensor, int]:
-        """Return ``(summed loss, number of targets)`` and update the metric bag."""
+    def __call__(self, batch: BatchT_contra) -> torch.Tensor:
+        """Return the unreduced loss, one element per target, and update the metric bag."""
 
     @property
     def model(self) -> nn.Module:

@@ -1,4 +1,4 @@
-"""A tiny linear regression for the Trainer's tests: 64 samples of 3 features, a summed squared-error unit (NaN at
+"""A tiny linear regression for the Trainer's tests: 64 samples of 3 features, a squared-error unit (NaN at
 chosen steps) and an evaluation unit that reports the next value of a known sequence as its ``score``."""
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ def reader(batch_size: int, num_accumulate: int = 1, num_samples: int = 64) -> I
 
 
 class SquaredErrorUnit(TrainUnit[Batch]):
-    """Summed squared error; ``nan_at_steps`` turns the loss of those steps into NaN."""
+    """Squared error of each target; ``nan_at_steps`` turns the loss of those steps into NaN."""
 
     def __init__(self, model: nn.Module, nan_at_steps: frozenset[int] = frozenset()) -> None:
         super().__init__(model, MetricBag(FakeGang()))
         self._nan_at_steps = nan_at_steps
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         features, targets = batch
-        loss = ((self.model(features).squeeze(1) - targets) ** 2).sum()
+        loss = (self.model(features).squeeze(1) - targets) ** 2
         if self.step_nr in self._nan_at_steps:
             loss = loss * float("nan")
-        return loss, len(targets)
+        return loss
 
 
 class SequenceEvalUnit(EvalUnit[Batch]):

@@ -39,12 +39,12 @@ class NanAtStepsUnit(TrainUnit[CTRBatch]):
         self._unit = unit
         self._at_steps = set(at_steps) if rank is None or rank == int(os.environ.get("RANK", "0")) else set()
 
-    def __call__(self, batch: CTRBatch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: CTRBatch) -> torch.Tensor:
         self._unit.model = self.model  # The Trainer may have wrapped it.
-        loss, num_targets = self._unit(batch)
+        loss = self._unit(batch)
         if self.step_nr in self._at_steps:
             loss = loss * float("nan")
-        return loss, num_targets
+        return loss
 
 
 @register_recipe("nan_ctr", NanCTRConfig, "ctr with a NaN loss at chosen steps.")

@@ -57,10 +57,9 @@ class TwoTables(nn.Module):
 
 
 class ClickUnit(TrainUnit[Batch]):
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         features, labels = batch
-        loss = nn.functional.binary_cross_entropy_with_logits(self.model(features), labels, reduction="sum")
-        return loss, len(labels)
+        return nn.functional.binary_cross_entropy_with_logits(self.model(features), labels, reduction="none")
 
 
 def build_two_tables(context: RecipeContext[TwoTableConfig]) -> RecipeParts:

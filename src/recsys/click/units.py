@@ -33,20 +33,20 @@ from units import (
 
 
 class CTRTrainUnit(TrainUnit[CTRBatch]):
-    """Summed BCE over the batch's samples; one target per sample."""
+    """BCE of each of the batch's samples, unreduced: one target per sample."""
 
     def __init__(self, model: nn.Module, metric_bag: MetricBag, device: torch.device) -> None:
         super().__init__(model, metric_bag)
         self._device = device
         metric_bag.register("accuracy", Mean())
 
-    def __call__(self, batch: CTRBatch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: CTRBatch) -> torch.Tensor:
         batch = batch.to(self._device)
         logits = self.model(batch)
-        loss = binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="sum")
+        loss = binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="none")
         num_correct = ((logits.detach() > 0).float() == batch.labels).sum()
         self.metric_bag["accuracy"].update(num_correct / max(batch.batch_size, 1), weight=batch.batch_size)
-        return loss, batch.batch_size
+        return loss
 
 
 class CTREvalUnit(EvalUnit[CTRBatch]):

@@ -23,7 +23,7 @@ from importlib.resources import files
 from typing import Annotated, Literal, TypeVar
 
 from components import Registry
-from recipes import NonNegativeInt, PositiveInt, Range
+from recipes import GlobalBatchSize, NonNegativeInt, PositiveInt, Range
 
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
@@ -300,7 +300,7 @@ class TabularDataSection:
     derived: list[DerivedColumn] = field(default_factory=list)
     """Columns computed from others (a format that reads the schema's columns)."""
     split: SplitByValue = field(default_factory=SplitByValue)
-    batch_size: PositiveInt = 1024
+    batch_size: GlobalBatchSize = 1024
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
     """Rows shuffled together (a bounded window: memory does not grow with the files)."""

@@ -109,7 +109,7 @@ from units import TrainUnit
 
 
 class BoomUnit(TrainUnit[object]):
-    def __call__(self, batch: object) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: object) -> torch.Tensor:
         raise RuntimeError("the unit failed on purpose")
 
 

@@ -20,6 +20,7 @@ from recipes.profiler import Profiler
 from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
 from recipes.recorders import MetricRecorder
 from recipes.sections import TrainerSection
+from recipes.step_checks import ConfiguredBatchSize
 from recipes.trainer import LossNotFiniteError, Trainer
 from recipes.validator import ScoreMetric, make_validator
 from recsys.data.memory import InMemoryReader
@@ -59,6 +60,7 @@ def make_trainer(
     checkpointer: Checkpointer | None = None,
     checkpoint_every_n_steps: int | None = 2,
     checkpoint_new_best: bool = False,
+    batch_size: ConfiguredBatchSize | None = None,
 ) -> Trainer[Batch]:
     unit = unit or SquaredErrorUnit(linear_model())
     optimizer = optimizer or torch.optim.SGD(unit.model.parameters(), lr=0.05)
@@ -82,6 +84,7 @@ def make_trainer(
         checkpointer=checkpointer or NOOP_CHECKPOINTER,
         checkpoint_every_n_steps=None if checkpointer is None else checkpoint_every_n_steps,
         checkpoint_new_best=checkpoint_new_best,
+        batch_size=batch_size,
     )
 
 
@@ -464,7 +467,7 @@ class StoppedAtUnit(SquaredErrorUnit):
         self.stop_at = stop_at
         self.trainer: Trainer[Batch] | None = None
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         if self.step_nr == self.stop_at and self.trainer is not None:
             self.trainer.request_stop()
         return super().__call__(batch)

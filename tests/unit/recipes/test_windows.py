@@ -113,7 +113,7 @@ class StepRecordingUnit(SquaredErrorUnit):
         super().__init__(linear_model())
         self.events = events
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, int]:
+    def __call__(self, batch: Batch) -> torch.Tensor:
         self.events.append(("step", self.step_nr))
         return super().__call__(batch)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recipes import (
+    GlobalBatchSize,
     PositiveInt,
     RecipeConfig,
     RecipeContext,
@@ -37,7 +38,7 @@ class SyntheticDataSection:
     num_dense: PositiveInt = 4
     num_sparse: PositiveInt = 4
     vocab_size: PositiveInt = 1000
-    batch_size: PositiveInt = 256
+    batch_size: GlobalBatchSize = 256
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     data_seed: Seed = 7
     """The data's own seed, apart from the training ``seed``, so that changing one keeps the other."""

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from recipes import (
     ConfigError,
+    GlobalBatchSize,
     NonNegativeInt,
     PositiveInt,
     Range,
@@ -44,7 +45,7 @@ class CriteoDataSection:
     num_embeddings_per_feature: list[Annotated[int, Range(ge=2)]] = field(default_factory=lambda: [100_000])
     """Table rows of the 26 categorical features C1-C26: one value for all, or 26. A value's id is
     ``1 + hash(text) % (rows - 1)`` (``recsys.tabular.hashing``); an empty field's is 0."""
-    batch_size: PositiveInt = 2048
+    batch_size: GlobalBatchSize = 2048
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
     max_malformed_rows: NonNegativeInt = 100
