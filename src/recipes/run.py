@@ -147,6 +147,7 @@ def build_trainer(
             state_metrics=lambda: hash_table_metrics(tables),
             reloads=model_bank if model_bank.reloads else None,
             checkpoint_new_best=config.checkpoint.keep_best_n is not None,
+            batch_size=built.batch_size,
         )
     except BaseException:
         recorder.close()
