@@ -34,7 +34,7 @@ from recipes.errors import UserError, WriteError
 from recipes.host_memory import keep_freed_memory
 from recipes.job_spec import JobSpec
 from recipes.parallel import tensor_parallel
-from recipes.parts import RecipeContext, RecipeParts
+from recipes.parts import RecipeContext, RecipeParts, check_units
 from recipes.protocols import ShardedStateful
 from recipes.registry import Preset, Recipe, find_preset, recorded_imports, resolve_preset
 from recipes.rng import seed_everything
@@ -157,8 +157,8 @@ class BuiltParts:
 
 
 def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
-    """What the recipe builds, checked: every sparse table found, checkpointed, and fed only features it looks up;
-    the train batch size (``GlobalBatchSize``) a multiple of the DP ranks."""
+    """What the recipe builds, checked: its units set up, every sparse table found, checkpointed, and fed only
+    features it looks up; the train batch size (``GlobalBatchSize``) a multiple of the DP ranks."""
     config = job.config
     batch_size = configured_batch_size(config)
     if batch_size is not None:
@@ -169,6 +169,7 @@ def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
             parts: RecipeParts = job.recipe.build(RecipeContext(config, gangs, gangs.root.device, output_dir))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as ex:
         raise _path_error(job.recipe.name, ex) from None
+    check_units(parts)
     tensor_parallel(parts.train_unit.model, gangs)
     tables = find_sparse_tables(parts.train_unit.model)
     refuse_features_without_tables(tables)

@@ -18,9 +18,11 @@ from torch.optim import Optimizer
 from gang import Gangs
 from recipes.config import ConfigError
 from recipes.data_reader import DataReader
+from recipes.errors import UserError
 from recipes.protocols import ShardedStateful, Validation
 from recipes.sections import RecipeConfig
-from units import TrainUnit
+from units import EvalUnit, TrainUnit
+from units.unit import ran_base_init
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,6 +70,25 @@ class RecipeParts:
     """The texts behind the ids of sparse features whose ids are hashed or ranked from text, for ``export`` (a
     serving system given a row's text finds its ids there): per feature, a table of ``id`` (int64) and ``value``
     (string). Called by ``export`` only, so it may read the data."""
+
+
+def check_units(parts: RecipeParts) -> None:
+    """Each unit the recipe hands over is one, and ran its base class's ``__init__``: a subclass whose ``__init__``
+    forgets ``super().__init__`` would fail only where the framework first reads its model, metric bag or name."""
+    _check_unit(parts.train_unit, TrainUnit, "train_unit", "model, metric_bag")
+    for index, validation in enumerate(parts.validations):
+        _check_unit(validation.unit, EvalUnit, f"validations[{index}].unit", "model, metric_bag, name")
+
+
+def _check_unit(unit: object, base: type[TrainUnit[Any]] | type[EvalUnit[Any]], where: str, arguments: str) -> None:
+    kind = type(unit).__name__
+    if not isinstance(unit, base):
+        raise UserError(f"`RecipeParts.{where}` must be a {base.__name__}, but is a {kind} instead.")
+    if not ran_base_init(unit):
+        raise UserError(
+            f"The {base.__name__} {kind} (`RecipeParts.{where}`) is not set up: its __init__ must call "
+            f"`super().__init__({arguments})`."
+        )
 
 
 def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:

@@ -8,7 +8,7 @@ to one small class.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -94,3 +94,10 @@ class EvalUnit(ABC, Generic[BatchT_contra]):
     @property
     def metric_bag(self) -> MetricBag:
         return self._metric_bag
+
+
+def ran_base_init(unit: TrainUnit[Any] | EvalUnit[Any]) -> bool:
+    """Whether ``unit``'s constructor ran its base class's, which sets what the framework reads of it (its model,
+    metric bag and name): a subclass whose ``__init__`` forgets ``super().__init__`` fails only where one is first
+    read, on an ``AttributeError`` that names no cause."""
+    return "_metric_bag" in vars(unit)

@@ -1,27 +1,32 @@
 """The train unit's contract and the first step's checks, in one process: a unit that reduces its loss itself, a
-reader whose batches are not the configured size; and the ``GlobalBatchSize`` type by which the framework knows a
-recipe's train batch size."""
+reader whose batches are not the configured size, a unit built without its base's ``__init__``; and the
+``GlobalBatchSize`` type by which the framework knows a recipe's train batch size."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from gang import FakeGang
 from recipes import GlobalBatchSize
 from recipes.batch_size import configured_batch_size
 from recipes.config import resolve_config
 from recipes.errors import ConfigError, UserError
+from recipes.parts import RecipeParts, check_units
+from recipes.protocols import Validation
 from recipes.sections import RecipeConfig, TrainerSection
 from recipes.step_checks import ConfiguredBatchSize
+from support.cli_runs import assert_one_line_error, run_main
 from support.linear_regression import FEATURES, TARGETS, Batch, SquaredErrorUnit, linear_model, reader
 from unit.recipes.test_trainer import make_trainer
-from units import MetricBag, TrainUnit
+from units import EvalUnit, MetricBag, TrainUnit
 
 
 class ReducingUnit(TrainUnit[Batch]):
@@ -156,3 +161,86 @@ def test_a_batch_size_that_the_ranks_do_not_divide_is_refused_by_its_key() -> No
         ConfigError, match=r"`data.batch_size` must be a multiple of the 3 data-parallel ranks, but is 64"
     ):
         ConfiguredBatchSize("data.batch_size", 64).per_rank(3)
+
+
+# Units built without their base's __init__ ------------------------------------------------------
+
+
+class ForgetfulTrainUnit(SquaredErrorUnit):
+    def __init__(self, model: nn.Module) -> None:  # forgets super().__init__
+        self.weights = model
+
+
+class ForgetfulEvalUnit(EvalUnit[Batch]):
+    def __init__(self, model: nn.Module) -> None:  # forgets super().__init__
+        self.weights = model
+
+    def __call__(self, batch: Batch) -> None:
+        pass
+
+
+def parts(train_unit: Any, eval_unit: Any = None) -> RecipeParts:
+    validations = [] if eval_unit is None else [Validation(eval_unit, reader(batch_size=8))]
+    return RecipeParts(train_unit=train_unit, train_reader=reader(batch_size=8), validations=validations)
+
+
+@pytest.mark.parametrize(
+    ("built", "message"),
+    [
+        (
+            lambda model: parts(ForgetfulTrainUnit(model)),
+            "The TrainUnit ForgetfulTrainUnit (`RecipeParts.train_unit`) is not set up: its __init__ must call "
+            "`super().__init__(model, metric_bag)`.",
+        ),
+        (
+            lambda model: parts(SquaredErrorUnit(model), ForgetfulEvalUnit(model)),
+            "The EvalUnit ForgetfulEvalUnit (`RecipeParts.validations[0].unit`) is not set up: its __init__ must "
+            "call `super().__init__(model, metric_bag, name)`.",
+        ),
+        (
+            lambda model: parts(model),
+            "`RecipeParts.train_unit` must be a TrainUnit, but is a Linear instead.",
+        ),
+    ],
+)
+def test_units_not_set_up_by_their_base_are_refused_naming_what_to_call(
+    built: Callable[[nn.Module], RecipeParts], message: str
+) -> None:
+    with pytest.raises(UserError) as raised:
+        check_units(built(linear_model()))
+
+    assert str(raised.value) == message
+
+
+FORGETFUL_RECIPE = """\
+from recipes import RecipeConfig, RecipeParts, Validation, register_recipe
+from support.linear_regression import SquaredErrorUnit, linear_model, reader
+from units import EvalUnit
+
+
+class MSEUnit(EvalUnit):
+    def __init__(self, model):
+        self.weights = model  # no super().__init__(model, metric_bag)
+
+    def __call__(self, batch):
+        pass
+
+
+@register_recipe("forgetful", RecipeConfig)
+def build(context):
+    model = linear_model()
+    return RecipeParts(SquaredErrorUnit(model), reader(8), [Validation(MSEUnit(model), reader(8))])
+"""
+
+
+def test_training_a_recipe_whose_eval_unit_forgot_its_base_init_stops_at_start_up_in_one_line(
+    isolated_presets: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (isolated_presets / "forgetful.py").write_text(FORGETFUL_RECIPE)
+    (isolated_presets / "recipes.yaml").write_text("forgetful:\n  recipe: forgetful\n  imports: [forgetful]\n")
+
+    code, _, err = run_main(capsys, "train", "forgetful", "-o", "out")
+
+    assert code == 2
+    assert_one_line_error(err, "The EvalUnit MSEUnit (`RecipeParts.validations[0].unit`) is not set up")
+    assert not (isolated_presets / "out" / "checkpoints").exists()
