@@ -120,9 +120,10 @@ class StepChecks(Generic[BatchT]):
         same = next((group for group in by_digest.values() if len(group) > 1), None)
         if same is None:
             return None
+        ranks_named = f"{', '.join(map(str, same[:-1]))} and {same[-1]}"
         return (
-            f"data-parallel ranks {' and '.join(map(str, same))} read the same batches: the train reader must "
-            "split the rows by `context.gangs.dp.rank` and `context.gangs.dp.size`"
+            f"data-parallel ranks {ranks_named} read the same batches: the train reader must split the rows by "
+            "`context.gangs.dp.rank` and `context.gangs.dp.size`"
         )
 
     def _wrong_sizes(self, ranks: list[list[int]]) -> str | None:
