@@ -35,6 +35,7 @@ RESUMABLE_CHANGES = (
     "trainer.max_num_windows",
     "trainer.pipeline",
     "trainer.keep_freed_memory",
+    "trainer.lower_better",  # unset, or as the score's metric says (checked at start-up): the same direction
     "trainer.device",  # checkpoints load to the CPU, then move: a run trained on a GPU goes on on a CPU
     "metrics.",
     "profiler.",
@@ -46,12 +47,14 @@ RESUMABLE_CHANGES = (
 
 
 def checkpoint_policy(config: RecipeConfig) -> CheckpointPolicy:
+    """The keep policy of ``config``, whose ``trainer.lower_better`` must be resolved (``recipes.score``) where it
+    ranks: a run's ``config.yaml`` records it so, and ``train`` ranks its saves by the resolved config."""
     section = config.checkpoint
     return CheckpointPolicy(
         keep_last_n=section.keep_last_n,
         keep_best_n=section.keep_best_n,
         keep_every_n_steps=section.keep_every_n_steps,
-        lower_better=config.trainer.lower_better,
+        lower_better=bool(config.trainer.lower_better),
     )
 
 

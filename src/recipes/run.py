@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gang import Gangs
@@ -37,11 +38,12 @@ from recipes.profiler import Profiler
 from recipes.protocols import Checkpointer
 from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
 from recipes.run_lock import RunLock
+from recipes.score import ScoreMetric, resolve_score
 from recipes.sections import RecipeConfig
 from recipes.sparse_tables import build_optimizer_with_tables, hash_table_metrics, report_sparse_tables
 from recipes.stop_signals import StopOnSignals, TrainingInterrupted
 from recipes.trainer import Trainer
-from recipes.validator import ScoreMetric, Validator, make_validator
+from recipes.validator import Validator, make_validator
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +62,20 @@ def train(spec: JobSpec) -> str:
         if gangs.root.rank == 0 and job.config.checkpoint.start_over:
             archive_checkpoints(output_dir)
         gangs.root.barrier()
-        manager = checkpoint_manager(job.config, output_dir, gangs)
-        loaded = find_resume_checkpoint(manager, job.config)  # Refuses a changed config before anything is written.
+        # The newest checkpoint, whichever way scores rank (known once the recipe's metrics are built).
+        # Refuses a changed config before anything is written.
+        loaded = find_resume_checkpoint(checkpoint_manager(job.config, output_dir, gangs), job.config)
         set_earlier_metrics_aside(output_dir, loaded, gangs)
-        if gangs.root.rank == 0:
-            write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
         resume_step = None if loaded is None else loaded.step
         if job.config.checkpoint.start_over:
             resume_step = 0  # Hide the earlier run's curves too.
+        built = build_parts(job, gangs, output_dir)
+        job = with_score_direction(job, built)
+        if gangs.root.rank == 0:  # With the direction, for whoever ranks this run's checkpoints later.
+            write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
+        manager = checkpoint_manager(job.config, output_dir, gangs)
         checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
-        trainer, recorder, built = build_trainer(job, gangs, output_dir, checkpointer, resume_step)
+        trainer, recorder = assemble_trainer(job, built, gangs, output_dir, checkpointer, resume_step)
         checkpointer.use_save_filter(built.parts.save_filter)
         train_reader = built.parts.train_reader
         try:
@@ -96,9 +102,34 @@ def build_trainer(
     job: ResolvedJob, gangs: Gangs, output_dir: str, checkpointer: Checkpointer, resume_step: int | None
 ) -> tuple[Trainer[Any], MetricRecorder, BuiltParts]:
     """The recipe's parts plus the standard ones, assembled into a Trainer."""
+    built = build_parts(job, gangs, output_dir)
+    trainer, recorder = assemble_trainer(
+        with_score_direction(job, built), built, gangs, output_dir, checkpointer, resume_step
+    )
+    return trainer, recorder, built
+
+
+def with_score_direction(job: ResolvedJob, built: BuiltParts) -> ResolvedJob:
+    """``job`` with ``trainer.lower_better`` as the score's metric says (``recipes.score``), checked against it."""
+    trainer = job.config.trainer
+    if trainer.score_metric is None:
+        return job
+    score = resolve_score(ScoreMetric(trainer.score_metric, trainer.lower_better), built.parts.validations)
+    return replace(job, config=replace(job.config, trainer=replace(trainer, lower_better=score.lower_better)))
+
+
+def assemble_trainer(
+    job: ResolvedJob,
+    built: BuiltParts,
+    gangs: Gangs,
+    output_dir: str,
+    checkpointer: Checkpointer,
+    resume_step: int | None,
+) -> tuple[Trainer[Any], MetricRecorder]:
+    """The recipe's built parts plus the standard ones, assembled into a Trainer; ``job``'s score direction
+    resolved."""
     config = job.config
     device = gangs.root.device
-    built = build_parts(job, gangs, output_dir)
     parts, tables = built.parts, built.tables
     refuse_unmatched_exclude(config.checkpoint.exclude, parts.train_unit.model, built.sharded_state)
     model_bank = build_model_bank(parts.train_unit.model, built.sharded_state, config.checkpoint, gangs)
@@ -154,18 +185,19 @@ def build_trainer(
         raise
     if gangs.root.rank == 0 and resume_step is None:
         recorder.record_config(to_dict(config))
-    return trainer, recorder, built
+    return trainer, recorder
 
 
 def build_validator(config: RecipeConfig, built: BuiltParts, recorder: MetricRecorder, gangs: Gangs) -> Validator:
     """The recipe's validations, scored by ``trainer.score_metric`` and watched by early stopping if configured."""
     trainer, stopping = config.trainer, config.trainer.early_stopping
-    early_stopper: EarlyStopper = NOOP_EARLY_STOPPER
-    if stopping.patience is not None:
-        if trainer.score_metric is None:
-            raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
-        early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, trainer.lower_better)
-    score = None if trainer.score_metric is None else ScoreMetric(trainer.score_metric, trainer.lower_better)
-    autocast = autocast_for(trainer.mixed_precision, gangs.root.device)
     model, validations = built.parts.train_unit.model, built.parts.validations
+    early_stopper: EarlyStopper = NOOP_EARLY_STOPPER
+    score = None if trainer.score_metric is None else ScoreMetric(trainer.score_metric, trainer.lower_better)
+    if stopping.patience is not None:
+        if score is None:
+            raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
+        lower_better = resolve_score(score, validations).lower_better
+        early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, lower_better)
+    autocast = autocast_for(trainer.mixed_precision, gangs.root.device)
     return make_validator(validations, model, recorder, gangs.root.rank, autocast, score, early_stopper)

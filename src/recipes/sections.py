@@ -59,8 +59,9 @@ class TrainerSection:
     """Write metrics to the recorders every N steps (and at the end)."""
     score_metric: str | None = None
     """The validation metric that scores a checkpoint, as ``metric`` or ``eval_unit/metric``."""
-    lower_better: bool = False
-    """Whether a lower score is better (a loss) or a higher one (an AUC)."""
+    lower_better: bool | None = None
+    """Whether a lower score is better (a loss) or a higher one (an AUC). ``None``: as the score's metric says (a
+    run's ``config.yaml`` records what that was); set it only for a metric that does not say (a ``Mean``)."""
     nan_policy: Literal["stop", "skip"] = "stop"
     """On a NaN or infinite loss: stop with an error, or skip the step."""
     max_consecutive_skipped_steps: PositiveInt = 5

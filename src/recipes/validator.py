@@ -14,13 +14,13 @@ from typing import Any
 
 from torch import nn
 
-from recipes.data_reader import DataReader
+from recipes.data_reader import DataError, DataReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
-from recipes.errors import UserError, closest
 from recipes.evaluation import evaluate
 from recipes.precision import Autocast
 from recipes.protocols import Validation
 from recipes.recorders import MetricRecorder
+from recipes.score import ScoreMetric, resolve_score, why_undefined
 
 WINDOW_RUN = "window"
 """The run that holds the metrics of each window of the training data, scored before it is trained on."""
@@ -62,20 +62,13 @@ class NoopValidator(Validator):
 NOOP_VALIDATOR = NoopValidator()
 
 
-@dataclass(frozen=True)
-class ScoreMetric:
-    """The validation metric that scores a checkpoint: ``metric`` (of the first eval unit) or ``unit/metric``."""
-
-    name: str
-    lower_better: bool = False
-
-
 class EvalUnitValidator(Validator):
     """Runs every validation (an eval unit over its reader) with the model in eval mode, and records each
     unit's metrics under its name on rank 0.
 
-    ``score`` must name one of the units' metrics, checked now rather than at the first validation;
-    ``early_stopper`` is told every score.
+    ``score`` must name one of the units' metrics, checked now rather than at the first validation (with its
+    direction, ``recipes.score``); ``early_stopper`` is told every score. A score that is no number (an AUC of a
+    split of one class) stops the run at that validation, before its checkpoint: it would rank as a number.
     """
 
     def __init__(
@@ -94,7 +87,7 @@ class EvalUnitValidator(Validator):
         self._rank = rank
         self._autocast = autocast
         self._early_stopper = early_stopper
-        self._score_key = None if score is None else self._score_key_of(score.name)
+        self._score_key = None if score is None else resolve_score(score, validations).key
 
     def validate(self, step_nr: int) -> Validated:
         self._model.eval()
@@ -108,6 +101,7 @@ class EvalUnitValidator(Validator):
         finally:
             self._model.train()
         score = None if self._score_key is None else scores.get(self._score_key)
+        self._refuse_undefined(step_nr, score)
         stop = score is not None and self._early_stopper.should_stop(step_nr, score)
         return Validated(score, stop)
 
@@ -126,15 +120,15 @@ class EvalUnitValidator(Validator):
         if self._rank == 0:
             self._recorder.record_window(WINDOW_RUN, step_nr, window_name, values)
 
-    def _score_key_of(self, name: str) -> str:
-        key = name if "/" in name or not self._validations else f"{self._validations[0].unit.name}/{name}"
-        known = [f"{v.unit.name}/{metric}" for v in self._validations for metric in v.unit.metric_bag]
-        if key not in known:
-            raise UserError(
-                f"`trainer.score_metric` must name a validation metric (one of {', '.join(known) or 'none'}), "
-                f"but is '{name}' instead.{closest(key, known)}"
+    def _refuse_undefined(self, step_nr: int, score: float | None) -> None:
+        if score is None or self._score_key is None:
+            return
+        why = why_undefined(self._score_key, score, self._validations)
+        if why is not None:
+            raise DataError(
+                f"`trainer.score_metric` {self._score_key} must be a number to rank checkpoints, but is NaN at the "
+                f"validation of step {step_nr}: {why}."
             )
-        return key
 
     def state_dict(self) -> dict[str, Any]:
         return self._early_stopper.state_dict()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from units.metrics import NE_BASE_RATE_EPS
+from units.metrics import Undefinable, WithoutBetterSide, normalized_entropy
 
 MAX_SLICES = 1000
 """The most distinct values a slice column may have: each is a curve of its own in every recorder."""
@@ -81,7 +81,7 @@ def per_group_auc(
     return auc, counts, (positives > 0) & (negatives > 0)
 
 
-class GroupedAUC(Metric):
+class GroupedAUC(Undefinable, Metric):
     """GAUC: ``update(probabilities, targets, groups)``, ``groups`` an integer id per row (the user's).
 
     ``compute()`` gives ``{"": gauc, "_groups": number of groups counted}``; over no group with both
@@ -109,12 +109,16 @@ class GroupedAUC(Metric):
         self.groups.append(_flat(groups, torch.int64))
 
     def compute(self) -> dict[str, torch.Tensor]:  # Several values, named by suffix.
+        self.undefined_because = "no group holds both classes"
         if isinstance(self.scores, list) and not self.scores:
             return {"": torch.tensor(float("nan")), "_groups": torch.tensor(0.0)}
         scores, targets, groups = dim_zero_cat(self.scores), dim_zero_cat(self.targets), dim_zero_cat(self.groups)
         auc, counts, counted = per_group_auc(scores, targets, groups)
         weights = counts[counted].to(torch.float64)
-        gauc = (auc[counted] * weights).sum() / weights.sum() if bool(counted.any()) else torch.tensor(float("nan"))
+        if not bool(counted.any()):
+            return {"": torch.tensor(float("nan")), "_groups": torch.tensor(0.0, dtype=torch.float64)}
+        self.undefined_because = None
+        gauc = (auc[counted] * weights).sum() / weights.sum()
         return {"": gauc, "_groups": counted.sum().to(torch.float64)}
 
 
@@ -187,20 +191,17 @@ class SlicedSums(Metric):
 
 
 class SlicedNormalizedEntropy(SlicedSums):
-    """``NormalizedEntropy`` per slice value (the same definition, base rate clamped alike)."""
+    """``NormalizedEntropy`` per slice value (the same definition: NaN for a slice of one class)."""
 
     higher_is_better = False
 
     def value_of(self, sums: torch.Tensor) -> torch.Tensor:
-        loss, positives, rows = sums[_LOSS], sums[_TARGETS], sums[_ROWS]
-        base_rate = (positives / rows).clamp(NE_BASE_RATE_EPS, 1.0 - NE_BASE_RATE_EPS)
-        base_loss = -(positives * base_rate.log() + (rows - positives) * torch.log1p(-base_rate))
-        return loss / base_loss
+        return normalized_entropy(sums[_LOSS], sums[_TARGETS], sums[_ROWS])[0]
 
 
-class SlicedCalibration(SlicedSums):
-    """``Calibration`` per slice value: predicted clicks over actual clicks (0.0 where a slice has none)."""
+class SlicedCalibration(WithoutBetterSide, SlicedSums):
+    """``Calibration`` per slice value: predicted clicks over actual clicks (NaN where a slice has none)."""
 
     def value_of(self, sums: torch.Tensor) -> torch.Tensor:
         positives = sums[_TARGETS]
-        return torch.where(positives > 0.0, sums[_PREDICTIONS] / positives, 0.0)
+        return torch.where(positives > 0.0, sums[_PREDICTIONS] / positives, float("nan"))

@@ -9,6 +9,12 @@ float64 sums, which add up over any number of ranks to the value of one process 
 the data; the curve metrics (``BinaryAUC``, ``BinaryAveragePrecision``) keep every prediction
 and gather them, so they are exact too. Every one accepts an empty batch and is unchanged by
 it, since the last batch of a data-parallel rank may have no rows.
+
+A metric says which way is better, as torchmetrics does, by ``higher_is_better`` (``True``:
+an AUC; ``False``: a loss; ``None``: not known, as of a ``Mean`` of anything); one that
+describes rather than judges (calibration, the positive rate) is ``WithoutBetterSide``, and
+cannot score checkpoints. A metric undefined on its rows (an AUC of one class) is NaN, never
+a number that could pass for a score, and says why (``Undefinable.undefined_because``).
 """
 
 from __future__ import annotations
@@ -57,6 +63,29 @@ def gang_gather_fn(gang: Gang) -> Callable[..., list[torch.Tensor]]:
     return gather
 
 
+class WithoutBetterSide:
+    """A metric of which neither a higher nor a lower value is better (calibration is best at 1; the positive
+    rate describes the data): it cannot rank checkpoints, whatever ``trainer.lower_better`` says."""
+
+
+class Undefinable:
+    """A metric that is undefined (NaN) on some rows, such as those of one class: after ``compute()``,
+    ``undefined_because`` says why it was (from the rows of every rank), ``None`` when it was not."""
+
+    undefined_because: str | None = None
+
+
+def one_class(num_rows: float | torch.Tensor, num_positives: float | torch.Tensor) -> str | None:
+    """Why a metric that needs both classes is undefined over rows of which ``num_positives`` are 1 and the rest 0,
+    or ``None`` where both classes occur."""
+    rows, positives = int(num_rows), int(num_positives)
+    if rows == 0:
+        return "the data holds no rows"
+    if 0 < positives < rows:
+        return None
+    return f"the data holds only label {0 if positives == 0 else 1} ({rows} rows)"
+
+
 class Mean(Metric):
     """A weighted mean: ``update(value, weight)``.
 
@@ -91,11 +120,28 @@ class Sum(SumMetric):
     """A running sum: ``update(value)``."""
 
 
-class BinaryAUC(BinaryAUROC):
-    """The exact ROC AUC of binary targets: ``update(probabilities, targets)``."""
+class BinaryAUC(Undefinable, BinaryAUROC):
+    """The exact ROC AUC of binary targets: ``update(probabilities, targets)``. Over rows of one class (or none),
+    NaN: torchmetrics' 0.0 there would read as the worst model, and its warning would say it once."""
+
+    higher_is_better = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(thresholds=None, **kwargs)
+
+    def compute(self) -> torch.Tensor:  # type: ignore[override]  # As torchmetrics' own subclass does.
+        targets = _all_targets(self.target)
+        self.undefined_because = one_class(targets.numel(), (targets == 1).sum())
+        if self.undefined_because is not None:
+            return torch.tensor(float("nan"))
+        return super().compute()
+
+
+def _all_targets(state: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """A curve metric's targets of every row seen (after a sync a tensor; before, a list that may be empty)."""
+    if isinstance(state, list) and not state:
+        return torch.zeros(0)
+    return dim_zero_cat(state)
 
 
 class Throughput(Metric):
@@ -130,10 +176,6 @@ class Throughput(Metric):
 
 
 # Click prediction -----------------------------------------------------------------------------
-
-# TorchRec's clamp of the base rate inside the logs of normalized entropy: it keeps the
-# denominator of a label set with no positives (or no negatives) above zero, so NE stays finite.
-NE_BASE_RATE_EPS = 1e-12
 
 
 def _flat_float64(tensor: torch.Tensor) -> torch.Tensor:
@@ -183,18 +225,29 @@ class LogLoss(Metric):
         return self.loss_sum / self.count
 
 
-class NormalizedEntropy(Metric):
+def normalized_entropy(
+    loss_sum: torch.Tensor, target_sum: torch.Tensor, count: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NE from its sums (elementwise, so per slice too), and where it is undefined: rows of one class, whose base
+    rate's entropy is 0 (NaN there; TorchRec's clamp of the base rate gives about 1e12 times the log loss, a number
+    that ranks a checkpoint), or no rows at all."""
+    undefined = (target_sum <= 0.0) | (target_sum >= count)
+    base_rate = torch.where(undefined, 0.5, target_sum / count)
+    # The base rate's log loss summed over the rows, so that the counts cancel in the ratio.
+    base_loss_sum = -(target_sum * base_rate.log() + (count - target_sum) * torch.log1p(-base_rate))
+    return torch.where(undefined, float("nan"), loss_sum / base_loss_sum), undefined
+
+
+class NormalizedEntropy(Undefinable, Metric):
     """Log loss relative to always predicting the base rate: ``update(logits, targets)``.
 
     NE as TorchRec defines it: the mean log loss over the entropy of the base rate
     ``p = mean(targets)``, ``-(p log p + (1 - p) log(1 - p))``. Below 1, the model beats the
     constant predictor; unlike log loss, it compares across data sets of different click rates.
 
-    Where all targets are 0 (or all 1), that entropy is 0. Like TorchRec, the ``p`` inside the
-    logs is clamped to ``[NE_BASE_RATE_EPS, 1 - NE_BASE_RATE_EPS]`` (the weights ``p``, ``1 - p``
-    are not), so NE is finite but very large, about ``1e12`` times the log loss: a dashboard sees
-    an outlier, not an infinity or NaN that breaks its averages. Over no rows at all,
-    ``compute()`` is NaN.
+    Where all targets are 0 (or all 1), that entropy is 0 and NE undefined: ``compute()`` is NaN
+    (TorchRec clamps the base rate instead, and reports about 1e12 times the log loss, which would
+    rank as a dreadful model rather than as no measurement). Over no rows at all, NaN too.
     """
 
     full_state_update = False
@@ -217,19 +270,18 @@ class NormalizedEntropy(Metric):
         self.count += targets.numel()
 
     def compute(self) -> torch.Tensor:
-        base_rate = (self.target_sum / self.count).clamp(NE_BASE_RATE_EPS, 1.0 - NE_BASE_RATE_EPS)
-        # The base rate's log loss summed over the rows, so that the counts cancel in the ratio.
-        base_loss_sum = -(self.target_sum * base_rate.log() + (self.count - self.target_sum) * torch.log1p(-base_rate))
-        return self.loss_sum / base_loss_sum
+        value, undefined = normalized_entropy(self.loss_sum, self.target_sum, self.count)
+        self.undefined_because = one_class(self.count, self.target_sum) if bool(undefined) else None
+        return value
 
 
-class Calibration(Metric):
+class Calibration(WithoutBetterSide, Metric):
     """Predicted clicks over actual clicks: ``update(logits, targets)``.
 
     TorchRec's definition, ``sum(sigmoid(logits)) / sum(targets)``: 1 when the model predicts
     as many clicks as there were, above 1 when it over-predicts. Where no target is positive
-    (no rows at all included) the ratio is undefined and ``compute()`` returns 0.0, as TorchRec
-    does, rather than NaN or infinity, which would poison an average over steps.
+    (no rows at all included) the ratio is undefined and ``compute()`` is NaN (TorchRec's 0.0
+    there would read as a model that predicts no click).
     """
 
     full_state_update = False
@@ -248,34 +300,33 @@ class Calibration(Metric):
         self.target_sum += targets.sum()
 
     def compute(self) -> torch.Tensor:
-        return torch.where(self.target_sum > 0.0, self.prediction_sum / self.target_sum, 0.0)
+        return torch.where(self.target_sum > 0.0, self.prediction_sum / self.target_sum, float("nan"))
 
 
-class BinaryAveragePrecision(_TorchmetricsAveragePrecision):
+class BinaryAveragePrecision(Undefinable, _TorchmetricsAveragePrecision):
     """The exact average precision (area under the precision-recall curve) of binary targets.
 
     ``update(probabilities, targets)``, targets as integers, like ``BinaryAUC``. Where clicks
     are rare, ROC AUC is dominated by the many easy negatives; PR-AUC shows how clean the top
-    of the ranking is. Where no target is positive, recall is undefined and ``compute()``
-    returns 0.0 (torchmetrics' value, without its warning); over no rows at all, NaN.
+    of the ranking is. Where no target is positive, recall is undefined and ``compute()`` is NaN
+    (torchmetrics' 0.0 would read as the worst model), as over no rows at all.
     """
+
+    higher_is_better = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(thresholds=None, **kwargs)
 
     def compute(self) -> torch.Tensor:  # type: ignore[override]  # As torchmetrics' own subclass does.
-        # After a sync the states are tensors; before, lists that may hold nothing at all.
-        if isinstance(self.target, list) and not self.target:
+        targets = _all_targets(self.target)
+        num_positives = int((targets == 1).sum())
+        self.undefined_because = one_class(targets.numel(), num_positives) if num_positives == 0 else None
+        if self.undefined_because is not None:
             return torch.tensor(float("nan"))
-        targets = dim_zero_cat(self.target)
-        if targets.numel() == 0:
-            return torch.tensor(float("nan"))
-        if not bool((targets == 1).any()):
-            return torch.tensor(0.0)
         return super().compute()
 
 
-class PositiveRate(Metric):
+class PositiveRate(WithoutBetterSide, Metric):
     """The mean of the targets, the click-through rate of the data: ``update(targets)``.
 
     Beside calibration, it tells a shift in the data from a shift in the model. Over no rows

@@ -10,7 +10,6 @@ import numpy.typing as npt
 import torch
 from torchmetrics import Metric
 
-import units.metrics
 from units import BinaryAveragePrecision, Calibration, LogLoss, NormalizedEntropy, PositiveRate
 
 
@@ -53,11 +52,11 @@ def np_log_loss(logits: Array, targets: Array) -> float:
 
 
 def np_normalized_entropy(logits: Array, targets: Array) -> float:
-    """The log loss over that of predicting the base rate, clamped as TorchRec clamps it (only the log's argument)."""
+    """The log loss over that of predicting the base rate; NaN for rows of one class, whose base rate's is 0."""
     base_rate = float(targets.mean())
-    eps = units.metrics.NE_BASE_RATE_EPS
-    predicted = min(max(base_rate, eps), 1 - eps)
-    base_log_loss = -(base_rate * math.log(predicted) + (1 - base_rate) * math.log1p(-predicted))
+    if base_rate in (0.0, 1.0):
+        return math.nan
+    base_log_loss = -(base_rate * math.log(base_rate) + (1 - base_rate) * math.log1p(-base_rate))
     return np_log_loss(logits, targets) / base_log_loss
 
 

@@ -19,10 +19,11 @@ from recipes.errors import UserError
 from recipes.profiler import Profiler
 from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
 from recipes.recorders import MetricRecorder
+from recipes.score import ScoreMetric
 from recipes.sections import TrainerSection
 from recipes.step_checks import ConfiguredBatchSize
 from recipes.trainer import LossNotFiniteError, Trainer
-from recipes.validator import ScoreMetric, make_validator
+from recipes.validator import make_validator
 from recsys.data.memory import InMemoryReader
 from support.linear_regression import (
     FEATURES,
@@ -228,7 +229,7 @@ def test_a_score_metric_names_the_metric_alone_or_with_its_unit(score_metric: st
     model = linear_model()
 
     make_trainer(
-        TrainerSection(score_metric=score_metric),
+        TrainerSection(score_metric=score_metric, lower_better=False),
         unit=SquaredErrorUnit(model),
         validations=[sequence_validation(model, [])],
     )
@@ -494,7 +495,11 @@ def early_stopping_trainer(
     unit = StoppedAtUnit(model, stop_at)
     trainer = make_trainer(
         TrainerSection(
-            max_num_steps=40, validate_every_n_steps=4, publish_metrics_every_n_steps=4, score_metric="score"
+            max_num_steps=40,
+            validate_every_n_steps=4,
+            publish_metrics_every_n_steps=4,
+            score_metric="score",
+            lower_better=False,
         ),
         unit=unit,
         validations=[Validation(ErrorEvalUnit(model), reader(batch_size=8))],

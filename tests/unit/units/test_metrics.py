@@ -19,8 +19,6 @@ from support.metric_references import (
     CLICK_TOLERANCE,
     click_data,
     np_average_precision,
-    np_log_loss,
-    np_normalized_entropy,
     numpy_value,
     rank_data,
     rank_sum_auc,
@@ -30,13 +28,18 @@ from units import (
     BinaryAUC,
     BinaryAveragePrecision,
     Calibration,
+    GroupedAUC,
     LogLoss,
     Mean,
     MetricBag,
     NormalizedEntropy,
+    PositiveRate,
+    SlicedCalibration,
+    SlicedNormalizedEntropy,
     Sum,
     Throughput,
 )
+from units.metrics import WithoutBetterSide
 
 
 def test_rank_sum_auc_of_a_known_case() -> None:
@@ -166,7 +169,13 @@ def test_an_empty_batch_leaves_a_click_metric_unchanged(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("log_loss", math.nan), ("ne", math.nan), ("calibration", 0.0), ("pr_auc", math.nan), ("positive_rate", math.nan)],
+    [
+        ("log_loss", math.nan),
+        ("ne", math.nan),
+        ("calibration", math.nan),
+        ("pr_auc", math.nan),
+        ("positive_rate", math.nan),
+    ],
 )
 def test_a_click_metric_that_saw_only_empty_batches_has_its_documented_value(name: str, expected: float) -> None:
     metric = CLICK_METRICS[name][0]()
@@ -195,26 +204,52 @@ def test_normalized_entropy_of_always_predicting_the_base_rate_is_one() -> None:
 
 
 @pytest.mark.parametrize("target", [0.0, 1.0], ids=["no_positives", "no_negatives"])
-def test_normalized_entropy_of_a_single_class_is_finite_through_torchrecs_clamp(target: float) -> None:
+def test_metrics_undefined_on_one_class_are_nan_and_say_why(target: float) -> None:
+    # Before: AUC 0.0 and NE about 1e12 times the log loss, which ranked checkpoints as numbers.
     logits = torch.tensor([-3.0, -1.0, 0.5, 2.0])
     targets = torch.full((4,), target)
-    ne = NormalizedEntropy()
-
+    ne, auc = NormalizedEntropy(), BinaryAUC()
     ne.update(logits, targets)
+    auc.update(torch.sigmoid(logits), targets.long())
+    undefined: list[NormalizedEntropy | BinaryAUC | BinaryAveragePrecision] = [ne, auc]
+    if target == 0.0:  # Average precision needs a positive; with only positives it is defined.
+        average_precision = BinaryAveragePrecision()
+        average_precision.update(torch.sigmoid(logits), targets.long())
+        undefined.append(average_precision)
 
-    value = float(ne.compute())
-    as_numpy = logits.double().numpy(), targets.double().numpy()
-    assert value == pytest.approx(np_normalized_entropy(*as_numpy), rel=1e-9)
-    assert math.isfinite(value)
-    assert value == pytest.approx(np_log_loss(*as_numpy) / units.metrics.NE_BASE_RATE_EPS, rel=1e-3)
+    for metric in undefined:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert math.isnan(float(metric.compute())), type(metric).__name__
+        assert metric.undefined_because == f"the data holds only label {int(target)} (4 rows)"
 
 
-def test_calibration_without_positives_is_zero_not_nan() -> None:
+def test_calibration_without_positives_is_nan() -> None:
     calibration = Calibration()
 
     calibration.update(torch.tensor([-2.0, 1.0]), torch.tensor([0.0, 0.0]))
 
-    assert float(calibration.compute()) == 0.0
+    assert math.isnan(float(calibration.compute()))
+
+
+def test_a_metric_defined_again_after_reset_says_no_reason() -> None:
+    auc = BinaryAUC()
+    auc.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 0]))
+    auc.compute()
+    auc.reset()
+
+    auc.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]))
+
+    assert float(auc.compute()) == 1.0
+    assert auc.undefined_because is None
+
+
+def test_metrics_say_which_way_is_better_and_which_have_no_better_side() -> None:
+    assert [m.higher_is_better for m in (BinaryAUC(), BinaryAveragePrecision(), GroupedAUC())] == [True] * 3
+    assert [m.higher_is_better for m in (LogLoss(), NormalizedEntropy(), SlicedNormalizedEntropy())] == [False] * 3
+    assert Mean().higher_is_better is None
+    for metric in (Calibration(), PositiveRate(), SlicedCalibration()):
+        assert isinstance(metric, WithoutBetterSide)
 
 
 def test_calibration_of_predicting_as_many_clicks_as_there_were_is_one() -> None:
@@ -223,17 +258,6 @@ def test_calibration_of_predicting_as_many_clicks_as_there_were_is_one() -> None
     calibration.update(torch.zeros(4), torch.tensor([1.0, 0.0, 0.0, 1.0]))  # 4 x 0.5 predicted, 2 clicked.
 
     assert float(calibration.compute()) == pytest.approx(1.0, abs=1e-12)
-
-
-def test_average_precision_without_positives_is_zero_and_warns_nothing() -> None:
-    average_precision = BinaryAveragePrecision()
-    average_precision.update(torch.tensor([0.2, 0.9]), torch.tensor([0, 0]))
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        value = float(average_precision.compute())
-
-    assert value == 0.0 and math.copysign(1.0, value) == 1.0
 
 
 def test_logits_of_shape_n_by_1_meet_targets_of_shape_n_and_other_sizes_are_refused() -> None:

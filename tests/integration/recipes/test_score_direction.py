@@ -1,0 +1,38 @@
+"""The score's direction comes from its metric (GitHub issue 45): a loss ranks lower-first in every place that ranks
+checkpoints, the run's ``config.yaml`` says so for readers, and a contradicting ``trainer.lower_better`` stops the
+run at start-up in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from support.cli_runs import assert_one_line_error, checkpoints_listing
+from support.resume_helpers import check_ok, committed_steps, metric_history, run_recipes, train_args
+
+
+def test_a_loss_as_score_keeps_and_loads_its_lowest_checkpoint_without_lower_better(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    overrides = ("trainer.validate_every_n_steps=10", "trainer.score_metric=log_loss", "checkpoint.keep_best_n=1")
+    check_ok(run_recipes(tmp_path, *train_args(output_dir, "checkpoint.keep_last_n=null", *overrides)))
+
+    losses = {line["step"]: line["log_loss"] for line in metric_history(output_dir)["valid"]}
+    best = min(sorted(losses), key=lambda step: losses[step])  # The earlier step wins a tie.
+    assert len(set(losses.values())) > 1
+    assert committed_steps(output_dir) == sorted({best, 40})  # The best by log loss, and the newest.
+    config = yaml.safe_load((output_dir / "config.yaml").read_text())["config"]
+    assert config["trainer"]["lower_better"] is True  # What readers of the run rank by.
+    best_rows = [row for row in checkpoints_listing(output_dir).splitlines() if row.endswith("<- best")]
+    assert [int(row.split()[0]) for row in best_rows] == [best]  # As `--checkpoint auto` and `best` choose.
+
+
+def test_a_lower_better_that_contradicts_the_metric_stops_the_run_before_its_first_step(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    args = train_args(output_dir, "trainer.score_metric=auc", "trainer.lower_better=true")
+
+    result = run_recipes(tmp_path, *args)
+
+    assert result.returncode == 2, result.stderr
+    assert_one_line_error(result.stderr, "`trainer.lower_better` must be false for `trainer.score_metric: valid/auc`")
+    assert not (output_dir / "checkpoints").exists() or not any((output_dir / "checkpoints").iterdir())
