@@ -25,7 +25,7 @@ import importlib.resources
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,8 +100,9 @@ def register_preset(
     _python_presets[name] = Preset(name, recipe, dict(config or {}), description, based_on)
 
 
-def get_recipe(name: str) -> Recipe:
-    """The recipe registered as ``name``, importing the installed module that offers it if need be."""
+def get_recipe(name: str, imports: Sequence[str] = ()) -> Recipe:
+    """The recipe registered as ``name``, importing the installed module that offers it if need be; ``imports``,
+    the modules a preset imported before, say where else it was looked for."""
     if name not in _recipes:
         installed = _installed(RECIPE_ENTRY_POINTS)
         if name in installed:
@@ -110,7 +111,21 @@ def get_recipe(name: str) -> Recipe:
         return _recipes[name]
     except KeyError:
         known = set(_recipes) | set(_installed(RECIPE_ENTRY_POINTS))
-        raise UserError(f"Unknown recipe '{name}'.{closest(name, known)}") from None
+        raise UserError(f"Unknown recipe '{name}'.{closest(name, known)} {_why_unknown(name, imports)}") from None
+
+
+def _why_unknown(name: str, imports: Sequence[str]) -> str:
+    """The likely cause of an unknown recipe: a module was imported that registers none of that name (its builder
+    lacks the decorator), or none was (the preset lacks ``imports:``)."""
+    if imports:
+        return (
+            f"The preset imports {', '.join(imports)}, but no module registered a recipe '{name}': decorate its "
+            f'build function with `@register_recipe("{name}", ...)`.'
+        )
+    return (
+        f"No installed package offers it, and the preset imports no module: name the module that registers it in "
+        f"the preset's `imports:` (e.g. `imports: [my_{name}]` for my_{name}.py beside the preset file)."
+    )
 
 
 def all_presets() -> dict[str, Preset]:
@@ -153,7 +168,7 @@ def resolve_preset(preset: Preset) -> tuple[Recipe, list[tuple[str, Mapping[str,
     if recipe_name is None:
         raise UserError(f"Preset '{preset.name}' ({preset.source}) must name a `recipe`, but none in its chain does.")
     layers = [(f"preset '{p.name}' ({p.source})", p.config) for p in reversed(chain)]
-    return get_recipe(recipe_name), layers
+    return get_recipe(recipe_name, [module for link in reversed(chain) for module in link.imports]), layers
 
 
 def preset_chain(preset: Preset) -> list[Preset]:

@@ -1,6 +1,10 @@
 """A user's module named like a framework package hides it: found before the first import, where it still can be.
 
 Kept apart from the registry, which imports torch: ``python -m recipes`` checks this first of all.
+
+One such module is beyond reach: a ``recipes.py`` (or ``recipes/`` package) in the folder where ``python -m recipes``
+runs is what ``-m`` finds and runs, before any of the framework's code; the ``recipes`` command and
+``python -P -m recipes`` (which leaves that folder off ``sys.path``) refuse it here, and docs/faults.md says so.
 """
 
 from __future__ import annotations

@@ -194,6 +194,31 @@ def test_an_unknown_recipe_suggests_the_closest_name(isolated_presets: Path) -> 
         resolve_preset(find_preset("mine"))
 
 
+def test_an_unknown_recipe_of_a_module_that_registers_none_says_to_decorate_it(isolated_presets: Path) -> None:
+    write(isolated_presets / "my_module.py", "def build(context):\n    pass\n")  # No @register_recipe.
+    write(isolated_presets / "recipes.yaml", "mine:\n  recipe: my_own\n  imports: [my_module]\n")
+
+    with pytest.raises(UserError) as info:
+        resolve_preset(find_preset("mine"))
+
+    assert str(info.value) == (
+        "Unknown recipe 'my_own'. The preset imports my_module, but no module registered a recipe 'my_own': "
+        'decorate its build function with `@register_recipe("my_own", ...)`.'
+    )
+
+
+def test_an_unknown_recipe_of_a_preset_that_imports_nothing_says_to_import_its_module(isolated_presets: Path) -> None:
+    write(isolated_presets / "recipes.yaml", "mine:\n  recipe: my_own\n")
+
+    with pytest.raises(UserError) as info:
+        resolve_preset(find_preset("mine"))
+
+    assert str(info.value).startswith(
+        "Unknown recipe 'my_own'. No installed package offers it, and the preset imports no module: name the module "
+        "that registers it in the preset's `imports:`"
+    )
+
+
 def test_a_file_path_works_where_a_preset_name_does(isolated_presets: Path) -> None:
     write(isolated_presets / "one.yaml", "based_on: ctr_tiny\nconfig:\n  seed: 21\n")
     (isolated_presets / "sub").mkdir()
