@@ -43,7 +43,7 @@ from recipes.sections import RecipeConfig
 from recipes.sparse_tables import build_optimizer_with_tables, hash_table_metrics, report_sparse_tables
 from recipes.stop_signals import StopOnSignals, TrainingInterrupted
 from recipes.trainer import Trainer
-from recipes.validator import Validator, make_validator
+from recipes.validator import Validator, make_validator, refuse_ignored_metric_columns
 
 log = logging.getLogger(__name__)
 
@@ -199,5 +199,6 @@ def build_validator(config: RecipeConfig, built: BuiltParts, recorder: MetricRec
             raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
         lower_better = resolve_score(score, validations).lower_better
         early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, lower_better)
+    refuse_ignored_metric_columns(config.metrics, validations)
     autocast = autocast_for(trainer.mixed_precision, gangs.root.device)
     return make_validator(validations, model, recorder, gangs.root.rank, autocast, score, early_stopper)

@@ -16,11 +16,14 @@ from torch import nn
 
 from recipes.data_reader import DataError, DataReader
 from recipes.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper
+from recipes.errors import ConfigError
 from recipes.evaluation import evaluate
 from recipes.precision import Autocast
 from recipes.protocols import Validation
 from recipes.recorders import MetricRecorder
 from recipes.score import ScoreMetric, resolve_score, why_undefined
+from recipes.sections import MetricsSection
+from units import GroupedAUC, SlicedCalibration, SlicedNormalizedEntropy
 
 WINDOW_RUN = "window"
 """The run that holds the metrics of each window of the training data, scored before it is trained on."""
@@ -135,6 +138,22 @@ class EvalUnitValidator(Validator):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._early_stopper.load_state_dict(state_dict)
+
+
+def refuse_ignored_metric_columns(section: MetricsSection, validations: Sequence[Validation[Any]]) -> None:
+    """``metrics.group_by`` and ``slice_by`` are the recipe's to honour (only it knows its batches' columns): one
+    that no eval unit's metrics group or slice by would be ignored without a word, so it stops the run now."""
+    metrics = [v.unit.metric_bag[name] for v in validations for name in v.unit.metric_bag]
+    for key, verb, column, kinds in (
+        ("group_by", "groups", section.group_by, (GroupedAUC,)),
+        ("slice_by", "slices", section.slice_by, (SlicedNormalizedEntropy, SlicedCalibration)),
+    ):
+        if column is not None and not any(isinstance(metric, kinds) for metric in metrics):
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise ConfigError(
+                f"`metrics.{key}` is '{column}', but no metric of the recipe's eval units {verb} the rows ({names}): "
+                f"the recipe ignores it. Unset it, or give the recipe's eval unit a {names} over that column."
+            )
 
 
 def make_validator(

@@ -60,6 +60,11 @@ def metric_columns(
 
 def row_ids(batch: CTRBatch, name: str) -> torch.Tensor:
     """The id of feature ``name`` in each row of ``batch``, which must hold one per row."""
+    if name not in batch.sparse:
+        raise ConfigError(
+            f"`metrics.group_by` and `metrics.slice_by` must name a sparse feature of the validation batches "
+            f"({', '.join(batch.sparse) or 'none'}), but '{name}' is not one.{_did_you_mean(name, batch.sparse)}"
+        )
     feature = batch.sparse[name]
     if feature.ids.numel() != batch.batch_size:
         raise ConfigError(

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from recipes import ConfigError, RecipeConfig
-from recsys.click.metric_columns import metric_columns
+from recsys.click.batch import make_ctr_batch
+from recsys.click.metric_columns import metric_columns, row_ids
 from recsys.tabular.hashing import bucket_ids, integer_keys
 from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import CategoricalColumns, DerivedColumn, SplitByValue, TabularDataSection
@@ -73,3 +74,19 @@ def test_hour_slices_are_named_by_their_values_whatever_their_ids() -> None:
             assert str(hour) in names[id_].split("_"), "hours that share an id name it together"
         assert len(names) == len(set(ids))
     assert value_names(schema(), "user", None, False) == {}, "a hashed user id has no name to give"
+
+
+def test_a_column_a_validation_batch_lacks_is_one_line_naming_those_it_holds() -> None:
+    batch = make_ctr_batch(
+        np.zeros((2, 1), np.float32),
+        {"users": (np.array([3, 4]), np.array([0, 1, 2])), "hour": (np.array([1, 2]), np.array([0, 1, 2]))},
+        np.zeros(2, np.float32),
+    )
+
+    with pytest.raises(ConfigError) as info:  # Before: a raw KeyError at the first validation.
+        row_ids(batch, "user")
+
+    assert str(info.value) == (
+        "`metrics.group_by` and `metrics.slice_by` must name a sparse feature of the validation batches (users, hour), "
+        "but 'user' is not one. Did you mean 'users'?"
+    )
