@@ -23,6 +23,7 @@ from recsys.data.stream import require_at_least
 from recsys.tabular.arrow import ArrowFormatConfig, ArrowReader
 from recsys.tabular.data_format import ColumnFormat
 from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
+from recsys.tabular.split_files import naming_the_split_key, refuse_rowless_split
 
 
 class ParquetReader(ArrowReader):
@@ -32,11 +33,24 @@ class ParquetReader(ArrowReader):
     file_kind = "Parquet"
 
     def __init__(
-        self, paths: str | Sequence[str], schema: TabularDataSection, *, read_batch_rows: int = 65_536, **kwargs: Any
+        self,
+        paths: str | Sequence[str],
+        schema: TabularDataSection,
+        *,
+        split: str = "train",
+        read_batch_rows: int = 65_536,
+        **kwargs: Any,
     ) -> None:
         require_at_least("read_batch_rows", read_batch_rows, 1)
         self._read_batch_rows = read_batch_rows
-        super().__init__(paths, schema, **kwargs)
+        self._split = split
+        with naming_the_split_key(split):
+            super().__init__(paths, schema, split=split, **kwargs)
+
+    def check_first_rows(self, num_records: int = 100) -> None:
+        """As any streaming reader's, and a validation or test split of no row is refused (``split_files``)."""
+        super().check_first_rows(num_records)
+        refuse_rowless_split(self, self._split, len(self._files))
 
     def file_schema(self, file: Any) -> pa.Schema:
         return pq.ParquetFile(file).schema_arrow

@@ -32,6 +32,7 @@ from recsys.tabular.hashing import bucket_ids, column_basis
 from recsys.tabular.history import History
 from recsys.tabular.joins import Bags
 from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection, expand_names
+from recsys.tabular.split_files import naming_the_split_key, paths_key, refuse_rowless_split
 from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 
 
@@ -109,7 +110,9 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         self._schema = schema
         self._text = schema.format_options(CsvConfig)
         self._encodings = encodings or Encodings({}, {})
-        super().__init__(paths, **kwargs)
+        self._split = split
+        with naming_the_split_key(split):
+            super().__init__(paths, **kwargs)
         self._names = self._column_names()
         if schema.label.column not in self._names:
             raise DataError(
@@ -143,6 +146,11 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         self._keyed = {*keyed, *added, *self._hidden_keys}
         self._number_slots = {name: k for k, name in enumerate(self._added.file_numbers)}
         self._plan = self._column_plan()
+
+    def check_first_rows(self, num_records: int = 100) -> None:
+        """As any streaming reader's, and a validation or test split of no row is refused (``split_files``)."""
+        super().check_first_rows(num_records)
+        refuse_rowless_split(self, self._split, len(self._files))
 
     def count_values(self) -> dict[str, ValueCounts]:
         counters = {name: KeyCounter() for name in self._vocabulary_columns}
@@ -328,7 +336,10 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         with self._files[0] as file, reading(self.file_name(0)):
             first = file.readline()
         if not first:
-            raise DataError(f"{self.file_name(0)} must start with a header line, but is empty.")
+            raise DataError(
+                f"`{paths_key(self._split)}` must name files that start with a header line, but {self.file_name(0)} "
+                "is empty."
+            )
         names = self._split_line(first.decode("utf-8-sig", errors="replace"))
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:

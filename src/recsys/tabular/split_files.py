@@ -1,0 +1,48 @@
+"""The files of a split as the user named them: messages about them name the split's config key
+(``dataset.valid_path``), not a reader's parameter, and a scored split whose files hold no row stops the run at
+start-up rather than at its first validation, after training."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from recipes import DataError
+from recsys.data.stream import StreamingReader
+
+SPLIT_PATH_KEYS = {"train": "dataset.train_path", "valid": "dataset.valid_path", "test": "dataset.test_path"}
+"""The config key that names the files of each split a reader keeps."""
+
+
+def paths_key(split: str) -> str:
+    """The config key of ``split``'s files; the files of every split for ``all`` (a reader of histories)."""
+    return SPLIT_PATH_KEYS.get(split, "dataset.train_path, valid_path and test_path")
+
+
+@contextmanager
+def naming_the_split_key(split: str) -> Iterator[None]:
+    """A ``DataError`` about the files of ``split`` (a pattern that matches none, a missing file) names its config key
+    where the reader's says ``paths``."""
+    try:
+        yield
+    except DataError as error:
+        if "`paths`" not in str(error):
+            raise
+        raise DataError(str(error).replace("`paths`", f"`{paths_key(split)}`")) from None
+
+
+def refuse_rowless_split(reader: StreamingReader[Any], split: str, num_files: int) -> None:
+    """A scored split (``valid``, ``test``) whose files hold no row, a header alone or nothing, is refused: found
+    at the first validation, it would end the run after training, without a checkpoint."""
+    if split not in ("valid", "test"):
+        return
+    for file_index in range(num_files):
+        parsed = reader.first_records(file_index, 1)
+        if parsed is not None and parsed.valid.any():
+            return
+    names = ", ".join(reader.file_name(file_index) for file_index in range(num_files))
+    raise DataError(
+        f"`{paths_key(split)}` must name data that holds rows, but {names} "
+        f"{'holds' if num_files == 1 else 'hold'} none (a header alone, or nothing)."
+    )

@@ -1,0 +1,45 @@
+"""The files of a split, as ``python -m recipes train`` meets them (GitHub issue 45): a validation split of no row
+stops the run before its first step, and every message about a split's files names its config key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support.resume_helpers import one_line_error, run_recipes
+
+HEADER = "id,click,hour,C1,site_id\n"
+SMALL = ["dataset.batch_size=16", "metrics.recorders.console=false", "trainer.max_num_steps=4"]
+
+
+def write_rows(path: Path, num_rows: int) -> str:
+    path.write_text(HEADER + "".join(f"{i},{i % 2},141021{i % 24:02d},1005,s{i % 7}\n" for i in range(num_rows)))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("valid_text", "line"),
+    [
+        (HEADER, "`dataset.valid_path` must name data that holds rows, but file://{valid} holds none"),
+        ("", "`dataset.valid_path` must name files that start with a header line, but file://{valid} is empty."),
+        (None, "`dataset.valid_path` must name existing files, but file://{valid} does not exist."),
+    ],
+    ids=["header_only", "empty", "missing"],
+)
+def test_validation_files_of_no_row_stop_before_the_first_step_naming_the_key(
+    tmp_path: Path, valid_text: str | None, line: str
+) -> None:
+    train = write_rows(tmp_path / "train.csv", 200)
+    valid = tmp_path / "valid.csv"
+    if valid_text is not None:
+        valid.write_text(valid_text)
+    schema = ["dataset.categorical=[{columns: [C1, site_id]}]", "dataset.dense=[]", "dataset.label.column=click"]
+    data = [f"dataset.train_path={train}", f"dataset.valid_path={valid}", *schema]
+
+    result = run_recipes(tmp_path, "train", "avazu", "-o", "out", *data, *SMALL)
+
+    assert result.returncode == 2, result.stderr
+    assert line.format(valid=valid) in one_line_error(result)
+    assert not list((tmp_path / "out").glob("metrics/*.jsonl"))  # Not a step was trained.
+    assert not (tmp_path / "out" / "checkpoints").exists() or not list((tmp_path / "out" / "checkpoints").iterdir())
