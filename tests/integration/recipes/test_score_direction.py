@@ -15,7 +15,8 @@ from support.resume_helpers import check_ok, committed_steps, metric_history, ru
 def test_a_loss_as_score_keeps_and_loads_its_lowest_checkpoint_without_lower_better(tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
     overrides = ("trainer.validate_every_n_steps=10", "trainer.score_metric=log_loss", "checkpoint.keep_best_n=1")
-    check_ok(run_recipes(tmp_path, *train_args(output_dir, "checkpoint.keep_last_n=null", *overrides)))
+    args = train_args(output_dir, "checkpoint.keep_last_n=null", *overrides)
+    check_ok(run_recipes(tmp_path, *args))
 
     losses = {line["step"]: line["log_loss"] for line in metric_history(output_dir)["valid"]}
     best = min(sorted(losses), key=lambda step: losses[step])  # The earlier step wins a tie.
@@ -25,6 +26,10 @@ def test_a_loss_as_score_keeps_and_loads_its_lowest_checkpoint_without_lower_bet
     assert config["trainer"]["lower_better"] is True  # What readers of the run rank by.
     best_rows = [row for row in checkpoints_listing(output_dir).splitlines() if row.endswith("<- best")]
     assert [int(row.split()[0]) for row in best_rows] == [best]  # As `--checkpoint auto` and `best` choose.
+    # The same command again resumes, though its config leaves lower_better unset and the checkpoint's says true.
+    assert "Resumed from the checkpoint of step 40" in check_ok(run_recipes(tmp_path, *args)).stderr + (
+        (output_dir / "logs" / "rank_0.log").read_text()
+    )
 
 
 def test_a_lower_better_that_contradicts_the_metric_stops_the_run_before_its_first_step(tmp_path: Path) -> None:

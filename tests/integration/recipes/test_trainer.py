@@ -50,7 +50,13 @@ def test_trainer_early_stopping_patience_in_the_config_stops_training(
         "score_sequence",
         "score_sequence",
         {
-            "trainer": {"max_num_steps": 40, "validate_every_n_steps": 5, "score_metric": "score"},
+            # The score is a Mean, which does not say which way is better.
+            "trainer": {
+                "max_num_steps": 40,
+                "validate_every_n_steps": 5,
+                "score_metric": "score",
+                "lower_better": False,
+            },
             "optimizer": {"name": "sgd", "lr": 0.01},
             "metrics": {"recorders": {"console": False, "tensorboard": False}},
         },
