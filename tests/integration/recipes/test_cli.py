@@ -3,6 +3,7 @@ recipe that fails, and one-line errors of real processes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,10 @@ def test_the_written_config_resolves_to_the_same_config(
     trained_run: tuple[Path, Any], isolated_presets: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_path = str(trained_run[0] / "config.yaml")
-    original = resolve_job(JobSpec("ctr_tiny")).config
+    preset = resolve_job(JobSpec("ctr_tiny")).config
+    # The preset's config, with the direction of its score as its metric (an AUC) says.
+    assert preset.trainer.score_metric == "auc" and preset.trainer.lower_better is None
+    original = dataclasses.replace(preset, trainer=dataclasses.replace(preset.trainer, lower_better=False))
 
     assert resolve_job(JobSpec(config_path)).config == original
     assert resolve_job(JobSpec("ctr_tiny", config_files=[config_path])).config == original
