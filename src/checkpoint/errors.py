@@ -26,3 +26,17 @@ class UnsafeCheckpointError(CheckpointError):
 
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed (a full disk, a failing device): one line naming the path and the free space."""
+
+
+def describe_failure(error: BaseException | None) -> str | None:
+    """A rank's failure as the other ranks are told it: its type and message; None for no failure."""
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def classify_load_failure(error: BaseException | None) -> tuple[str, str | None]:
+    """What kind of failure a rank met loading a checkpoint (damage, a user's error, any other), and its message."""
+    if error is None:
+        return "ok", None
+    if isinstance(error, CorruptCheckpointError):
+        return "damaged", str(error)
+    return ("user" if isinstance(error, CheckpointError) else "failure"), describe_failure(error)

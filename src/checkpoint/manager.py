@@ -27,11 +27,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from checkpoint.errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, CorruptCheckpointError
+from checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    classify_load_failure,
+    describe_failure,
+)
 from checkpoint.loaded import (
     RANK_FILE_NAME,
     CheckpointInfo,
@@ -43,10 +50,12 @@ from checkpoint.loaded import (
 )
 from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
+from checkpoint.reading import read_chosen, unread
 from checkpoint.serialization import (
     TensorCopy,
     check_serializable,
     copy_tensors,
+    num_bytes,
     stage_to_cpu,
     write_torch_file,
 )
@@ -60,6 +69,8 @@ _SHARED_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 # Two files at a time, each hashed on its own thread, keep two cores busy; the time of a save is
 # then bounded by its largest file (the optimizer state, for Adam twice the model).
 _FILES_AT_ONCE = 2
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -159,7 +170,7 @@ class CheckpointManager:
         except CheckpointError as ex:
             error = ex
         # One collective agrees on the save id and surfaces a bad argument on every rank at once.
-        outcomes = self._gang.all_gather_object((uuid.uuid4().hex[:12], _describe(error)))
+        outcomes = self._gang.all_gather_object((uuid.uuid4().hex[:12], describe_failure(error)))
         self._raise_if_failed(step, error, [message for _, message in outcomes])
         assert job is not None
         job.save_id = outcomes[0][0]
@@ -191,7 +202,7 @@ class CheckpointManager:
         job, future = self._pending
         self._pending = None
         error = future.exception()
-        outcomes = self._gang.all_gather_object(_describe(error))
+        outcomes = self._gang.all_gather_object(describe_failure(error))
         self._raise_if_failed(job.step, error, outcomes, job.temp_dir)
 
     def load(self, step: int, keys: Sequence[str] | None = None) -> LoadedCheckpoint:
@@ -219,6 +230,11 @@ class CheckpointManager:
             parts = list(readers.map(partial(read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}
         return LoadedCheckpoint(self._store, metadata, shared_state)
+
+    def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
+        """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
+        pruned before it was held is chosen again. Collective: rank 0 chooses for all (``checkpoint.reading``)."""
+        return read_chosen(self._store, self._gang, lambda: self._scan().committed, choose, read)
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         committed = self._scan().committed
@@ -280,7 +296,7 @@ class CheckpointManager:
                 loaded.verify_rank_files(range(self._gang.rank, loaded.num_ranks, self._gang.size))
             except Exception as ex:
                 error = ex
-            outcomes = self._gang.all_gather_object(_classify(error))
+            outcomes = self._gang.all_gather_object(classify_load_failure(error))
             if not any(message for _, message in outcomes):
                 assert loaded is not None
                 return loaded
@@ -345,7 +361,7 @@ class CheckpointManager:
         files: dict[str, Mapping[str, Any]] = {rank_file_name(self._gang.rank): job.rank_state}
         if job.shared_state is not None:
             files.update({shared_file_name(key): {key: value} for key, value in job.shared_state.items()})
-        largest_first = sorted(files, key=lambda name: _num_bytes(files[name]), reverse=True)
+        largest_first = sorted(files, key=lambda name: num_bytes(files[name]), reverse=True)
         records: dict[str, FileRecord] = {}
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-file") as writers:
             futures = {
@@ -364,7 +380,7 @@ class CheckpointManager:
             records = self._write_own_files(job)
         except Exception as ex:
             error = ex
-        outcomes = self._gang.all_gather_object((records, _describe(error)))
+        outcomes = self._gang.all_gather_object((records, describe_failure(error)))
         self._raise_if_failed(job.step, error, [message for _, message in outcomes], job.temp_dir)
         if self._gang.rank == 0:
             try:
@@ -373,7 +389,7 @@ class CheckpointManager:
             except Exception as ex:
                 error = ex
         # Doubles as the barrier after which every rank sees the committed checkpoint.
-        self._raise_if_failed(job.step, error, self._gang.all_gather_object(_describe(error)), job.temp_dir)
+        self._raise_if_failed(job.step, error, self._gang.all_gather_object(describe_failure(error)), job.temp_dir)
 
     def _save_in_background(self, job: _SaveJob) -> None:
         try:
@@ -387,7 +403,7 @@ class CheckpointManager:
                 self._store.write_done_marker(job.temp_dir, self._gang.rank, records)
         except Exception as ex:
             if self._gang.rank != 0:  # Rank 0 waits for this rank's files; it need not wait any longer.
-                self._store.write_failure_marker(job.temp_dir, self._gang.rank, str(_describe(ex)))
+                self._store.write_failure_marker(job.temp_dir, self._gang.rank, str(describe_failure(ex)))
             raise
         if self._gang.rank == 0:
             all_records = self._store.wait_for_done_markers(job.temp_dir, self._gang.size, self._done_marker_timeout_s)
@@ -421,8 +437,16 @@ class CheckpointManager:
         committed = self._scan().committed
         for step, reasons in self._policy.reasons_to_keep(list(committed.values())).items():
             if not reasons:
-                log.info("Deleting the checkpoint of step %d, which no policy keeps.", step)
-                self._store.remove(self._store.step_dir(step))
+                self._remove_unless_read(step)
+
+    def _remove_unless_read(self, step: int) -> None:
+        """Delete the checkpoint of ``step``, or leave it to a later prune while a reader holds it."""
+        with unread(self._store, self._store.step_dir(step)) as free:
+            if not free:
+                log.info("Keeping the checkpoint of step %d, which no policy keeps, while it is read.", step)
+                return
+            log.info("Deleting the checkpoint of step %d, which no policy keeps.", step)
+            self._store.remove(self._store.step_dir(step))
 
     def _scan(self) -> Scan:
         """List the root. Rank 0 of the run (``clean_up``) also deletes its own unfinished directories
@@ -471,26 +495,3 @@ class CheckpointManager:
             return int(self._store.fs.du(path))
         except OSError:
             return 0
-
-
-def _describe(error: BaseException | None) -> str | None:
-    return None if error is None else f"{type(error).__name__}: {error}"
-
-
-def _classify(error: BaseException | None) -> tuple[str, str | None]:
-    """What kind of failure a rank met loading a checkpoint (damage, a user's error, any other), and its message."""
-    if error is None:
-        return "ok", None
-    if isinstance(error, CorruptCheckpointError):
-        return "damaged", str(error)
-    return ("user" if isinstance(error, CheckpointError) else "failure"), _describe(error)
-
-
-def _num_bytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, Mapping):
-        return sum(_num_bytes(item) for item in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_num_bytes(item) for item in value)
-    return 0

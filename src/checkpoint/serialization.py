@@ -324,3 +324,14 @@ def _copy_to_cpu(value: Any, previous: Any, defer: Callable[[torch.Tensor], bool
         previous_items = previous if same_length else [None] * len(value)
         return type(value)(_copy_to_cpu(item, earlier, defer, deferred) for item, earlier in zip(value, previous_items))
     return value  # Immutable leaves: numbers, strings, dtypes, devices, sizes.
+
+
+def num_bytes(value: Any) -> int:
+    """The bytes of the tensors in a state (nested mappings, lists and tuples): what writing it takes longest on."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(num_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(num_bytes(item) for item in value)
+    return 0

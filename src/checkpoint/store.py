@@ -2,7 +2,8 @@
 
 Layout under the root::
 
-    step_N/                  a committed checkpoint: metadata.json + the files it lists
+    step_N/                  a committed checkpoint: metadata.json + the files it lists (on local
+                             disk also reading.lock, which readers lock: see ``checkpoint.reading``)
     step_N.tmp-<save id>/    a save in progress (or one that died): never loaded
     step_N.old-<save id>/    a checkpoint being replaced by a new save of the same step
     step_N.damaged[-K]/      a damaged checkpoint moved aside, with why_damaged.txt: never
@@ -48,6 +49,9 @@ UNFINISHED_MARKER = ".unfinished"
 """Put into a ``step_N/`` before the manager fills it (without atomic rename) or empties it."""
 
 DAMAGE_NOTE = "why_damaged.txt"
+
+READ_LOCK_FILE_NAME = "reading.lock"
+"""The empty file of a committed checkpoint on local disk that its readers lock (``checkpoint.reading``)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,7 @@ class CheckpointStore:
         final_dir = self.step_dir(metadata.step)
         replaced = f"{final_dir}.old-{save_id}"
         if self.has_atomic_rename:
+            self.fs.pipe_file(f"{temp_dir}/{READ_LOCK_FILE_NAME}", b"")
             self.fs.pipe_file(f"{temp_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
         if self.fs.exists(final_dir) and not self._is_checkpoint(final_dir):
             self._set_aside_foreign(final_dir)

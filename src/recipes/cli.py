@@ -154,7 +154,9 @@ def _scoring_spec(args: argparse.Namespace) -> JobSpec:
     if os.path.isdir(target) or (os.sep in target and not target.endswith((".yaml", ".yml"))):
         why = "it has no config.yaml" if os.path.isdir(target) else "it does not exist"
         raise UserError(f"{target} must be a run's output directory (or a preset), but is not: {why}.")
-    return _job_spec(args, with_output=True)
+    spec = _job_spec(args, with_output=True)
+    _check_output_dir(spec)
+    return spec
 
 
 def _job_spec(args: argparse.Namespace, with_output: bool) -> JobSpec:

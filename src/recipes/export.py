@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -93,21 +94,17 @@ def export(
         raise UserError(f"OUTPUT_DIR must be a run's output directory, but {output_dir} has no config.yaml.")
     fs, target = open_destination(destination)
     manager = read_only_checkpoints(output_dir)
-    step = checkpoint_step(manager, step_number(which), output_dir)
-    since_step = None if since is None else _since_step(manager, since, step, output_dir)
+    choose = partial(checkpoint_step, manager, step_number(which), output_dir)
+    step = choose()  # Checked before any work; chosen again when it is read.
+    if since is not None:
+        _since_step(manager, since, step, output_dir)
     temp = make_temp_folder(fs, target, destination)
     try:
-        with loaded_checkpoint(JobSpec(config_path, output_dir), str(step), "valid", one_unit=True) as loaded:
-            parts = loaded.built.parts
-            split = _dense_for_serving(parts.train_unit.model)
-            program = _write_program(fs, temp, split)
-            texts = parts.value_texts() if values and parts.value_texts is not None else {}
-        tables = gather_tables(manager.load(step, keys=[]))
-        names = _table_files(tables, split)
-        old = None if since_step is None else gather_tables(manager.load(since_step, keys=[]))
-        rows, evicted = _write_tables(fs, temp, tables, names, old)
-        value_files, value_ids = _write_values(fs, temp, split, texts)
-        model = _model_json(step, since_step, program, split, tables, names, rows, value_files)
+        read = manager.read(choose, partial(_read_checkpoints, manager, output_dir, since, values, fs, temp))
+        names = _table_files(read.tables, read.split)
+        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables)
+        value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
+        model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
         _write_json(fs, f"{temp}/model.json", model)
         with open(config_path) as file:
             _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
@@ -118,7 +115,42 @@ def export(
     finally:
         if fs.exists(temp):
             fs.rm(temp, recursive=True)
-    return ExportSummary(step, since_step, program, rows, evicted, value_ids, num_bytes)
+    return ExportSummary(read.step, read.since_step, read.program, rows, evicted, value_ids, num_bytes)
+
+
+@dataclass
+class _ReadOut:
+    """What ``export`` reads of the run's checkpoints, while it holds them: the dense program is written then."""
+
+    step: int
+    since_step: int | None
+    program: str
+    split: DenseForServing
+    texts: Mapping[str, pa.Table]
+    tables: dict[tuple[str, str], TableRows]
+    old_tables: dict[tuple[str, str], TableRows] | None
+
+
+def _read_checkpoints(
+    manager: CheckpointManager, output_dir: str, since: str | None, values: bool, fs: Any, temp: str, step: int
+) -> _ReadOut:
+    """Read the checkpoint of ``step`` (and of ``--since``, held too) and write its dense program to ``temp``."""
+    spec = JobSpec(f"{output_dir}/config.yaml", output_dir)
+    with loaded_checkpoint(spec, str(step), "valid", one_unit=True) as loaded:
+        parts = loaded.built.parts
+        split = _dense_for_serving(parts.train_unit.model)
+        program = _write_program(fs, temp, split)
+        texts = parts.value_texts() if values and parts.value_texts is not None else {}
+    tables = _tables(manager, step)
+    if since is None:
+        return _ReadOut(step, None, program, split, texts, tables, None)
+    choose_since = partial(_since_step, manager, since, step, output_dir)
+    since_step, old = manager.read(choose_since, lambda found: (found, _tables(manager, found)))
+    return _ReadOut(step, since_step, program, split, texts, tables, old)
+
+
+def _tables(manager: CheckpointManager, step: int) -> dict[tuple[str, str], TableRows]:
+    return gather_tables(manager.load(step, keys=[]))
 
 
 def _since_step(manager: CheckpointManager, since: str, step: int, output_dir: str) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import fsspec
@@ -72,10 +73,11 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
     manager = read_only_checkpoints(output_dir)
     if not manager.list_checkpoints():
         raise UserError(f"{output_dir} holds no checkpoint to export tables from.")
-    step = checkpoint_step(manager, step_number(which), output_dir)
+    choose = partial(checkpoint_step, manager, step_number(which), output_dir)
+    choose()  # Checked before any work; chosen again when it is read.
     temp = make_temp_folder(fs, target, destination)
     try:
-        tables = gather_tables(manager.load(step, keys=[]))
+        step, tables = manager.read(choose, lambda step: (step, gather_tables(manager.load(step, keys=[]))))
         if not tables:
             raise UserError(f"The checkpoint of step {step} in {output_dir} holds no sparse table to export.")
         written = _write_tables(fs, temp, destination, tables)

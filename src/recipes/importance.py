@@ -20,7 +20,7 @@ import torch
 
 from recipes.errors import UserError, WriteError
 from recipes.evaluation import evaluate
-from recipes.job_spec import JobSpec
+from recipes.job_spec import JobSpec, default_output_dir
 from recipes.permutation import HeldReader, Steps, feature_names, hold_split, num_rows, permuted
 from recipes.precision import Autocast
 from recipes.predictions import check_writable, refuse_overwriting_inputs, write_predictions
@@ -66,7 +66,7 @@ def importance(
     if seed < 0:
         raise UserError(f"`--seed` must be a non-negative integer, but is {seed} instead.")
     if table_path is not None:
-        check_writable(table_path)
+        check_writable(table_path, default_output_dir(spec))
     with loaded_checkpoint(spec, checkpoint, split, one_unit=True) as loaded:
         if table_path is not None:
             refuse_overwriting_inputs(table_path, loaded.config)

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from functools import partial
 from typing import Any
 
 import fsspec
@@ -94,7 +95,7 @@ def read_newest_intact(path: str, gang: Gang, what: str) -> SourceState:
         state: SourceState | None = None
         problem: str | None = None
         try:
-            state = _read(manager, candidate)
+            state = manager.read(partial(_same, candidate), partial(_read, manager))  # Held against its prunes.
         except (CorruptCheckpointError, FileNotFoundError) as ex:
             problem = str(ex)
         except CheckpointError as ex:  # Gone (pruned by the source run since it was listed), or not a checkpoint.
@@ -105,6 +106,11 @@ def read_newest_intact(path: str, gang: Gang, what: str) -> SourceState:
             return state
         log.warning("Model bank: skipping step %d of %s: %s", candidate, path, next(p for p in problems if p))
     raise ModelBankError(f"`{what}` must name a run or checkpoint, but {path} holds no intact checkpoint.")
+
+
+def _same(step: int) -> int:
+    """The choice of a candidate step: itself, and if it is pruned before it is held, gone (the next one is tried)."""
+    return step
 
 
 def _read(manager: CheckpointManager, step: int) -> SourceState:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pa_parquet
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
 from gang import Gang
 from recipes.errors import UserError
@@ -73,16 +74,24 @@ def _interleave(parts: list[Columns]) -> Columns:
     return columns
 
 
-def check_writable(path: str) -> None:
-    """Fail before any work if ``path`` is not a ``.csv``/``.parquet`` file that can be written."""
+def check_writable(path: str, output_dir: str) -> None:
+    """Fail before any work if ``path`` is not a ``.csv``/``.parquet`` file that can be written: in a folder that
+    exists (a misspelt folder is not made), and not among the checkpoints of the run in ``output_dir``, which
+    training deletes when it prunes them."""
     _format_of(path)
+    checkpoints = _local_or_url(f"{output_dir}/checkpoints")
+    if _local_or_url(path).startswith(f"{checkpoints}/"):
+        raise UserError(
+            f"`-o` must be a file outside the run's checkpoints, which training deletes when it prunes them, "
+            f"but {path} is in {output_dir}/checkpoints."
+        )
     fs, fs_path = fsspec.core.url_to_fs(path)
     try:
         if fs.isdir(fs_path):
             raise UserError(f"`-o` must name a file, but {path} is a directory.")
         parent = os.path.dirname(fs_path)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+        if parent and isinstance(fs, LocalFileSystem) and not fs.isdir(parent):
+            raise UserError(f"`-o` must be a file in a folder that exists, but {os.path.dirname(path)} does not exist.")
         probe = f"{fs_path}.tmp-{os.getpid()}"
         with fs.open(probe, "wb"):
             pass

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from checkpoint import CheckpointManager
 from gang import Gangs
 from recipes.checkpointing import checkpoint_manager, rank_states_to_load
 from recipes.errors import UserError
@@ -49,21 +51,30 @@ def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool
     """The job's gangs and parts with the model of a checkpoint of the output directory (``last``, ``best`` or a
     step) loaded; ``one_unit``: only the first eval unit scores ``valid``.
 
-    The checkpoint and the split are checked before the state is read, so a misnamed one costs no load.
+    The checkpoint and the split are checked before the state is read, so a misnamed one costs no load. The
+    checkpoint is held while it is read, so that the run, if it is training, cannot prune it meanwhile; one
+    pruned before it was held is chosen again (``last``: the newer one).
     """
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
     with job_gangs(job.config, output_dir) as gangs:
         manager = checkpoint_manager(job.config, output_dir, gangs, clean_up=False)
-        step = checkpoint_step(manager, checkpoint, output_dir)
+        choose = partial(checkpoint_step, manager, checkpoint, output_dir)
+        choose()
         built = build_parts(job, gangs, output_dir)
         validations = _split_validations(built.parts, split, one_unit)
-        loaded = manager.load(step, keys=["model"])
-        pieces = rank_states_to_load(loaded, gangs)[1]  # What the checkpoint left out is filled as a resume does.
-        load_model_of(loaded, built.parts.train_unit.model, built.sharded_state, pieces)
+        step = manager.read(choose, partial(_load_model, manager, built, gangs))
         built.parts.train_unit.model.eval()
         autocast = autocast_for(job.config.trainer.mixed_precision, gangs.root.device)
         yield LoadedCheckpoint(job.config, output_dir, gangs, built, step, validations, autocast)
+
+
+def _load_model(manager: CheckpointManager, built: BuiltParts, gangs: Gangs, step: int) -> int:
+    """Load the model and tables of the checkpoint of ``step`` into ``built``; the step."""
+    loaded = manager.load(step, keys=["model"])
+    pieces = rank_states_to_load(loaded, gangs)[1]  # What the checkpoint left out is filled as a resume does.
+    load_model_of(loaded, built.parts.train_unit.model, built.sharded_state, pieces)
+    return step
 
 
 def score(
@@ -76,7 +87,7 @@ def score(
     in input order, as CSV or Parquet.
     """
     if predictions_path is not None:
-        check_writable(predictions_path)
+        check_writable(predictions_path, default_output_dir(spec))
     with loaded_checkpoint(spec, checkpoint, split, one_unit=predictions_path is not None) as loaded:
         if predictions_path is not None:
             refuse_overwriting_inputs(predictions_path, loaded.config)
