@@ -71,7 +71,7 @@ def test_eval_takes_an_output_directory_alone_or_a_preset_and_it(ctr_run: Path) 
     [
         (["--split", "test", "-o", "p.csv"], "`--split` must be a split the recipe has data for (valid)"),
         (["-o", "p.txt"], "`-o` must end in .csv or .parquet"),
-        (["-o", "/proc/no/such/p.csv"], "cannot be written"),
+        (["-o", "/proc/p.csv"], "cannot be written"),
         (["-o", "out"], "`-o` must end in"),
     ],
 )
@@ -84,6 +84,46 @@ def test_a_bad_predict_request_is_one_line_and_exit_2(
 
     assert code == 2
     assert_one_line_error(err, fragment)
+
+
+def test_predict_into_a_folder_that_does_not_exist_is_refused_and_makes_none(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+
+    code, _, err = run_main(capsys, "predict", "out", "-o", "misspelt/predictions.csv")
+
+    assert code == 2
+    assert_one_line_error(err, "`-o` must be a file in a folder that exists, but misspelt does not exist.")
+    assert not (ctr_run / "misspelt").exists()
+
+
+@pytest.mark.parametrize("command", ["predict", "importance"])
+def test_an_output_among_the_runs_checkpoints_which_training_prunes_is_refused(
+    ctr_run: Path, command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+    [step_dir] = (ctr_run / "out" / "checkpoints").glob("step_*")
+    target = f"out/checkpoints/{step_dir.name}/predictions.csv"
+
+    code, _, err = run_main(capsys, command, "out", "-o", target)
+
+    assert code == 2
+    assert_one_line_error(err, "`-o` must be a file outside the run's checkpoints, which training deletes when")
+    assert not (step_dir / "predictions.csv").exists()
+
+
+def test_eval_with_an_output_directory_that_is_a_file_is_one_line_and_exit_2(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+    (ctr_run / "a_file").write_text("mine")
+
+    code, _, err = run_main(capsys, "eval", "ctr_tiny", "-o", "a_file", *TINY)
+
+    assert code == 2
+    assert_one_line_error(err, "The output directory a_file must be a directory or not exist yet, but is a file.")
+    assert (ctr_run / "a_file").read_text() == "mine"
 
 
 @pytest.mark.parametrize("train_nproc", [1, 2])

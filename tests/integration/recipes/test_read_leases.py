@@ -1,0 +1,74 @@
+"""Reading a run while it trains (issue 45): ``eval``, ``predict`` and ``export`` get the checkpoint they chose, or the
+next one, every time, while ``train`` saves every 2 steps and keeps only the last; the trainer deletes none being read.
+
+Without read leases the reader chose a checkpoint, spent seconds building the recipe's parts, and found it pruned:
+3 failures in 3 of each command, measured by a user.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from support.resume_helpers import (
+    RUN_TIMEOUT_S,
+    checkpoints_dir,
+    committed_steps,
+    kill_hard,
+    run_recipes,
+    start_recipes,
+    wait_for_checkpoint,
+)
+
+NUM_READS = 20
+
+TRAINS_UNTIL_KILLED = (
+    "trainer.max_num_steps=100000000",
+    "trainer.validate_every_n_steps=50",
+    "trainer.publish_metrics_every_n_steps=50",
+    "checkpoint.every_n_steps=2",
+    "checkpoint.keep_last_n=1",
+    "checkpoint.keep_best_n=null",
+    "dataset.num_train_samples=1024",
+    "dataset.num_valid_samples=64",
+    "dataset.batch_size=32",
+    "metrics.recorders.console=false",
+)
+
+
+def read(tmp_path: Path, number: int) -> subprocess.CompletedProcess[str]:
+    """Read number ``number``: ``eval --checkpoint last``, ``predict`` (``auto``) or ``export`` (``auto``) in turn."""
+    kind = ("eval", "predict", "export")[number % 3]
+    if kind == "eval":
+        return run_recipes(tmp_path, "eval", "run", "--checkpoint", "last")
+    if kind == "predict":
+        return run_recipes(tmp_path, "predict", "run", "-o", f"predictions_{number}.csv")
+    return run_recipes(tmp_path, "export", "run", "-o", f"export_{number}")
+
+
+@pytest.mark.timeout(900)
+def test_twenty_reads_of_a_run_that_prunes_every_checkpoint_at_the_next_all_succeed(tmp_path: Path) -> None:
+    trainer = start_recipes(tmp_path, "train", "ctr_tiny", "-o", "run", *TRAINS_UNTIL_KILLED)
+    try:
+        wait_for_checkpoint(tmp_path / "run", 2, trainer)
+        with ThreadPoolExecutor(max_workers=2) as readers:  # Two at a time: they share leases too.
+            results = list(readers.map(lambda number: read(tmp_path, number), range(NUM_READS)))
+        still_training = trainer.poll() is None
+        trainer.terminate()  # Finishes its step and commits; a kill -9 could cut a prune short.
+        trainer.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if trainer.poll() is None:
+            kill_hard(trainer)
+
+    assert trainer.returncode == 0
+    failures = [f"read {n}: exit {r.returncode}: {r.stderr[-600:]}" for n, r in enumerate(results) if r.returncode]
+    assert failures == []
+    assert still_training, "the run ended before the reads did, so they did not read a running job"
+    assert all((tmp_path / f"predictions_{n}.csv").is_file() for n in range(1, NUM_READS, 3))
+    assert all((tmp_path / f"export_{n}" / "model.json").is_file() for n in range(2, NUM_READS, 3))
+    # Whatever a lease kept from a prune is a whole checkpoint still, and nothing was taken for damage.
+    left = sorted(path.name for path in checkpoints_dir(tmp_path / "run").iterdir() if ".tmp-" not in path.name)
+    assert left == [f"step_{step}" for step in committed_steps(tmp_path / "run")]
