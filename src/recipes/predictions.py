@@ -90,7 +90,7 @@ def check_writable(path: str, output_dir: str) -> None:
         if fs.isdir(fs_path):
             raise UserError(f"`-o` must name a file, but {path} is a directory.")
         parent = os.path.dirname(fs_path)
-        if parent and isinstance(fs, LocalFileSystem) and not fs.isdir(parent):
+        if parent and isinstance(fs, LocalFileSystem) and not fs.exists(parent):
             raise UserError(f"`-o` must be a file in a folder that exists, but {os.path.dirname(path)} does not exist.")
         probe = f"{fs_path}.tmp-{os.getpid()}"
         with fs.open(probe, "wb"):

@@ -43,6 +43,7 @@ def read_csv(path: Path) -> dict[str, list[object]]:
 
 
 def test_importance_prints_the_features_by_auc_drop_from_evals_baseline_and_writes_them(ctr_run: Path) -> None:
+    (ctr_run / "tables").mkdir(exist_ok=True)  # -o makes no folder: a misspelt one is refused.
     result = check_ok(run_recipes(ctr_run, "importance", "out", "--checkpoint", "best", "-o", "tables/imp.csv"))
     evaluated = check_ok(run_recipes(ctr_run, "eval", "out", "--checkpoint", "best"))
 
