@@ -10,6 +10,7 @@ TESTS = SUPPORT.parent
 ROOT = TESTS.parent
 SRC = ROOT / "src"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 EXAMPLES = ROOT / "examples"
 PLUGIN_PACKAGE = TESTS / "plugin_package"
 STALLING_CLI = SUPPORT / "stalling_cli.py"
