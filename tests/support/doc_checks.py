@@ -53,6 +53,7 @@ MY_PRESET = {
     }
 }
 WINDOWS = ("logs/2026-11-27/hour=14", "logs/2026-11-27/hour=15")
+WAITING_LINE = "Waiting for the next window after"
 CITIES = (" Paris ", "Zürich", "São Paulo", "Washington, D.C.", "東京", "007", "7", '"quoted"')
 GENRES = ("Comedy", "Drama", "Film-Noir", " Sci-Fi ")
 
@@ -301,7 +302,19 @@ def tutorial_trained(root: Path, outcomes: list[Outcome]) -> None:
     assert "loss" in tags["train"] and "mse" in tags["valid"], tags  # "loss in tb/train, mse in tb/valid"
 
 
+def windows_trained_then_stopped_while_waiting(root: Path, outcomes: list[Outcome]) -> None:
+    """The following run trained both windows of ``my_preset``'s data, waited for the next, and the SIGTERM that
+    stopped it there saved a checkpoint ("SIGTERM while waiting saves a checkpoint and exits 0")."""
+    _, following = outcomes
+    scored = [row["window"] for row in map(json.loads, (root / "runs/my_preset/metrics/window.jsonl").open())]
+    assert scored == ["2026-11-27T14", "2026-11-27T15"], scored
+    assert f"{WAITING_LINE} 2026-11-27T15" in following.output, following.output
+    assert list((root / "runs/my_preset/checkpoints").glob("step_*")), following.output
+
+
 AFTER: dict[str, Callable[[Path, list[Outcome]], None]] = {
+    "README.md: ```bash .venv/bin/python -m recipes train movielens_online     # MovieLens in daily windows; "
+    "TensorBoard run `window`": windows_trained_then_stopped_while_waiting,
     "README.md: ```bash .venv/bin/tensorboard --logdir runs/ctr_tiny/tb": overlays_only_accuracy,
     "README.md: ```bash cd my_project": tutorial_trained,
 }

@@ -101,7 +101,6 @@ SUBSTITUTIONS = (
 SERVERS = ("tensorboard",)
 TENSORBOARD_ASKS = ("data/plugin/scalars/tags",)
 FOLLOWING = "dataset.follow=true"
-WAITING = "Waiting for the next window after"
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def run_commands(block: Block, root: Path, env: dict[str, str], used: set[str]) 
         elif Path(command.split()[0]).name in SERVERS:
             outcomes.append(serve_and_ask(command, cwd, env, TENSORBOARD_ASKS))
         elif FOLLOWING in command:
-            outcomes.append(run_until_it_waits(command, cwd, env, WAITING))
+            outcomes.append(run_until_it_waits(command, cwd, env, doc_checks.WAITING_LINE))
         elif command.startswith("srun "):
             outcomes.append(doc_checks.srun_as_slurm_would(command, cwd, env))
         else:
