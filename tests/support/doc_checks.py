@@ -29,9 +29,6 @@ from support.readme_tutorial import copy_example
 
 RECIPES = ".venv/bin/python -m recipes"
 USER_PRESETS = "user_presets.yaml"
-# scripts/setup.sh's `pip install` resolves the project's requirements against the tests' environment, which it
-# must not change: a dry run, from what is installed.
-ENVIRONMENT = {"PIP_DRY_RUN": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
 
 # The README's `my_preset`, a user's own preset of the `tabular` recipe, over Parquet files in hourly windows.
 MY_PRESET = {

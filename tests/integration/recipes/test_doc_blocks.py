@@ -97,6 +97,10 @@ SUBSTITUTIONS = (
     ),
 )
 
+# The one change to the commands' environment: scripts/setup.sh's `pip install -e ".[dev]"` resolves the project's
+# requirements against the environment running the tests, which it must not change: a dry run, from what is there.
+ENVIRONMENT = {"PIP_DRY_RUN": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
+
 # Commands that do not end by themselves: what shows they started, and what is asked of them.
 SERVERS = ("tensorboard",)
 TENSORBOARD_ASKS = ("data/plugin/scalars/tags",)
@@ -182,7 +186,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
     """Every block this module runs, in the documents' order, in one folder laid out as the checkout."""
     root = checkout_folder(tmp_path_factory.mktemp("docs") / "checkout")
     doc_checks.user_files(root)
-    env = env_with(doc_checks.ENVIRONMENT | {"RECIPES_PRESET_FILES": str(root / doc_checks.USER_PRESETS)})
+    env = env_with(ENVIRONMENT | {"RECIPES_PRESET_FILES": str(root / doc_checks.USER_PRESETS)})
     outcomes: dict[str, list[Outcome]] = {}
     failures: dict[str, str] = {}
     used: set[str] = set()
