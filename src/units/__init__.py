@@ -9,6 +9,7 @@ from units.grouped_metrics import (
 )
 from units.metric_bag import MetricBag
 from units.metrics import (
+    Accuracy,
     BinaryAUC,
     BinaryAveragePrecision,
     Calibration,
@@ -23,6 +24,7 @@ from units.unit import BatchT, EvalUnit, TrainUnit
 
 __all__ = [
     "MAX_SLICES",
+    "Accuracy",
     "BatchT",
     "BinaryAUC",
     "BinaryAveragePrecision",

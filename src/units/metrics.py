@@ -116,6 +116,13 @@ class Mean(Metric):
         return self.total / self.weight
 
 
+class Accuracy(Mean):
+    """The share of correct predictions, as a ``Mean`` of each batch's share weighted by its rows: higher is better,
+    so it scores checkpoints without ``trainer.lower_better`` (a plain ``Mean`` does not say which way is)."""
+
+    higher_is_better = True
+
+
 class Sum(SumMetric):
     """A running sum: ``update(value)``."""
 

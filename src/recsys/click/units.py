@@ -15,13 +15,13 @@ from recipes import ConfigError, DataReader, RecipeContext, RecipeParts, Validat
 from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import MetricColumns, metric_columns, row_ids
 from units import (
+    Accuracy,
     BinaryAUC,
     BinaryAveragePrecision,
     Calibration,
     EvalUnit,
     GroupedAUC,
     LogLoss,
-    Mean,
     MetricBag,
     NormalizedEntropy,
     PositiveRate,
@@ -38,7 +38,7 @@ class CTRTrainUnit(TrainUnit[CTRBatch]):
     def __init__(self, model: nn.Module, metric_bag: MetricBag, device: torch.device) -> None:
         super().__init__(model, metric_bag)
         self._device = device
-        metric_bag.register("accuracy", Mean())
+        metric_bag.register("accuracy", Accuracy())
 
     def __call__(self, batch: CTRBatch) -> torch.Tensor:
         batch = batch.to(self._device)
@@ -76,7 +76,7 @@ class CTREvalUnit(EvalUnit[CTRBatch]):
         metric_bag.register("ne", NormalizedEntropy())
         metric_bag.register("calibration", Calibration())
         metric_bag.register("positive_rate", PositiveRate())
-        metric_bag.register("accuracy", Mean())
+        metric_bag.register("accuracy", Accuracy())
         if self._columns.group_by is not None:
             metric_bag.register("gauc", GroupedAUC())
         if (slice_by := self._columns.slice_by) is not None:
