@@ -50,7 +50,7 @@ class ParquetReader(ArrowReader):
     def check_first_rows(self, num_records: int = 100) -> None:
         """As any streaming reader's, and a validation or test split of no row is refused (``split_files``)."""
         super().check_first_rows(num_records)
-        refuse_rowless_split(self, self._split, len(self._files))
+        refuse_rowless_split(self, self._split, len(self._files), header_lines=0)
 
     def file_schema(self, file: Any) -> pa.Schema:
         return pq.ParquetFile(file).schema_arrow

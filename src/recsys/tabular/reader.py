@@ -150,7 +150,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
     def check_first_rows(self, num_records: int = 100) -> None:
         """As any streaming reader's, and a validation or test split of no row is refused (``split_files``)."""
         super().check_first_rows(num_records)
-        refuse_rowless_split(self, self._split, len(self._files))
+        refuse_rowless_split(self, self._split, len(self._files), header_lines=int(self._text.header))
 
     def count_values(self) -> dict[str, ValueCounts]:
         counters = {name: KeyCounter() for name in self._vocabulary_columns}

@@ -32,14 +32,16 @@ def naming_the_split_key(split: str) -> Iterator[None]:
         raise DataError(str(error).replace("`paths`", f"`{paths_key(split)}`")) from None
 
 
-def refuse_rowless_split(reader: StreamingReader[Any], split: str, num_files: int) -> None:
-    """A scored split (``valid``, ``test``) whose files hold no row, a header alone or nothing, is refused: found
-    at the first validation, it would end the run after training, without a checkpoint."""
+def refuse_rowless_split(reader: StreamingReader[Any], split: str, num_files: int, header_lines: int) -> None:
+    """A scored split (``valid``, ``test``) whose files hold no record, a header alone (``header_lines``) or
+    nothing, is refused: found at the first validation, it would end the run after training, without a checkpoint.
+    Only the records count, not whether the split keeps them: a file sorted by time may begin with rows that a
+    split by value gives to training (a split that keeps none of them is found at the first validation)."""
     if split not in ("valid", "test"):
         return
     for file_index in range(num_files):
         parsed = reader.first_records(file_index, 1)
-        if parsed is not None and parsed.valid.any():
+        if parsed is not None and len(parsed.line_ends) > header_lines:
             return
     names = ", ".join(reader.file_name(file_index) for file_index in range(num_files))
     raise DataError(

@@ -65,3 +65,19 @@ def test_a_validation_split_of_one_class_stops_the_run_at_its_validation_before_
         "step 4: the data holds only label 0 (30 rows)."
     )
     assert not (tmp_path / "out" / "checkpoints").exists() or not list((tmp_path / "out" / "checkpoints").iterdir())
+
+
+def test_a_file_sorted_by_time_whose_first_rows_all_go_to_training_validates(tmp_path: Path) -> None:
+    """The start-up check counts the records of a file, not whether the split keeps them: a log sorted by time,
+    validated on its last rows, begins with more training rows than the check reads (once refused as holding none)."""
+    rows = [f"{i},{i % 2},{1_400_000_000 + i},1005,s{i % 7}\n" for i in range(6000)]
+    log = tmp_path / "log.csv"
+    log.write_text("id,click,ts,C1,site_id\n" + "".join(rows))
+    assert len(log.read_bytes()) > 2 * 65536  # More than the check's first read of the file.
+    split = ["dataset.split.column=ts", "dataset.split.valid_from=1400005900"]
+    data = [f"dataset.train_path={log}", f"dataset.valid_path={log}", *SCHEMA, *split]
+
+    result = run_recipes(tmp_path, "train", "avazu", "-o", "out", *data, *SMALL)
+
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "out" / "checkpoints").glob("step_4"))
