@@ -50,6 +50,9 @@ UNFINISHED_MARKER = ".unfinished"
 
 DAMAGE_NOTE = "why_damaged.txt"
 
+MAX_LISTINGS = 10
+"""How many times ``scan`` lists a root that changes while it is checked before it takes the last listing."""
+
 READ_LOCK_FILE_NAME = "reading.lock"
 """The empty file of a committed checkpoint on local disk that its readers lock (``checkpoint.reading``)."""
 
@@ -101,18 +104,36 @@ class CheckpointStore:
     def scan(self) -> Scan:
         """List the root, checking each checkpoint's metadata and the sizes of the files it lists.
 
-        Sizes catch a truncated or missing file cheaply; the full checksum is verified on load.
+        Sizes catch a truncated or missing file cheaply; the full checksum is verified on load. A run that saves
+        into the root meanwhile (a reader of a running job lists it) may commit and prune between the listing and
+        the checks, so that one listing saw the old checkpoint being deleted and the new one still under its
+        temporary name, and no checkpoint at all: the root is listed again until it reads the same before and
+        after the checks (``MAX_LISTINGS`` times at most).
         """
+        if not self.fs.isdir(self.root):
+            return Scan({}, [])
+        names = self._directory_names()
+        for _ in range(MAX_LISTINGS):
+            scan = self._scan_listed(names)
+            names, listed = self._directory_names(), names
+            if names == listed:
+                break
+        return scan
+
+    def _directory_names(self) -> list[str]:
+        self.fs.invalidate_cache(self.root)
+        try:
+            entries = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(entry["name"].rstrip("/") for entry in entries if entry["type"] == "directory")
+
+    def _scan_listed(self, paths: list[str]) -> Scan:
         committed: dict[int, CheckpointMetadata] = {}
         leftovers: list[Leftover] = []
         damaged: list[Leftover] = []
         set_aside: list[str] = []
-        if not self.fs.isdir(self.root):
-            return Scan(committed, leftovers)
-        for entry in self.fs.ls(self.root, detail=True):
-            if entry["type"] != "directory":
-                continue
-            path = entry["name"].rstrip("/")
+        for path in paths:
             name = basename(path)
             if _UNFINISHED_DIR.fullmatch(name):
                 leftovers.append(Leftover(path, "an unfinished save"))

@@ -156,3 +156,26 @@ def test_the_read_lock_is_part_of_a_local_checkpoint_and_harmless_to_listing_che
     assert resumed is not None and resumed.step == 2
     save(reopened, 3)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_2", "step_3"]  # Pruned lock and all.
+
+
+def test_a_listing_that_the_run_commits_and_prunes_under_is_listed_again(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's listing saw step 1 and not yet step 2; by the time it checked step 1, the run had committed step 2
+    and pruned step 1: that listing held no checkpoint ("holds no checkpoint to load", once in 20 reads)."""
+    trainer = keep_last_one(root)
+    save(trainer, 1)
+    reader = CheckpointManager(root, FakeGang(), CheckpointPolicy(keep_last_n=1), clean_up=False)
+    store = reader._store
+    check = store._check_step_dir
+    saved = []
+
+    def check_after_the_run_saved(path: str, step: int) -> object:
+        if not saved:
+            saved.append(True)
+            save(trainer, 2)  # Commits step 2 and prunes step 1, which the listing named.
+        return check(path, step)
+
+    monkeypatch.setattr(store, "_check_step_dir", check_after_the_run_saved)
+
+    assert steps(reader) == [2]
