@@ -2,9 +2,9 @@
 
 Kept apart from the registry, which imports torch: ``python -m recipes`` checks this first of all.
 
-One such module is beyond reach: a ``recipes.py`` (or ``recipes/`` package) in the folder where ``python -m recipes``
-runs is what ``-m`` finds and runs, before any of the framework's code; the ``recipes`` command and
-``python -P -m recipes`` (which leaves that folder off ``sys.path``) refuse it here, and docs/faults.md says so.
+One such module is caught before even this: a ``recipes.py`` (or ``recipes/`` package) in the folder where
+``python -m recipes`` runs is what ``-m`` finds and runs, before any of the framework's code; the guard in
+src/recipes_launch_guard.py, run by Python's start-up, refuses it, and the ``recipes`` command refuses it here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recipes.errors import UserError
+from recipes_launch_guard import hidden_package_message
 
 # The framework's top-level packages, which a user's module of the same name would hide.
 FRAMEWORK_PACKAGES = ("recipes", "recsys", "units", "checkpoint", "gang", "embedding", "components")
@@ -34,10 +35,7 @@ def refuse_shadowing_modules(folders: Sequence[str] | None = None) -> None:
             origins = [_origin(importlib.machinery.PathFinder.find_spec(name, [folder])) for folder in folders]
         for origin in origins:
             if origin is not None and not origin.is_relative_to(_FRAMEWORK_ROOT):
-                raise UserError(
-                    f"{origin} hides the framework's package `{name}` (it comes first on sys.path); "
-                    f"rename it, e.g. to my_{name}, and the imports of it."
-                )
+                raise UserError(hidden_package_message(origin, name))
 
 
 def _origin(spec: importlib.machinery.ModuleSpec | None) -> Path | None:

@@ -161,6 +161,28 @@ def test_a_users_module_named_like_a_framework_package_is_refused_in_one_line(tm
     assert_one_line_error(result.stderr, f"{tmp_path / 'units.py'} hides the framework's package `units`", "rename it")
 
 
+@pytest.mark.parametrize(
+    "users_module",
+    [
+        'import pathlib\npathlib.Path("user_file_ran").touch()\n',  # a helper: `train` once exited 0, doing nothing
+        "from recipes import register_recipe\n",  # a recipe module: once Python's circular-import traceback
+    ],
+)
+def test_python_dash_m_recipes_beside_a_users_recipes_py_is_refused_before_it_runs(
+    tmp_path: Path, run_cli: Any, users_module: str
+) -> None:
+    """`-m` finds the current folder's recipes.py before the framework; the guard that setup.py installs in
+    site-packages runs at the interpreter's start-up, before that lookup."""
+    (tmp_path / "recipes.py").write_text(users_module)
+    (tmp_path / "recipes.yaml").write_text("mine:\n  recipe: ctr\n")
+
+    result = run_cli("train", "mine", "-o", "out", cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, f"{tmp_path / 'recipes.py'} hides the framework's package `recipes`")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recipes.py", "recipes.yaml"]
+
+
 EARLY_FAILURE_PY = """\
 from dataclasses import dataclass
 
