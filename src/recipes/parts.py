@@ -92,10 +92,12 @@ def _check_unit(unit: object, base: type[TrainUnit[Any]] | type[EvalUnit[Any]], 
 
 
 def per_rank_batch_size(global_batch_size: int, dp_size: int) -> int:
-    """Each DP rank's share of a global batch; the same config then trains alike on any number of ranks."""
+    """Each DP rank's share of a global batch; the same config then trains alike on any number of ranks. The key of
+    a config field typed ``GlobalBatchSize`` is checked, and named, before the recipe builds (``job.build_parts``);
+    this one does not know which key the recipe passes."""
     if global_batch_size % dp_size != 0:
         raise ConfigError(
-            f"`dataset.batch_size` must be a multiple of the {dp_size} data-parallel ranks, "
+            f"The train batch size must be a multiple of the {dp_size} data-parallel ranks, "
             f"but is {global_batch_size} instead."
         )
     return global_batch_size // dp_size

@@ -86,7 +86,8 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
     ``paths`` is one path, URL or glob, or a list of them, read in order. ``shuffle_buffer_size``
     rows (rounded up to whole global steps) are read, shuffled if ``shuffle``, and served before
     the next ones are read. With ``parse_threads`` above 1, a subclass parses the chunks after the
-    one being batched meanwhile, on that many threads (``parsed_ahead``).
+    one being batched meanwhile, on that many threads (``parsed_ahead``). ``paths_key`` is what
+    messages about the files call ``paths``: the key the user named them with (``dataset.valid_path``).
     """
 
     record_name: ClassVar[str] = "line"
@@ -109,13 +110,14 @@ class StreamingReader(DataReader[BatchT], ABC, Generic[BatchT]):
         max_malformed_rows: int = 100,
         drop_last: bool = True,
         parse_threads: int = 1,
+        paths_key: str = "paths",
     ) -> None:
         self._layout = StepLayout(batch_size, num_accumulate, dp_rank, dp_size, drop_last)
         require_at_least("shuffle_buffer_size", shuffle_buffer_size, 1)
         require_at_least("max_malformed_rows", max_malformed_rows, 0)
         require_at_least("parse_threads", parse_threads, 1)
         self.parse_threads = parse_threads
-        self._files = open_files(paths)
+        self._files = open_files(paths, paths_key)
         step_rows = self._layout.rows_per_global_step
         self._rows_per_window = -(-shuffle_buffer_size // step_rows) * step_rows
         self._shuffle = shuffle
@@ -459,14 +461,17 @@ def require_at_least(name: str, value: int, minimum: int) -> None:
         raise ValueError(f"`{name}` must be at least {minimum}, but is {value} instead.")
 
 
-def open_files(paths: str | Sequence[str]) -> list[Any]:
-    """The fsspec files of ``paths`` (globs expanded, in order), checked to exist."""
+def open_files(paths: str | Sequence[str], paths_key: str) -> list[Any]:
+    """The fsspec files of ``paths`` (globs expanded, in order), checked to exist; ``paths_key`` names them in
+    messages."""
     files = fsspec.open_files([paths] if isinstance(paths, str) else list(paths), mode="rb", compression="infer")
     if not files:
-        raise DataError(f"`paths` must name at least one file, but {paths!r} matches none instead.")
+        raise DataError(f"`{paths_key}` must name at least one file, but {paths!r} matches none instead.")
     for file in files:
         if file.fs.isdir(file.path):
-            raise DataError(f"`paths` must name files, but {file.full_name} is a directory (a glob names its files).")
+            raise DataError(
+                f"`{paths_key}` must name files, but {file.full_name} is a directory (a glob names its files)."
+            )
         if not file.fs.isfile(file.path):
-            raise DataError(f"`paths` must name existing files, but {file.full_name} does not exist.")
+            raise DataError(f"`{paths_key}` must name existing files, but {file.full_name} does not exist.")
     return list(files)

@@ -32,6 +32,7 @@ from recsys.tabular.added_columns import AddedColumns
 from recsys.tabular.data_format import ColumnReader
 from recsys.tabular.history import History
 from recsys.tabular.schema import DataFormatConfig, TabularDataSection
+from recsys.tabular.split_files import paths_key
 from recsys.tabular.typed_columns import TypedRows
 from recsys.tabular.vocabulary import Encodings, ValueCounts
 
@@ -75,7 +76,7 @@ class ArrowReader(ColumnReader):
         **kwargs: Any,
     ) -> None:
         self._schema = schema
-        super().__init__(paths, **kwargs)
+        super().__init__(paths, paths_key=paths_key(split), **kwargs)
         names = self._file_schema(0).names
         encodings = encodings or Encodings({}, {})
         try:

@@ -23,7 +23,7 @@ from recsys.data.stream import require_at_least
 from recsys.tabular.arrow import ArrowFormatConfig, ArrowReader
 from recsys.tabular.data_format import ColumnFormat
 from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
-from recsys.tabular.split_files import naming_the_split_key, refuse_rowless_split
+from recsys.tabular.split_files import refuse_rowless_split
 
 
 class ParquetReader(ArrowReader):
@@ -44,8 +44,7 @@ class ParquetReader(ArrowReader):
         require_at_least("read_batch_rows", read_batch_rows, 1)
         self._read_batch_rows = read_batch_rows
         self._split = split
-        with naming_the_split_key(split):
-            super().__init__(paths, schema, split=split, **kwargs)
+        super().__init__(paths, schema, split=split, **kwargs)
 
     def check_first_rows(self, num_records: int = 100) -> None:
         """As any streaming reader's, and a validation or test split of no row is refused (``split_files``)."""

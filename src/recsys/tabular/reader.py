@@ -32,7 +32,7 @@ from recsys.tabular.hashing import bucket_ids, column_basis
 from recsys.tabular.history import History
 from recsys.tabular.joins import Bags
 from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection, expand_names
-from recsys.tabular.split_files import naming_the_split_key, paths_key, refuse_rowless_split
+from recsys.tabular.split_files import paths_key, refuse_rowless_split
 from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 
 
@@ -111,8 +111,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         self._text = schema.format_options(CsvConfig)
         self._encodings = encodings or Encodings({}, {})
         self._split = split
-        with naming_the_split_key(split):
-            super().__init__(paths, **kwargs)
+        super().__init__(paths, paths_key=paths_key(split), **kwargs)
         self._names = self._column_names()
         if schema.label.column not in self._names:
             raise DataError(

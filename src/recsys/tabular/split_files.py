@@ -4,8 +4,6 @@ start-up rather than at its first validation, after training."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from recipes import DataError
@@ -18,18 +16,6 @@ SPLIT_PATH_KEYS = {"train": "dataset.train_path", "valid": "dataset.valid_path",
 def paths_key(split: str) -> str:
     """The config key of ``split``'s files; the files of every split for ``all`` (a reader of histories)."""
     return SPLIT_PATH_KEYS.get(split, "dataset.train_path, valid_path and test_path")
-
-
-@contextmanager
-def naming_the_split_key(split: str) -> Iterator[None]:
-    """A ``DataError`` about the files of ``split`` (a pattern that matches none, a missing file) names its config key
-    where the reader's says ``paths``."""
-    try:
-        yield
-    except DataError as error:
-        if "`paths`" not in str(error):
-            raise
-        raise DataError(str(error).replace("`paths`", f"`{paths_key(split)}`")) from None
 
 
 def refuse_rowless_split(reader: StreamingReader[Any], split: str, num_files: int, header_lines: int) -> None:

@@ -157,10 +157,10 @@ def test_a_directory_given_as_a_data_file_is_one_line_saying_so(tmp_path: Path) 
     folder.mkdir()
 
     with pytest.raises(DataError) as error:
-        stream.open_files(str(folder))
+        stream.open_files(str(folder), "dataset.train_path")
 
     assert str(error.value) == (
-        f"`paths` must name files, but file://{folder} is a directory (a glob names its files)."
+        f"`dataset.train_path` must name files, but file://{folder} is a directory (a glob names its files)."
     )
 
 
