@@ -11,9 +11,11 @@ and when the data ends: such a window is trained once it is complete, and the us
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import torch
@@ -26,6 +28,11 @@ from recipes.protocols import WindowedReader
 log = logging.getLogger(__name__)
 
 NextWindow = Literal["started", "end", "stop"]
+
+DISAGREEMENT_LIMIT_S = 300.0
+"""How long the ranks may keep finding different windows before the run stops: a window that lands is seen by
+every rank within a look or a few (a network filesystem's cached listing: a minute); ranks that still differ after
+this see different files, and would wait for ever."""
 
 
 def windows_of(reader: DataReader[Any]) -> WindowedReader | None:
@@ -46,8 +53,10 @@ def next_window(windows: WindowedReader, root: Gang, stop_requested: Callable[[]
     """``started`` once every rank found the same window to train next, and started it; ``end`` at the end of
     the data; ``stop`` when a rank was asked to stop (a signal) meanwhile. While the reader follows the data and
     no window is there, it says once what it waits for and asks again every ``poll_interval_s``; so it does
-    while the ranks found different windows (one is landing: a rank saw it complete, another not yet)."""
-    announced = disagreed = False
+    while the ranks found different windows (one is landing: a rank saw it complete, another not yet), for at
+    most ``DISAGREEMENT_LIMIT_S``."""
+    announced = False
+    disagreeing_looks = 0
     while True:
         ready = windows.next_window_ready()
         start = windows.next_window_start() if ready else 0.0
@@ -70,12 +79,34 @@ def next_window(windows: WindowedReader, root: Gang, stop_requested: Callable[[]
         if not_yet and not announced:
             _say(f"Waiting for the next window after {after}: {windows.waiting_for()}", windows, root, console=True)
             announced = True
-        elif not not_yet and not disagreed:
-            log.info("The ranks found different windows to train next (one is landing): they look again.")
-            disagreed = True
+        elif not not_yet:
+            disagreeing_looks += 1
+            _refuse_ranks_that_keep_disagreeing(disagreeing_looks, windows.poll_interval_s, earliest, latest, root)
         deadline = time.monotonic() + windows.poll_interval_s
         while not stop_requested() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
+
+
+def _refuse_ranks_that_keep_disagreeing(
+    looks: int, poll_interval_s: float, earliest: float, latest: float, root: Gang
+) -> None:
+    """Say on the first look that the ranks found different windows (from ``earliest`` to ``latest``); stop the run
+    once they did for ``DISAGREEMENT_LIMIT_S``, as the same look on every rank agreed."""
+    found = f"windows starting from {_utc(earliest)} to {_utc(latest)}"
+    if looks == 1:
+        line = f"The ranks found different windows to train next ({found}; one is landing): they look again."
+        log.info(line)
+        if root.rank == 0:
+            print(line, file=sys.stderr, flush=True)
+    if looks >= max(1, math.ceil(DISAGREEMENT_LIMIT_S / poll_interval_s)):
+        raise RuntimeError(
+            f"The ranks still found different windows to train next after {DISAGREEMENT_LIMIT_S:g} s ({found}): "
+            "every rank must see the same files of the data (a filesystem that all the nodes share)."
+        )
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _say(line: str, windows: WindowedReader, root: Gang, console: bool = False) -> None:

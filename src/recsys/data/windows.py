@@ -103,9 +103,10 @@ class WindowSequence(DataReader[BatchT], Generic[BatchT]):
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """The state of ``state_dict()``; one saved before the windows trained were kept (no ``trained``) means
-        that every complete window up to the current one was trained, as the reader then took them in time order
-        (one that is not complete now was not then either: it is trained when it is)."""
+        """The state of ``state_dict()``. One saved before the windows trained were kept (no ``trained``) is read
+        as the reader then worked: it took the windows in time order, so every window up to the current one that
+        is complete now counts as trained, and a warning names them: one whose done-file landed after that reader
+        passed it was never trained, and nothing recorded it (the reader since trains such a window late)."""
         name = str(state_dict["window"])
         self._index = int(state_dict["window_index"])
         self._trained = {}
@@ -124,6 +125,15 @@ class WindowSequence(DataReader[BatchT], Generic[BatchT]):
             names = [str(trained) for trained in state_dict["trained"]]
         else:
             names = [window.name for window in there if window.start <= current.start]
+            logger.warning(
+                "The checkpoint does not record which windows were trained (it is older): the %d complete windows "
+                "up to %s (%s to %s) count as trained; one that was not complete when that run passed it was not "
+                "trained.",
+                len(names),
+                name,
+                names[0],
+                names[-1],
+            )
         # A window trained and since gone from the data (kept no longer) has no start here: it makes none late.
         self._trained = {trained: starts.get(trained, -math.inf) for trained in names}
         self._open(current)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+import recipes.windows
 from gang import FakeGang, Gangs, ReduceOperation
 from recipes.data_reader import DataReader
 from recipes.profiler import Profiler
@@ -247,7 +248,9 @@ class RankZeroOfTwo(FakeGang):
         tensor.copy_(torch.maximum(tensor, torch.tensor(self.looks.pop(0), dtype=tensor.dtype)))
 
 
-def test_the_ranks_start_a_window_only_once_they_found_the_same(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_ranks_start_a_window_only_once_they_found_the_same(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Rank 1 found the window of time 5 (one landing), this rank that of time 1: they look again; then both
     found that of time 1."""
     windows = ListWindows(["w0", "w1"], [])
@@ -256,9 +259,32 @@ def test_the_ranks_start_a_window_only_once_they_found_the_same(caplog: pytest.L
     with caplog.at_level(logging.INFO, logger="recipes.windows"):
         assert next_window(windows, gang, lambda: False) == "started"
     assert (windows.looks, windows.window_name, gang.looks) == (2, "w1", [])
-    assert windows_lines(caplog) == [
-        "The ranks found different windows to train next (one is landing): they look again."
-    ]
+    line = (
+        "The ranks found different windows to train next (windows starting from 1970-01-01T00:00:01 to "
+        "1970-01-01T00:00:05; one is landing): they look again."
+    )
+    assert windows_lines(caplog) == [line]
+    assert capsys.readouterr().err == f"{line}\n"  # A wait that may last: on the console too.
+
+
+def test_ranks_that_keep_finding_different_windows_stop_the_run_rather_than_wait_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranks that see different files (node-local copies of the data) would never agree."""
+    monkeypatch.setattr(recipes.windows, "DISAGREEMENT_LIMIT_S", 3 * ListWindows([], []).poll_interval_s)
+    windows = ListWindows(["w0", "w1"], [])
+    windows.start_next_window()
+    gang = RankZeroOfTwo([[0, 0, 0, 5, -5]] * 3)
+
+    with pytest.raises(RuntimeError) as error:
+        next_window(windows, gang, lambda: False)
+
+    assert str(error.value) == (
+        "The ranks still found different windows to train next after 0.03 s (windows starting from "
+        "1970-01-01T00:00:01 to 1970-01-01T00:00:05): every rank must see the same files of the data (a filesystem "
+        "that all the nodes share)."
+    )
+    assert (windows.looks, gang.looks) == (3, [])
 
 
 def test_the_end_of_the_windows_ends_the_wait() -> None:
