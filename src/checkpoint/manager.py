@@ -234,7 +234,7 @@ class CheckpointManager:
     def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
         """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
         pruned before it was held is chosen again. Collective: rank 0 chooses for all (``checkpoint.reading``)."""
-        return read_chosen(self._store, self._gang, lambda: self._scan().committed, choose, read)
+        return read_chosen(self._store, self._gang, self._scan, choose, read)
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         committed = self._scan().committed
