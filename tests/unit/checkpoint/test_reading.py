@@ -308,3 +308,24 @@ def test_an_explicit_step_that_is_damaged_is_said_to_be_damaged_not_deleted(root
     trainer.list_checkpoints()  # The run moves it aside.
     with pytest.raises(CorruptCheckpointError, match=r"but it is damaged \(.+\) and was moved aside to step_1.damaged"):
         reader.read(lambda: 1, reader.load)
+
+
+def test_closing_the_manager_prunes_what_its_last_save_kept_while_it_was_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer, reader = a_run_and_its_reader(str(tmp_path / "checkpoints"))
+    reader.read(lambda: 1, lambda step: save(trainer, 2))  # The last save of the run, while step 1 is read.
+    assert steps(trainer) == [1, 2]
+    trainer.close()
+    assert steps(trainer) == [2]
+
+    def the_last_save_and_the_close_while_read(step: int) -> list[int]:
+        save(trainer, 3)
+        trainer.close()
+        return steps(trainer)
+
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
+        assert reader.read(lambda: 2, the_last_save_and_the_close_while_read) == [2, 3]
+    assert "Keeping the checkpoint of step 2, which no policy keeps, as it is still read when the run ends" in (
+        caplog.text
+    )
