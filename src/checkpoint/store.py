@@ -247,7 +247,11 @@ class CheckpointStore:
         """
         descriptor = os.open(f"{final_dir}/{READ_LOCK_FILE_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            self.lock(descriptor, fcntl.LOCK_EX)
+            try:
+                self.lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("Waiting for the readers of %s to finish before replacing it.", final_dir)
+                self.lock(descriptor, fcntl.LOCK_EX)
             os.rename(final_dir, replaced)
             os.rename(temp_dir, final_dir)
             self.fs.rm(replaced, recursive=True)

@@ -214,7 +214,7 @@ def test_where_the_file_system_refuses_flock_readers_read_without_a_lease_and_th
 
 
 def test_a_new_save_of_a_step_waits_for_its_readers_and_leaves_their_files_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An online run saves a window's last step, then again as it stops (or a stop comes right after a periodic
     save): the commit renamed the old checkpoint away and deleted it while a reader held it."""
@@ -246,12 +246,14 @@ def test_a_new_save_of_a_step_waits_for_its_readers_and_leaves_their_files_whole
         return list(seen), model, loaded.load_rank_state(0)["rng"].tolist()
 
     saving = threading.Thread(target=save_step_1_again)
-    seen_while_read, model, rng = reader.read(lambda: 1, read_while_step_1_is_saved_again)
-    saving.join()
+    with caplog.at_level(logging.WARNING, logger="checkpoint"):
+        seen_while_read, model, rng = reader.read(lambda: 1, read_while_step_1_is_saved_again)
+        saving.join()
 
     assert seen_while_read == ["waits for the readers"]
     assert model == [1.0, 1.0] and rng == [1]
     assert seen == ["waits for the readers", "saved"]
+    assert f"Waiting for the readers of {trainer.root}/step_1 to finish before replacing it." in caplog.text
     assert steps(trainer) == [1] and reader.load(1).load_rank_state(0)["rng"].tolist() == [10]
 
 
