@@ -50,7 +50,8 @@ from checkpoint.loaded import (
 )
 from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
-from checkpoint.reading import read_chosen, unread
+from checkpoint.pruning import Pruner
+from checkpoint.reading import read_chosen
 from checkpoint.serialization import (
     TensorCopy,
     check_serializable,
@@ -115,6 +116,7 @@ class CheckpointManager:
         self._store = CheckpointStore(root)
         self._gang = gang
         self._policy = policy or CheckpointPolicy()
+        self._pruner = Pruner(self._store, self._policy)
         self._gang_sizes = dict(gang_sizes or {})
         self._config_hash = config_hash
         self._done_marker_timeout_s = done_marker_timeout_s
@@ -205,6 +207,16 @@ class CheckpointManager:
         outcomes = self._gang.all_gather_object(describe_failure(error))
         self._raise_if_failed(job.step, error, outcomes, job.temp_dir)
 
+    def close(self) -> None:
+        """``wait``, then prune once more on rank 0 if its prunes kept checkpoints being read (collective).
+
+        Without this, the last save's prune would be their last chance, and the run would end keeping more
+        than its policy says. As any prune, it does not wait: one still read stays, and is said to.
+        """
+        self.wait()
+        if self._pruner.kept_while_read:
+            self._pruner.prune(self._scan().committed, last=True)
+
     def load(self, step: int, keys: Sequence[str] | None = None) -> LoadedCheckpoint:
         """Load the checkpoint of ``step``, verifying every file it reads against its checksum.
 
@@ -234,7 +246,7 @@ class CheckpointManager:
     def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
         """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
         pruned before it was held is chosen again. Collective: rank 0 chooses for all (``checkpoint.reading``)."""
-        return read_chosen(self._store, self._gang, lambda: self._scan().committed, choose, read)
+        return read_chosen(self._store, self._gang, self._scan, choose, read)
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         committed = self._scan().committed
@@ -434,19 +446,7 @@ class CheckpointManager:
         with self._reporting_write_failure(job.step, self._store.step_dir(job.step)):
             self._store.commit(job.temp_dir, metadata, job.save_id)
         log.info("Saved the checkpoint of step %d to %s.", job.step, self._store.step_dir(job.step))
-        committed = self._scan().committed
-        for step, reasons in self._policy.reasons_to_keep(list(committed.values())).items():
-            if not reasons:
-                self._remove_unless_read(step)
-
-    def _remove_unless_read(self, step: int) -> None:
-        """Delete the checkpoint of ``step``, or leave it to a later prune while a reader holds it."""
-        with unread(self._store, self._store.step_dir(step)) as free:
-            if not free:
-                log.info("Keeping the checkpoint of step %d, which no policy keeps, while it is read.", step)
-                return
-            log.info("Deleting the checkpoint of step %d, which no policy keeps.", step)
-            self._store.remove(self._store.step_dir(step))
+        self._pruner.prune(self._scan().committed)
 
     def _scan(self) -> Scan:
         """List the root. Rank 0 of the run (``clean_up``) also deletes its own unfinished directories

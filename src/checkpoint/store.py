@@ -23,6 +23,8 @@ may be what a person needs to recover a run.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -55,6 +57,13 @@ MAX_LISTINGS = 10
 
 READ_LOCK_FILE_NAME = "reading.lock"
 """The empty file of a committed checkpoint on local disk that its readers lock (``checkpoint.reading``)."""
+
+FLOCK_UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+"""``flock``'s answers that mean "not on this file system" rather than "taken": FUSE mounts (gcsfuse, s3fs),
+Lustre mounted ``noflock``, NFS without its lock daemon."""
+
+_ROOTS_WITHOUT_FLOCK: set[str] = set()
+"""The roots whose file system refused ``flock``, said once per process rather than at every checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -180,26 +189,45 @@ class CheckpointStore:
         text = self.fs.cat_file(metadata_path).decode("utf-8", errors="replace")
         return CheckpointMetadata.from_json(text, metadata_path)
 
+    def lock(self, descriptor: int, operation: int) -> bool:
+        """``flock(descriptor, operation)``; ``False`` where the file system has none, which is said once per root.
+
+        :raises BlockingIOError: with ``LOCK_NB``, if another holds the lock.
+        """
+        try:
+            fcntl.flock(descriptor, operation)
+        except OSError as ex:
+            if ex.errno not in FLOCK_UNSUPPORTED:
+                raise
+            if self.url not in _ROOTS_WITHOUT_FLOCK:
+                _ROOTS_WITHOUT_FLOCK.add(self.url)
+                log.warning(
+                    "The file system of %s refuses flock (%s): its checkpoints are read without a read lease, so "
+                    "a reader may see the running job delete or replace the checkpoint it reads, and choose again.",
+                    self.url,
+                    ex,
+                )
+            return False
+        return True
+
     def commit(self, temp_dir: str, metadata: CheckpointMetadata, save_id: str) -> None:
         """Make the checkpoint written to ``temp_dir`` visible as ``step_N/``, replacing any older one."""
         final_dir = self.step_dir(metadata.step)
-        replaced = f"{final_dir}.old-{save_id}"
         if self.has_atomic_rename:
             self.fs.pipe_file(f"{temp_dir}/{READ_LOCK_FILE_NAME}", b"")
             self.fs.pipe_file(f"{temp_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
         if self.fs.exists(final_dir) and not self._is_checkpoint(final_dir):
             self._set_aside_foreign(final_dir)
-        if self.fs.exists(final_dir):
+        replacing = bool(self.fs.exists(final_dir))
+        if replacing:
             log.warning("Replacing the existing checkpoint %s with a new save of the same step.", final_dir)
-            if self.has_atomic_rename:
-                os.rename(final_dir, replaced)
-            else:
-                self.remove(final_dir)
-        if self.has_atomic_rename:
+        if self.has_atomic_rename and replacing:
+            self._replace(final_dir, temp_dir, f"{final_dir}.old-{save_id}")
+        elif self.has_atomic_rename:
             os.rename(temp_dir, final_dir)
-            if self.fs.exists(replaced):
-                self.fs.rm(replaced, recursive=True)
         else:
+            if replacing:
+                self.remove(final_dir)
             self.fs.makedirs(final_dir, exist_ok=True)
             self.fs.pipe_file(f"{final_dir}/{UNFINISHED_MARKER}", b"")
             for file_name in metadata.files:
@@ -207,6 +235,28 @@ class CheckpointStore:
             self.fs.pipe_file(f"{final_dir}/{METADATA_FILE_NAME}", metadata.to_json().encode())
             self.fs.rm(f"{final_dir}/{UNFINISHED_MARKER}")
             self.fs.rm(temp_dir, recursive=True)
+
+    def _replace(self, final_dir: str, temp_dir: str, replaced: str) -> None:
+        """Rename the committed ``final_dir`` to ``replaced``, ``temp_dir`` to ``final_dir``, and delete ``replaced``,
+        once no reader holds ``final_dir`` (``checkpoint.reading``) and while none can start to.
+
+        This waits for readers to finish, unlike a prune, which leaves a checkpoint being read for later: the
+        old checkpoint cannot stay under its name, and a same-step save is rare, at the end of a run (an online
+        run's last save, or a stop right after a periodic checkpoint). Where the file system refuses ``flock``
+        nothing holds a checkpoint, and it is replaced at once.
+        """
+        descriptor = os.open(f"{final_dir}/{READ_LOCK_FILE_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                self.lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("Waiting for the readers of %s to finish before replacing it.", final_dir)
+                self.lock(descriptor, fcntl.LOCK_EX)
+            os.rename(final_dir, replaced)
+            os.rename(temp_dir, final_dir)
+            self.fs.rm(replaced, recursive=True)
+        finally:
+            os.close(descriptor)
 
     def _is_checkpoint(self, path: str) -> bool:
         """Whether ``path`` is a checkpoint directory as this manager writes them (it holds its metadata)."""

@@ -37,6 +37,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from checkpoint.store import FLOCK_UNSUPPORTED
 from gang import Gang
 from recipes.errors import UserError, WriteError
 
@@ -47,9 +48,6 @@ LOCK_FILE_NAME = "train.lock"
 # A holder writes its record just after it takes the lock; a second run that finds the lock
 # taken waits this long for the record before it names the holder as unknown.
 RECORD_WAIT_S = 1.0
-
-# flock's answers that mean "not on this file system" rather than "taken".
-_FLOCK_UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 
 # The failures to lock that come of the output directory the user named (not theirs to write, under a file, not
 # there on a remote store): exit 2. Any other (a full disk, an I/O error) is a runtime failure: exit 1.
@@ -226,7 +224,7 @@ class RunLock:
                 os.close(fd)
                 if ex.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise self._locked_error(self._wait_for_record(), unverifiable=False) from None
-                if ex.errno in _FLOCK_UNSUPPORTED:
+                if ex.errno in FLOCK_UNSUPPORTED:
                     return False
                 raise
             if _names_file(self._fs_path, fd):
