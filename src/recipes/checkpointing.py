@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import fsspec
 import torch
 
-from checkpoint import CheckpointManager, CheckpointPolicy, LoadedCheckpoint
+from checkpoint import CheckpointManager, CheckpointMetadata, CheckpointPolicy, LoadedCheckpoint
 from gang import FakeGang, Gangs
 from recipes.config import ConfigError, to_dict
 from recipes.left_out import WHY, SaveFilter, check_left_out, fill_for_resume, forget_optimizer_state
@@ -35,7 +35,7 @@ RESUMABLE_CHANGES = (
     "trainer.max_num_windows",
     "trainer.pipeline",
     "trainer.keep_freed_memory",
-    "trainer.lower_better",  # unset, or as the score's metric says (checked at start-up): the same direction
+    "trainer.lower_better",  # unset, or the saved (resolved) direction: checked apart, _refuse_a_flipped_direction
     "trainer.device",  # checkpoints load to the CPU, then move: a run trained on a GPU goes on on a CPU
     "metrics.",
     "profiler.",
@@ -48,14 +48,31 @@ RESUMABLE_CHANGES = (
 
 def checkpoint_policy(config: RecipeConfig) -> CheckpointPolicy:
     """The keep policy of ``config``, whose ``trainer.lower_better`` must be resolved (``recipes.score``) where it
-    ranks: a run's ``config.yaml`` records it so, and ``train`` ranks its saves by the resolved config."""
-    section = config.checkpoint
-    return CheckpointPolicy(
+    ranks: a run's ``config.yaml`` records it so, and ``train`` ranks its saves by the resolved config. Unresolved
+    (``None``: a preset's, before its metrics are built), the policy refuses to rank scored checkpoints."""
+    section, lower_better = config.checkpoint, config.trainer.lower_better
+    policy = CheckpointPolicy if lower_better is not None else UnresolvedDirection
+    return policy(
         keep_last_n=section.keep_last_n,
         keep_best_n=section.keep_best_n,
         keep_every_n_steps=section.keep_every_n_steps,
-        lower_better=bool(config.trainer.lower_better),
+        lower_better=bool(lower_better),
     )
+
+
+class UnresolvedDirection(CheckpointPolicy):
+    """A keep policy whose score direction is not known: it keeps as ``CheckpointPolicy`` does, but refuses to rank
+    scored checkpoints, which it could rank only by a guess (once, ``eval PRESET OUTPUT_DIR --checkpoint best`` of a
+    run scored by a loss loaded the checkpoint of the highest loss)."""
+
+    def ranked_by_score(self, checkpoints: Sequence[CheckpointMetadata]) -> list[CheckpointMetadata]:
+        if any(checkpoint.score is not None for checkpoint in checkpoints):
+            raise RuntimeError(
+                "Scored checkpoints must be ranked by the direction of the score's metric, but "
+                "`trainer.lower_better` is not resolved (recipes.score resolves it once the recipe's metrics are "
+                "built): ranked by a guess, the worst checkpoint could pass for the best."
+            )
+        return []
 
 
 def checkpoint_manager(config: RecipeConfig, output_dir: str, gangs: Gangs, clean_up: bool = True) -> CheckpointManager:
@@ -148,6 +165,7 @@ def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> 
                 "or set checkpoint.start_over=true to train from scratch."
             )
         _check_extended_steps(saved["trainer"]["max_num_steps"], config, step)
+        _refuse_a_flipped_direction(saved["trainer"].get("lower_better"), config.trainer.lower_better, step)
     return loaded
 
 
@@ -165,6 +183,18 @@ def _check_extended_steps(saved_max_steps: int | None, config: RecipeConfig, ste
             f"`trainer.max_num_steps` must stay {saved_max_steps} to resume this run, but is {max_steps} instead: "
             f"`lr_scheduler.name: {config.lr_scheduler.name}` decays the learning rate over it, so the rate would "
             "jump at the resumed step. Use checkpoint.init_from in a new output directory to train on longer."
+        )
+
+
+def _refuse_a_flipped_direction(saved: bool | None, configured: bool | None, step: int) -> None:
+    """A resumed run may leave ``trainer.lower_better`` unset (the score's metric gives the saved direction again)
+    but not flip it: the best score, early stopping's memory and the kept checkpoints were ranked the saved way,
+    and a metric that does not say its direction (a ``Mean``) would take the new one without a word."""
+    if saved is not None and configured is not None and configured != saved:
+        raise ConfigError(
+            f"`trainer.lower_better` must stay {str(saved).lower()} to resume from the checkpoint of step {step}, "
+            f"but is {str(configured).lower()} instead: its best score, early stopping and kept checkpoints were "
+            "ranked the other way. Use a new output directory, or set checkpoint.start_over=true to train from scratch."
         )
 
 

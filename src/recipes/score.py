@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from torchmetrics import Metric
 
 from recipes.errors import ConfigError
 from recipes.protocols import Validation
+from units.grouped_metrics import BySlice
 from units.metrics import Undefinable, WithoutBetterSide
 
 
@@ -67,6 +68,21 @@ def score_metric_of(key: str, validations: Sequence[Validation[Any]]) -> Metric:
     )
 
 
+def refuse_unreported(key: str, step_nr: int, values: Mapping[str, float]) -> None:
+    """Refuse a validation that reported no value under the score's ``key``: a metric of several values (a mapping
+    from a suffix to each) with none under its own name, which start-up cannot know of a metric that does not say so
+    (``BySlice``), or one the eval unit never updated. Unrefused, no checkpoint would ever be the best and early
+    stopping would never stop, without a word."""
+    if key in values:
+        return
+    reported = [name for name in values if name.startswith(key)]
+    why = f"its metric reported {', '.join(reported)} instead" if reported else "the eval unit never updated its metric"
+    raise ConfigError(
+        f"`trainer.score_metric` must name a value the validation reports, but the validation of step {step_nr} "
+        f"reported none under {key}: {why}."
+    )
+
+
 def why_undefined(key: str, value: float, validations: Sequence[Validation[Any]]) -> str | None:
     """Why the score ``value`` of ``key`` is no number, as its metric says after computing it; ``None`` for a
     number."""
@@ -79,6 +95,11 @@ def why_undefined(key: str, value: float, validations: Sequence[Validation[Any]]
 
 def _lower_better(key: str, metric: Metric, configured: bool | None) -> bool:
     kind = type(metric).__name__
+    if isinstance(metric, BySlice):
+        raise ConfigError(
+            f"`trainer.score_metric` must name a metric of one value, but {key} ({kind}) reports one per slice "
+            f"({key}<slice>) and none under its own name; score by a metric of all rows, such as an AUC or a loss."
+        )
     if isinstance(metric, WithoutBetterSide):
         raise ConfigError(
             f"`trainer.score_metric` must name a metric of which a higher or a lower value is better, but {key} "

@@ -21,9 +21,9 @@ from recipes.evaluation import evaluate
 from recipes.precision import Autocast
 from recipes.protocols import Validation
 from recipes.recorders import MetricRecorder
-from recipes.score import ScoreMetric, resolve_score, why_undefined
+from recipes.score import ScoreMetric, refuse_unreported, resolve_score, why_undefined
 from recipes.sections import MetricsSection
-from units import GroupedAUC, SlicedCalibration, SlicedNormalizedEntropy
+from units.grouped_metrics import ByGroup, BySlice
 
 WINDOW_RUN = "window"
 """The run that holds the metrics of each window of the training data, scored before it is trained on."""
@@ -103,7 +103,10 @@ class EvalUnitValidator(Validator):
                 scores.update({f"{validation.unit.name}/{name}": value for name, value in values.items()})
         finally:
             self._model.train()
-        score = None if self._score_key is None else scores.get(self._score_key)
+        score = None
+        if self._score_key is not None:
+            refuse_unreported(self._score_key, step_nr, scores)
+            score = scores[self._score_key]
         self._refuse_undefined(step_nr, score)
         stop = score is not None and self._early_stopper.should_stop(step_nr, score)
         return Validated(score, stop)
@@ -142,17 +145,19 @@ class EvalUnitValidator(Validator):
 
 def refuse_ignored_metric_columns(section: MetricsSection, validations: Sequence[Validation[Any]]) -> None:
     """``metrics.group_by`` and ``slice_by`` are the recipe's to honour (only it knows its batches' columns): one
-    that no eval unit's metrics group or slice by would be ignored without a word, so it stops the run now."""
+    that no eval unit's metric groups or slices by would be ignored without a word, so it stops the run now. A metric
+    says it honours them by its marker (``units.grouped_metrics.ByGroup``, ``BySlice``), which the built-in grouped and
+    sliced metrics carry and a user's own can carry too."""
     metrics = [v.unit.metric_bag[name] for v in validations for name in v.unit.metric_bag]
-    for key, verb, column, kinds in (
-        ("group_by", "groups", section.group_by, (GroupedAUC,)),
-        ("slice_by", "slices", section.slice_by, (SlicedNormalizedEntropy, SlicedCalibration)),
+    for key, verb, column, marker, built_in in (
+        ("group_by", "groups", section.group_by, ByGroup, "GroupedAUC"),
+        ("slice_by", "slices", section.slice_by, BySlice, "SlicedNormalizedEntropy or SlicedCalibration"),
     ):
-        if column is not None and not any(isinstance(metric, kinds) for metric in metrics):
-            names = " or ".join(kind.__name__ for kind in kinds)
+        if column is not None and not any(isinstance(metric, marker) for metric in metrics):
             raise ConfigError(
-                f"`metrics.{key}` is '{column}', but no metric of the recipe's eval units {verb} the rows ({names}): "
-                f"the recipe ignores it. Unset it, or give the recipe's eval unit a {names} over that column."
+                f"`metrics.{key}` is '{column}', but no metric of the recipe's eval units {verb} the rows (one marked "
+                f"`units.grouped_metrics.{marker.__name__}`, such as {built_in}): the recipe ignores it. Unset it, or "
+                "give the recipe's eval unit such a metric over that column."
             )
 
 

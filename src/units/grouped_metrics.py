@@ -34,6 +34,24 @@ class TooManySlicesError(ValueError):
     """A slice column has more distinct values than ``MAX_SLICES``: it is not a slice but an id."""
 
 
+class ByGroup:
+    """A metric of the rows of each group of the column ``metrics.group_by`` names (GAUC: the AUC within each user).
+
+    The recipe builds its metrics, so only it can honour ``metrics.group_by``; a run whose eval units hold no metric
+    marked ``ByGroup`` stops at start-up rather than ignore the key. A metric of your own that groups by that column
+    says so by deriving from this class too: ``class MyGroupedMetric(ByGroup, Metric)``.
+    """
+
+
+class BySlice:
+    """A metric of the rows of each value of the column ``metrics.slice_by`` names (NE per device type).
+
+    As ``ByGroup`` for ``metrics.slice_by``. It reports one value per slice (``compute()`` returns a mapping from the
+    slice's suffix to its value: ``ne/mobile``) and none under its own name, so it cannot be the score that ranks
+    checkpoints (``trainer.score_metric``), which is refused at start-up.
+    """
+
+
 def slice_label(text: str) -> str:
     """``text`` as the last part of a metric's name, which must work as a TensorBoard tag, a JSONL key and a WandB
     key alike: characters other than letters, digits, ``_``, ``.`` and ``-`` become ``_``."""
@@ -81,7 +99,7 @@ def per_group_auc(
     return auc, counts, (positives > 0) & (negatives > 0)
 
 
-class GroupedAUC(Undefinable, Metric):
+class GroupedAUC(ByGroup, Undefinable, Metric):
     """GAUC: ``update(probabilities, targets, groups)``, ``groups`` an integer id per row (the user's).
 
     ``compute()`` gives ``{"": gauc, "_groups": number of groups counted}``; over no group with both
@@ -126,7 +144,7 @@ class GroupedAUC(Undefinable, Metric):
 _LOSS, _TARGETS, _ROWS, _PREDICTIONS = range(4)
 
 
-class SlicedSums(Metric):
+class SlicedSums(BySlice, Metric):
     """The sums behind NE and calibration per value of a slice column: ``update(logits, targets, slices)``.
 
     The state is one row of sums per slice value seen (``values``, ``sums``), so memory follows the

@@ -41,3 +41,31 @@ def test_a_lower_better_that_contradicts_the_metric_stops_the_run_before_its_fir
     assert result.returncode == 2, result.stderr
     assert_one_line_error(result.stderr, "`trainer.lower_better` must be false for `trainer.score_metric: valid/auc`")
     assert not (output_dir / "checkpoints").exists() or not any((output_dir / "checkpoints").iterdir())
+
+
+# ctr_tiny scored by its log loss, lower_better unset (the metric says it), two scored checkpoints kept.
+BY_LOSS = """
+ctr_by_loss:
+  based_on: ctr_tiny
+  config:
+    trainer: {max_num_steps: 40, validate_every_n_steps: 20, score_metric: valid/log_loss}
+    checkpoint: {every_n_steps: 20, keep_last_n: null, keep_best_n: null}
+    dataset: {num_train_samples: 1024, num_valid_samples: 256, batch_size: 32, vocab_size: 200}
+    metrics: {recorders: {console: false}}
+"""
+
+
+def test_eval_of_a_preset_scored_by_a_loss_loads_the_checkpoint_of_the_lowest_loss(tmp_path: Path) -> None:
+    """The preset's `trainer.lower_better` is unset; read as false, `eval PRESET OUTPUT_DIR --checkpoint best` loaded
+    the checkpoint of the highest loss, silently. The run's config.yaml holds the direction it ranked by."""
+    (tmp_path / "recipes.yaml").write_text(BY_LOSS)
+    check_ok(run_recipes(tmp_path, "train", "ctr_by_loss", "-o", "run"))
+    losses = {line["step"]: line["log_loss"] for line in metric_history(tmp_path / "run")["valid"]}
+    assert sorted(losses) == committed_steps(tmp_path / "run") == [20, 40]
+    assert losses[20] != losses[40]
+
+    check_ok(run_recipes(tmp_path, "eval", "ctr_by_loss", "run", "--checkpoint", "best"))
+
+    [evaluated] = metric_history(tmp_path / "run")["eval_valid"]
+    assert evaluated["step"] == min(losses, key=lambda step: losses[step])
+    assert evaluated["log_loss"] == losses[evaluated["step"]]

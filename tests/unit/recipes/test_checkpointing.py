@@ -12,7 +12,7 @@ import pytest
 from checkpoint import CheckpointManager
 from gang import FakeGang
 from recipes import RecipeConfig
-from recipes.checkpointing import changed_keys, find_resume_checkpoint
+from recipes.checkpointing import changed_keys, checkpoint_policy, find_resume_checkpoint
 from recipes.config import ConfigError, to_dict
 from recipes.job import resolve_job
 from recipes.job_spec import JobSpec
@@ -91,3 +91,66 @@ def test_a_resume_may_train_on_longer_under_a_schedule_that_does_not_decay(root:
     loaded = find_resume_checkpoint(manager, resolved("trainer.max_num_steps=40"))
 
     assert loaded is not None and loaded.step == 10
+
+
+def test_a_policy_of_an_unresolved_direction_refuses_to_rank_scored_checkpoints(root: str) -> None:
+    """A preset's `trainer.lower_better` is unset where its metric says the direction; read as false (higher is
+    better), `eval PRESET OUTPUT_DIR --checkpoint best` of a run scored by a loss loaded its highest loss."""
+    writer = CheckpointManager(root, FakeGang())
+    for step, loss in ((10, 0.5), (20, 0.7)):
+        writer.save(step, {"trainer": {"step_nr": step}}, score=loss)
+    unresolved = resolved("trainer.score_metric=log_loss")
+    assert unresolved.trainer.lower_better is None
+
+    with pytest.raises(RuntimeError, match=r"^Scored checkpoints must be ranked by the direction of the score's"):
+        CheckpointManager(root, FakeGang(), checkpoint_policy(unresolved), clean_up=False).best_step()
+
+    by_loss = resolved("trainer.score_metric=log_loss", "trainer.lower_better=true")
+    assert CheckpointManager(root, FakeGang(), checkpoint_policy(by_loss), clean_up=False).best_step() == 10
+
+
+def test_a_policy_of_an_unresolved_direction_keeps_unscored_checkpoints_as_any_policy_does(root: str) -> None:
+    """A run without a score metric records `lower_better` unset: its checkpoints have no score to rank."""
+    manager = CheckpointManager(root, FakeGang(), checkpoint_policy(resolved("checkpoint.keep_best_n=null")))
+    for step in (10, 20, 30):
+        manager.save(step, {"trainer": {"step_nr": step}})
+
+    assert manager.best_step() is None
+    assert [info.step for info in manager.list_checkpoints()] == [30]  # ctr_tiny keeps the last one.
+
+
+def saved_with_direction(root: str, lower_better: bool | None) -> CheckpointManager:
+    """A manager of one checkpoint, of step 10, saved by a run whose `trainer.lower_better` was ``lower_better``."""
+    manager = CheckpointManager(root, FakeGang())
+    config = to_dict(resolved(f"trainer.lower_better={json.dumps(lower_better)}"))
+    manager.save(10, {"trainer": {"step_nr": 10}}, extras={"config": config})
+    return manager
+
+
+@pytest.mark.parametrize(("saved", "configured"), [(True, None), (True, True), (False, None), (None, True)])
+def test_a_resume_may_leave_lower_better_unset_or_as_saved(
+    root: str, saved: bool | None, configured: bool | None
+) -> None:
+    loaded = find_resume_checkpoint(
+        saved_with_direction(root, saved), resolved(f"trainer.lower_better={json.dumps(configured)}")
+    )
+
+    assert loaded is not None and loaded.step == 10
+
+
+@pytest.mark.parametrize(("saved", "configured"), [(True, False), (False, True)])
+def test_a_resume_that_flips_lower_better_is_refused_naming_both_values(
+    root: str, saved: bool, configured: bool
+) -> None:
+    """For a metric that does not say its direction (a `Mean`), the flip was taken without a word: the best score,
+    early stopping's memory and keep-best then compared the other way."""
+    with pytest.raises(ConfigError) as raised:
+        find_resume_checkpoint(
+            saved_with_direction(root, saved), resolved(f"trainer.lower_better={str(configured).lower()}")
+        )
+
+    assert str(raised.value) == (
+        f"`trainer.lower_better` must stay {str(saved).lower()} to resume from the checkpoint of step 10, but is "
+        f"{str(configured).lower()} instead: its best score, early stopping and kept checkpoints were ranked the "
+        "other way. Use a new output directory, or set checkpoint.start_over=true to train from scratch."
+    )

@@ -19,7 +19,17 @@ from recipes.recorders import CompositeRecorder
 from recipes.score import ScoreMetric, resolve_score
 from recipes.validator import make_validator
 from support.linear_regression import Batch, reader
-from units import BinaryAUC, Calibration, EvalUnit, GroupedAUC, LogLoss, Mean, MetricBag, NormalizedEntropy
+from units import (
+    BinaryAUC,
+    Calibration,
+    EvalUnit,
+    GroupedAUC,
+    LogLoss,
+    Mean,
+    MetricBag,
+    NormalizedEntropy,
+    SlicedNormalizedEntropy,
+)
 
 
 class MetricsUnit(EvalUnit[Batch]):
@@ -92,14 +102,65 @@ def test_a_missing_metric_suggests_the_same_metric_elsewhere_never_another_that_
         resolve_score(ScoreMetric("LogLoss"), gauc_only)
 
 
+def refusal_at_validation(units: list[Validation[Any]], score: str, error: type[Exception]) -> str:
+    """The one line that the validation of step 10 stops the run with."""
+    validator = make_validator(units, nn.Linear(1, 1), CompositeRecorder([]), 0, nullcontext, ScoreMetric(score))
+    with pytest.raises(error) as info:
+        validator.validate(10)
+    return str(info.value)
+
+
 def test_a_score_undefined_on_one_class_stops_the_run_at_its_validation_saying_why() -> None:
     units = validations(MetricsUnit(click_metrics(), labels=[0, 0, 0]))
-    validator = make_validator(units, nn.Linear(1, 1), CompositeRecorder([]), 0, nullcontext, ScoreMetric("auc"))
 
-    with pytest.raises(DataError) as info:
-        validator.validate(10)
-
-    assert str(info.value) == (
+    assert refusal_at_validation(units, "auc", DataError) == (
         "`trainer.score_metric` valid/auc must be a number to rank checkpoints, but is NaN at the validation of "
         "step 10: the data holds only label 0 (3 rows)."
+    )
+
+
+def test_a_sliced_metric_cannot_score_and_is_refused_at_start_up() -> None:
+    """It reports a value per slice (`valid/ne/mobile`), none under `valid/ne/`: once, no checkpoint was ever the best
+    and early stopping never stopped, without a word."""
+    units = validations(MetricsUnit({"ne/": SlicedNormalizedEntropy("device")}))
+
+    with pytest.raises(ConfigError) as info:
+        resolve_score(ScoreMetric("valid/ne/"), units)
+
+    assert str(info.value) == (
+        "`trainer.score_metric` must name a metric of one value, but valid/ne/ (SlicedNormalizedEntropy) reports one "
+        "per slice (valid/ne/<slice>) and none under its own name; score by a metric of all rows, such as an AUC or a "
+        "loss."
+    )
+
+
+class PerHalf(Metric):
+    """A user's metric of several values, none under its own name: ``{"_first": ..., "_second": ...}``."""
+
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", default=torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, value: torch.Tensor) -> None:
+        self.total += value.sum()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"_first": self.total / 2, "_second": self.total / 2}
+
+
+class PerHalfUnit(MetricsUnit):
+    def __call__(self, batch: Batch) -> None:
+        self.metric_bag["halves"].update(batch[1])
+
+
+def test_a_score_its_metric_reports_no_value_under_stops_the_run_at_the_first_validation() -> None:
+    """What start-up cannot know of a metric that does not say it reports several values, the first validation
+    does: before, its score was None at every validation, silently."""
+    units = validations(PerHalfUnit({"halves": PerHalf()}))
+
+    assert refusal_at_validation(units, "halves", ConfigError) == (
+        "`trainer.score_metric` must name a value the validation reports, but the validation of step 10 reported none "
+        "under valid/halves: its metric reported valid/halves_first, valid/halves_second instead."
     )
