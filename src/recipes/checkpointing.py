@@ -140,8 +140,9 @@ class TrainerCheckpointer:
         self._manager.wait_until_staged()
 
     def close(self) -> None:
-        """Wait for a save still being written in the background."""
-        self._manager.wait()
+        """Wait for a save still being written in the background, then prune once more what was kept while it was
+        read."""
+        self._manager.close()
 
 
 def find_resume_checkpoint(manager: CheckpointManager, config: RecipeConfig) -> LoadedCheckpoint | None:

@@ -2,6 +2,8 @@
 
 from units.grouped_metrics import (
     MAX_SLICES,
+    ByGroup,
+    BySlice,
     GroupedAUC,
     SlicedCalibration,
     SlicedNormalizedEntropy,
@@ -28,6 +30,8 @@ __all__ = [
     "BatchT",
     "BinaryAUC",
     "BinaryAveragePrecision",
+    "ByGroup",
+    "BySlice",
     "Calibration",
     "EvalUnit",
     "GroupedAUC",
