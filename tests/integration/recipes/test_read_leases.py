@@ -7,7 +7,9 @@ Without read leases the reader chose a checkpoint, spent seconds building the re
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from support.resume_helpers import (
     checkpoints_dir,
     committed_steps,
     kill_hard,
-    run_recipes,
+    recipes_env,
     start_recipes,
     wait_for_checkpoint,
 )
@@ -39,14 +41,42 @@ TRAINS_UNTIL_KILLED = (
 )
 
 
-def read(tmp_path: Path, number: int) -> subprocess.CompletedProcess[str]:
+# A reader process: the reads it is given in turn, each as `python -m recipes ARGS` would run it; one exit code per
+# read on its last line. Ten reads in one process rather than ten processes: the reads are what the test is about,
+# and each new interpreter spent 3 s of CPU importing torch while the trainer saved every 2 steps beside it.
+READER = """
+import json, sys
+from recipes.cli import main
+codes = [main(args) for args in json.loads(sys.argv[1])]
+print(json.dumps(codes))
+"""
+
+
+def read_args(number: int) -> list[str]:
     """Read number ``number``: ``eval --checkpoint last``, ``predict`` (``auto``) or ``export`` (``auto``) in turn."""
     kind = ("eval", "predict", "export")[number % 3]
     if kind == "eval":
-        return run_recipes(tmp_path, "eval", "run", "--checkpoint", "last")
+        return ["eval", "run", "--checkpoint", "last"]
     if kind == "predict":
-        return run_recipes(tmp_path, "predict", "run", "-o", f"predictions_{number}.csv")
-    return run_recipes(tmp_path, "export", "run", "-o", f"export_{number}")
+        return ["predict", "run", "-o", f"predictions_{number}.csv"]
+    return ["export", "run", "-o", f"export_{number}"]
+
+
+def read_in_turn(tmp_path: Path, numbers: range) -> dict[int, str]:
+    """The reads ``numbers``, one after another in one process: the failed ones, with the process's output."""
+    reads = json.dumps([read_args(number) for number in numbers])
+    result = subprocess.run(
+        [sys.executable, "-c", READER, reads],
+        cwd=tmp_path,
+        env=recipes_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S * len(numbers),
+    )
+    lines = result.stdout.strip().splitlines()
+    codes = json.loads(lines[-1]) if result.returncode == 0 and lines else [None] * len(numbers)
+    why = f"exit {result.returncode}: {result.stderr[-1200:]}"
+    return {number: why for number, code in zip(numbers, codes) if code != 0}
 
 
 @pytest.mark.timeout(900)
@@ -55,7 +85,10 @@ def test_twenty_reads_of_a_run_that_prunes_every_checkpoint_at_the_next_all_succ
     try:
         wait_for_checkpoint(tmp_path / "run", 2, trainer)
         with ThreadPoolExecutor(max_workers=2) as readers:  # Two at a time: they share leases too.
-            results = list(readers.map(lambda number: read(tmp_path, number), range(NUM_READS)))
+            halves = (range(0, NUM_READS, 2), range(1, NUM_READS, 2))
+            failures = [
+                f for failed in readers.map(lambda reads: read_in_turn(tmp_path, reads), halves) for f in failed.items()
+            ]
         still_training = trainer.poll() is None
         trainer.terminate()  # Finishes its step and commits; a kill -9 could cut a prune short.
         trainer.communicate(timeout=RUN_TIMEOUT_S)
@@ -64,7 +97,6 @@ def test_twenty_reads_of_a_run_that_prunes_every_checkpoint_at_the_next_all_succ
             kill_hard(trainer)
 
     assert trainer.returncode == 0
-    failures = [f"read {n}: exit {r.returncode}: {r.stderr[-600:]}" for n, r in enumerate(results) if r.returncode]
     assert failures == []
     assert still_training, "the run ended before the reads did, so they did not read a running job"
     assert all((tmp_path / f"predictions_{n}.csv").is_file() for n in range(1, NUM_READS, 3))
