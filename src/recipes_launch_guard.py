@@ -4,23 +4,22 @@
 module of that name made ``train`` exit 0 having done nothing, a recipe module of that name gave Python's
 circular-import traceback. Only code that runs before the ``-m`` lookup can see it, and Python's ``site`` runs the
 ``.pth`` files of site-packages at start-up: ``recipes_launch_guard.pth``, installed beside the packages (see
-setup.py), calls :func:`refuse_a_hidden_framework` from every interpreter of the environment. So it is standard
-library only, returns at once unless the command line is ``-m recipes``, and never raises: a failing ``.pth`` line
-would print a traceback from every Python started there.
+setup.py), calls :func:`refuse_a_hidden_framework` from every interpreter of the environment whose command line
+says ``recipes``. So it imports no more than the interpreter has imported already (``importlib.machinery``, only
+under ``-m recipes``), returns at once unless the command line is ``-m recipes``, and never raises: a failing
+``.pth`` line would print a traceback from every Python started there.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
-from pathlib import Path
 
 # Options of the interpreter that take a value (``-W default``, ``-X dev``, ``--check-hash-based-pycs never``): the
 # value is not the module. ``-c`` and a script end the options, so ``-m`` after them is the program's.
 _OPTIONS_WITH_VALUE = frozenset("WXQ")
 _LONG_OPTIONS_WITH_VALUE = frozenset({"--check-hash-based-pycs"})
-_FRAMEWORK_FOLDER = Path(__file__).resolve().parent
+_FRAMEWORK_FOLDER = os.path.dirname(os.path.realpath(__file__))
 
 
 def refuse_a_hidden_framework() -> None:
@@ -36,7 +35,7 @@ def refuse_a_hidden_framework() -> None:
         os._exit(2)  # SystemExit from a .pth line is a fatal error of `site`, with a traceback
 
 
-def hidden_package_message(origin: Path, package: str) -> str:
+def hidden_package_message(origin: os.PathLike[str] | str, package: str) -> str:
     """The one line for a user's module that hides one of the framework's packages."""
     return (
         f"{origin} hides the framework's package `{package}` (it comes first on sys.path); "
@@ -44,15 +43,17 @@ def hidden_package_message(origin: Path, package: str) -> str:
     )
 
 
-def _module_hiding_the_framework() -> Path | None:
+def _module_hiding_the_framework() -> str | None:
     if launched_module(sys.orig_argv[1:]) != "recipes" or getattr(sys.flags, "safe_path", False):
         return None  # `-P`, `-I` or PYTHONSAFEPATH: `-m` does not search the current folder
+    import importlib.machinery
+
     spec = importlib.machinery.PathFinder.find_spec("recipes", [os.getcwd()])
     if spec is None or spec.origin is None or not spec.has_location:
         return None  # nothing there, or a folder without __init__.py, which hides nothing found elsewhere
-    origin = Path(spec.origin).resolve()
-    module = origin.parent if origin.name == "__init__.py" else origin
-    return None if module.parent == _FRAMEWORK_FOLDER else module
+    origin = os.path.realpath(spec.origin)
+    module = os.path.dirname(origin) if os.path.basename(origin) == "__init__.py" else origin
+    return None if os.path.dirname(module) == _FRAMEWORK_FOLDER else module
 
 
 def launched_module(interpreter_arguments: list[str]) -> str | None:
