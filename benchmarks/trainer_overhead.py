@@ -157,6 +157,7 @@ def main() -> None:
                 recorder=CompositeRecorder([]),
                 profiler=Profiler(False, 0, 1, output_dir, 0),
             )
+            reader.reset()  # Each round is a data epoch from its start: the Trainer stops at its max_num_steps.
             gc.collect()  # Not to charge the Trainer with collecting what building it left.
             loop.seconds, loop.steps = 0.0, 0
             start = time.perf_counter()

@@ -8,6 +8,7 @@ appended to the gradients DDP all-reduces anyway, they cost nothing more (``reci
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -26,6 +27,13 @@ def step_stats(loss_sum: torch.Tensor, stop_requested: bool, num_targets: int) -
     high, low = divmod(num_targets, TARGETS_SPLIT)
     rest = torch.tensor([float(stop_requested), float(high), float(low)], dtype=torch.float64)
     return torch.cat([not_finite.reshape(1), rest.to(not_finite.device)])
+
+
+def local_step_stats(loss_sum: float, stop_requested: bool, num_targets: int) -> list[float]:
+    """The values of ``step_stats`` as a single process reads them back, without a tensor: building one and
+    reading it cost 2% of a small CPU step (``benchmarks/trainer_overhead.py``)."""
+    high, low = divmod(num_targets, TARGETS_SPLIT)
+    return [float(not math.isfinite(loss_sum)), float(stop_requested), float(high), float(low)]
 
 
 def read_step_stats(summed: list[float]) -> tuple[bool, bool, float]:

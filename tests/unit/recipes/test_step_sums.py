@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from recipes.step_sums import read_step_stats, step_stats
+from recipes.step_sums import local_step_stats, read_step_stats, step_stats
 
 
 def test_the_targets_of_many_ranks_sum_exactly_in_float32_and_a_non_finite_loss_or_a_stop_is_seen() -> None:
@@ -20,3 +20,11 @@ def test_the_targets_of_many_ranks_sum_exactly_in_float32_and_a_non_finite_loss_
 
     assert read_step_stats(summed.double().tolist()) == (False, True, 50_000_001 + 16_777_217 + 7)
     assert read_step_stats(ranks[0].tolist()) == (True, False, 50_000_001)
+
+
+def test_a_single_process_reads_the_values_a_gang_of_one_would_sum_without_a_tensor() -> None:
+    for loss_sum in (0.5, math.inf, -math.inf, math.nan):
+        for stop_requested in (False, True):
+            for num_targets in (0, 256, 4096 * 3 + 7):
+                stats = step_stats(torch.tensor(loss_sum, dtype=torch.float64), stop_requested, num_targets)
+                assert local_step_stats(loss_sum, stop_requested, num_targets) == stats.tolist()
