@@ -19,7 +19,17 @@ from pathlib import Path
 from support.paths import ROOT
 
 # What a command run in the folder finds of the checkout: linked, not copied (the tests read, never write them).
-CHECKOUT_ENTRIES = ("src", "tests", "examples", "benchmarks", "scripts", "pyproject.toml", "recipes.yaml")
+CHECKOUT_ENTRIES = (
+    "src",
+    "tests",
+    "examples",
+    "benchmarks",
+    "scripts",
+    "pyproject.toml",
+    "setup.py",
+    "MANIFEST.in",
+    "recipes.yaml",
+)
 COMMAND_TIMEOUT_S = 600
 
 
