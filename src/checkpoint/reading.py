@@ -92,16 +92,8 @@ def unread(store: CheckpointStore, step_dir: str) -> Iterator[bool]:
     if not store.has_atomic_rename:
         yield True
         return
-    descriptor = os.open(f"{step_dir}/{READ_LOCK_FILE_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            store.lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(descriptor)
+    with store.held_from_readers(step_dir, wait=False) as free:
+        yield free
 
 
 def read_chosen(

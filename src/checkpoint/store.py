@@ -31,7 +31,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import fsspec
@@ -210,6 +210,26 @@ class CheckpointStore:
             return False
         return True
 
+    @contextlib.contextmanager
+    def held_from_readers(self, step_dir: str, wait: bool) -> Iterator[bool]:
+        """Whether this holds the committed checkpoint at ``step_dir`` against its readers (``checkpoint.reading``):
+        while the block runs, none reads it or can start to. A reader holds it now: ``False``, or with ``wait``,
+        ``True`` once the readers are done. Where the file system refuses ``flock`` no reader can hold it: ``True``.
+        """
+        descriptor = os.open(f"{step_dir}/{READ_LOCK_FILE_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                self.lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    yield False
+                    return
+                log.warning("Waiting for the readers of %s to finish before replacing it.", step_dir)
+                self.lock(descriptor, fcntl.LOCK_EX)
+            yield True
+        finally:
+            os.close(descriptor)
+
     def commit(self, temp_dir: str, metadata: CheckpointMetadata, save_id: str) -> None:
         """Make the checkpoint written to ``temp_dir`` visible as ``step_N/``, replacing any older one."""
         final_dir = self.step_dir(metadata.step)
@@ -245,18 +265,10 @@ class CheckpointStore:
         run's last save, or a stop right after a periodic checkpoint). Where the file system refuses ``flock``
         nothing holds a checkpoint, and it is replaced at once.
         """
-        descriptor = os.open(f"{final_dir}/{READ_LOCK_FILE_NAME}", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                self.lock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.warning("Waiting for the readers of %s to finish before replacing it.", final_dir)
-                self.lock(descriptor, fcntl.LOCK_EX)
+        with self.held_from_readers(final_dir, wait=True):
             os.rename(final_dir, replaced)
             os.rename(temp_dir, final_dir)
             self.fs.rm(replaced, recursive=True)
-        finally:
-            os.close(descriptor)
 
     def _is_checkpoint(self, path: str) -> bool:
         """Whether ``path`` is a checkpoint directory as this manager writes them (it holds its metadata)."""

@@ -66,11 +66,8 @@ def export_tables(output_dir: str, which: str, destination: str) -> list[Exporte
     :raises UserError: if ``output_dir`` is no run, holds no such checkpoint or no sparse table, or
         ``destination`` exists and is not an empty folder.
     """
-    config_path = f"{output_dir}/config.yaml"
-    if not os.path.isfile(config_path):
-        raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
-    fs, target = open_destination(destination)
     manager = read_only_checkpoints(output_dir)
+    fs, target = open_destination(destination)
     if not manager.list_checkpoints():
         raise UserError(f"{output_dir} holds no checkpoint to export tables from.")
     choose = partial(checkpoint_step, manager, step_number(which), output_dir)

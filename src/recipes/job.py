@@ -104,18 +104,25 @@ def config_document(job: ResolvedJob) -> dict[str, Any]:
     return document
 
 
+def run_config(output_dir: str) -> RecipeConfig:
+    """The config of the run in ``output_dir``, its ``config.yaml``: with the score direction the run resolved, by
+    which its checkpoints were ranked and kept (a preset leaves it unset where its metric says it)."""
+    path = f"{output_dir}/config.yaml"
+    if not os.path.isfile(path):
+        raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
+    return resolve_job(JobSpec(path)).config
+
+
 def read_only_checkpoints(output_dir: str) -> CheckpointManager:
-    """The checkpoints of the run in ``output_dir`` (its ``config.yaml`` must exist), under the run's keep policy,
-    read-only: a reader of a running job's directory must not delete its save in progress."""
-    config = resolve_job(JobSpec(f"{output_dir}/config.yaml")).config
-    return CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), checkpoint_policy(config), clean_up=False)
+    """The checkpoints of the run in ``output_dir``, under the run's keep policy, read-only: a reader of a running
+    job's directory must not delete its save in progress."""
+    policy = checkpoint_policy(run_config(output_dir))
+    return CheckpointManager(f"{output_dir}/checkpoints", FakeGang(), policy, clean_up=False)
 
 
 def list_checkpoints(output_dir: str) -> list[CheckpointInfo]:
     """The checkpoints of a run, judged by the keep policy of the run's own ``config.yaml``, and the damaged
     ones (``damage`` set), which a user must be able to find since they are never deleted."""
-    if not os.path.isfile(f"{output_dir}/config.yaml"):
-        raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
     manager = read_only_checkpoints(output_dir)
     infos = manager.list_checkpoints() + manager.list_damaged()
     return sorted(infos, key=lambda info: (info.step, info.damage is not None, info.path))

@@ -10,7 +10,6 @@ validation during training takes, so the metrics agree to the last bit on the sa
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +20,7 @@ from gang import Gangs
 from recipes.checkpointing import checkpoint_manager, rank_states_to_load
 from recipes.errors import UserError
 from recipes.evaluation import evaluate
-from recipes.job import BuiltParts, build_parts, checkpoint_step, job_gangs, resolve_job
+from recipes.job import BuiltParts, build_parts, checkpoint_step, job_gangs, resolve_job, run_config
 from recipes.job_spec import JobSpec, default_output_dir
 from recipes.left_out import load_model_of
 from recipes.parts import RecipeParts
@@ -58,9 +57,11 @@ def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool
     """
     job = resolve_job(spec)
     output_dir = default_output_dir(spec)
-    run_config = _run_config(output_dir)
+    # The run's own config ranks its checkpoints: a preset's may leave the score's direction unset (once,
+    # `eval PRESET OUTPUT_DIR --checkpoint best` of a run scored by a loss loaded the checkpoint of the highest loss).
+    ranking = run_config(output_dir)
     with job_gangs(job.config, output_dir) as gangs:
-        manager = checkpoint_manager(run_config, output_dir, gangs, clean_up=False)
+        manager = checkpoint_manager(ranking, output_dir, gangs, clean_up=False)
         choose = partial(checkpoint_step, manager, checkpoint, output_dir)
         choose()
         built = build_parts(job, gangs, output_dir)
@@ -69,17 +70,6 @@ def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool
         built.parts.train_unit.model.eval()
         autocast = autocast_for(job.config.trainer.mixed_precision, gangs.root.device)
         yield LoadedCheckpoint(job.config, output_dir, gangs, built, step, validations, autocast)
-
-
-def _run_config(output_dir: str) -> RecipeConfig:
-    """The config of the run in ``output_dir``, whose checkpoints are ranked by its own resolved direction
-    (``trainer.lower_better``), as the run ranked and kept them: a preset's is unset where its metric says it (once,
-    ``eval PRESET OUTPUT_DIR --checkpoint best`` of a run scored by a loss loaded the checkpoint of the highest loss),
-    and an override could say otherwise."""
-    path = f"{output_dir}/config.yaml"
-    if not os.path.isfile(path):
-        raise UserError(f"{output_dir} is not a run's output directory: it has no config.yaml.")
-    return resolve_job(JobSpec(path)).config
 
 
 def _load_model(manager: CheckpointManager, built: BuiltParts, gangs: Gangs, step: int) -> int:
