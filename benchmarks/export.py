@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from recipes.job_spec import JobSpec
-from recipes.scoring import loaded_checkpoint
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.scoring import loaded_checkpoint
 from support.serving_scorer import readme_scorer, split_rows
 
 

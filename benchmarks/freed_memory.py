@@ -1,7 +1,7 @@
 """Steps/s of a built-in recipe with freed host memory kept for the next step, against glibc's malloc as it is.
 
 Each run is ``python -m recipes train PRESET --nproc N`` with ``trainer.keep_freed_memory`` true or false
-(``recipes.host_memory``), in alternating rounds; the rate is read as ``dp_scaling.py`` reads it (the run's
+(``recipes.runtime.host_memory``), in alternating rounds; the rate is read as ``dp_scaling.py`` reads it (the run's
 throughput metric, first window skipped). The last line reads ``ratio=X`` (kept / as is, medians).
 
     python benchmarks/freed_memory.py [--preset dlrm_criteo_tiny] [--nproc 1] [--batch-size 8192] [--steps 60]

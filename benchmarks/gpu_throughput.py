@@ -4,7 +4,7 @@ Why: the goal is at least 1,000,000 samples/s on an H200 at batch 65,536, dim 64
 reader not the limit. This measures what a user runs, not a hand-written loop: the ``dlrm``
 recipe's ``dlrm_criteo`` preset (bottom MLP 512-256-dim, top MLP 1024-1024-512-256, 26 sparse
 tables of ``--rows`` rows, fused row-wise Adagrad), built as ``python -m recipes train`` builds
-it (``recipes.job.resolve_job``, ``job_gangs``, ``recipes.run.build_trainer``: the real Trainer,
+it (``recipes.cli.job.resolve_job``, ``job_gangs``, ``recipes.cli.train.build_trainer``: the real Trainer,
 the real ``PipelinedReader`` with its pinned, read-ahead batches) and trained by
 ``Trainer.run()``. Only checkpoints are left out (a no-op checkpointer: saving 3 GiB of tables is
 no part of a step), and the run lock.
@@ -74,14 +74,14 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import recipes.run
+import recipes.cli.train
 from embedding import CombinedOptimizer
 from gang import Gangs
-from recipes.job import job_gangs, resolve_job
-from recipes.job_spec import JobSpec
-from recipes.pipeline import PipelinedReader
-from recipes.protocols import NOOP_CHECKPOINTER
+from recipes.cli.job import job_gangs, resolve_job
+from recipes.cli.job_spec import JobSpec
 from recipes.recorders import RECORDERS, MetricRecorder, RecorderConfig, RecorderContext
+from recipes.training.pipeline import PipelinedReader
+from recipes.training.protocols import NOOP_CHECKPOINTER
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 
 PRESET = "dlrm_criteo"
@@ -303,9 +303,11 @@ def run_config(args: argparse.Namespace, data: Data, batch: int, dim: int, outpu
     device = torch.device(args.device)
     trace_path = output_dir / "trace.json"
     with job_gangs(job.config, str(output_dir)) as gangs:
-        # As `recipes.run.train` builds it, less its lock and checkpoints; its reader's `next()` in a range.
-        with mock.patch.object(recipes.run, "PipelinedReader", AnnotatedPipelinedReader), quiet():
-            trainer, recorder, built = recipes.run.build_trainer(job, gangs, str(output_dir), NOOP_CHECKPOINTER, None)
+        # As `recipes.cli.train.train` builds it, less its lock and checkpoints; its reader's `next()` in a range.
+        with mock.patch.object(recipes.cli.train, "PipelinedReader", AnnotatedPipelinedReader), quiet():
+            trainer, recorder, built = recipes.cli.train.build_trainer(
+                job, gangs, str(output_dir), NOOP_CHECKPOINTER, None
+            )
         clock = _BUILT_CLOCKS.pop()
         clock.device = device
         end_of_timed = plan.warmup + plan.timed

@@ -29,7 +29,7 @@ machine the same copy ran at 78 GB/s for half a minute, then at 45 (BENCHMARKS.m
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 
 ``--threads`` (default: torch's default) sets both torch's and numba's thread counts. The process keeps
-freed memory for reuse as training does (``recipes.host_memory``), for every method alike. The last
+freed memory for reuse as training does (``recipes.runtime.host_memory``), for every method alike. The last
 line reads ``ms_26_tables=A ms_shared=B copy_fraction=C`` (C: the lower of the two layouts' fractions).
 """
 
@@ -61,7 +61,7 @@ from embedding import (
 )
 from embedding.optimizers import sparse_optimizer_config
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
-from recipes.host_memory import keep_freed_memory
+from recipes.runtime.host_memory import keep_freed_memory
 from update_bandwidth import COPY_BYTES
 
 TOTAL_ROWS = 1_000_000

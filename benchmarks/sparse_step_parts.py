@@ -5,7 +5,7 @@ grouping the features into bags, the sort of the ids for the update (in the forw
 it, else in the optimizer step: a row says which), ``embedding_bag``, the rest of the forward, autograd's
 backward, the kernel's input checks, the fused kernel and the rest of the optimizer step; also the minor page
 faults per step (``ru_minflt``). Medians over ``--steps`` steps after ``--warmup``, each layout in turn,
-``--rounds`` times. The process keeps freed memory, as training does (``recipes.host_memory``).
+``--rounds`` times. The process keeps freed memory, as training does (``recipes.runtime.host_memory``).
 
     python benchmarks/sparse_step_parts.py [--threads 2] [--steps 70] [--warmup 10] [--rounds 2]
 """
@@ -33,7 +33,7 @@ import embedding.lookup
 from embedding import ShardedEmbeddingCollection, SparseOptimizer
 from embedding.kernels import SortedIds
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
-from recipes.host_memory import keep_freed_memory
+from recipes.runtime.host_memory import keep_freed_memory
 from sparse_step import FEATURES, make_features, table_configs, upstream_gradients  # benchmarks/sparse_step.py
 
 Times = dict[str, list[float]]

@@ -32,17 +32,17 @@ from typing import Any, cast
 import torch
 
 from gang import FakeGang, Gangs
-from recipes.data_reader import DataReader
-from recipes.job import ResolvedJob, resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import ResolvedJob, resolve_job
+from recipes.cli.job_spec import JobSpec
 from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer
-from recipes.parts import RecipeContext, RecipeParts
-from recipes.profiler import Profiler
 from recipes.recorders import CompositeRecorder
-from recipes.rng import seed_everything
-from recipes.sparse_tables import find_sparse_tables, with_sparse_tables
-from recipes.trainer import Trainer
+from recipes.runtime.rng import seed_everything
+from recipes.training.data_reader import DataReader
+from recipes.training.parts import RecipeContext, RecipeParts
+from recipes.training.profiler import Profiler
+from recipes.training.sparse_tables import find_sparse_tables, with_sparse_tables
+from recipes.training.trainer import Trainer
 from recsys.builtin.dlrm.recipe import DLRMConfig
 
 GANGS = Gangs(FakeGang(), FakeGang(), FakeGang())

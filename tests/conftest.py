@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from recipes import registry
+from recipes.config import presets
 
 pytest_plugins = ["support.fixtures"]  # Fixtures of both trees beyond this file's.
 
@@ -40,10 +40,10 @@ def isolated_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     from Python. Modules imported from that folder are forgotten afterwards, so tests may reuse names.
     """
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(registry.PRESET_FILES_ENV, raising=False)
-    monkeypatch.setattr(registry, "_python_presets", dict(registry._python_presets))
-    registry.get_recipe("ctr")  # Register the built-in recipes before taking the snapshot.
-    monkeypatch.setattr(registry, "_recipes", dict(registry._recipes))
+    monkeypatch.delenv(presets.PRESET_FILES_ENV, raising=False)
+    monkeypatch.setattr(presets, "_python_presets", dict(presets._python_presets))
+    presets.get_recipe("ctr")  # Register the built-in recipes before taking the snapshot.
+    monkeypatch.setattr(presets, "_recipes", dict(presets._recipes))
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield tmp_path
     for name, module in list(sys.modules.items()):

@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from recipes.batch_size import GlobalBatchSize
-    from recipes.config import (
+    from recipes.config.presets import register_preset, register_recipe
+    from recipes.config.resolution import (
         ConfigError,
         NonNegativeFloat,
         NonNegativeInt,
@@ -21,44 +21,44 @@ if TYPE_CHECKING:
         PositiveInt,
         Range,
     )
-    from recipes.data_reader import DataError, DataReader
+    from recipes.config.sections import RecipeConfig, Seed
     from recipes.errors import UserError
-    from recipes.export_model import DenseForServing, PooledInput, ServableModel
-    from recipes.parallel import TensorParallelModel, megatron_mlp_plan
-    from recipes.parts import ReaderOptions, RecipeContext, RecipeParts, per_rank_batch_size, reader_options
-    from recipes.protocols import Predictor, Validation
-    from recipes.registry import register_preset, register_recipe
-    from recipes.sections import RecipeConfig, Seed
-    from recipes.threads import parse_threads
+    from recipes.runtime.threads import parse_threads
+    from recipes.serving.servable import DenseForServing, PooledInput, ServableModel
+    from recipes.training.batch_size import GlobalBatchSize
+    from recipes.training.data_reader import DataError, DataReader
+    from recipes.training.parallel import TensorParallelModel, megatron_mlp_plan
+    from recipes.training.parts import ReaderOptions, RecipeContext, RecipeParts, per_rank_batch_size, reader_options
+    from recipes.training.protocols import Predictor, Validation
 
 _EXPORTS = {
-    "GlobalBatchSize": "recipes.batch_size",
-    "ConfigError": "recipes.config",
-    "NonNegativeFloat": "recipes.config",
-    "NonNegativeInt": "recipes.config",
-    "PositiveFloat": "recipes.config",
-    "PositiveInt": "recipes.config",
-    "Range": "recipes.config",
-    "DataError": "recipes.data_reader",
-    "DataReader": "recipes.data_reader",
+    "GlobalBatchSize": "recipes.training.batch_size",
+    "ConfigError": "recipes.config.resolution",
+    "NonNegativeFloat": "recipes.config.resolution",
+    "NonNegativeInt": "recipes.config.resolution",
+    "PositiveFloat": "recipes.config.resolution",
+    "PositiveInt": "recipes.config.resolution",
+    "Range": "recipes.config.resolution",
+    "DataError": "recipes.training.data_reader",
+    "DataReader": "recipes.training.data_reader",
     "UserError": "recipes.errors",
-    "DenseForServing": "recipes.export_model",
-    "PooledInput": "recipes.export_model",
-    "ServableModel": "recipes.export_model",
-    "TensorParallelModel": "recipes.parallel",
-    "megatron_mlp_plan": "recipes.parallel",
-    "ReaderOptions": "recipes.parts",
-    "RecipeContext": "recipes.parts",
-    "RecipeParts": "recipes.parts",
-    "per_rank_batch_size": "recipes.parts",
-    "reader_options": "recipes.parts",
-    "Predictor": "recipes.protocols",
-    "Validation": "recipes.protocols",
-    "register_preset": "recipes.registry",
-    "register_recipe": "recipes.registry",
-    "RecipeConfig": "recipes.sections",
-    "Seed": "recipes.sections",
-    "parse_threads": "recipes.threads",
+    "DenseForServing": "recipes.serving.servable",
+    "PooledInput": "recipes.serving.servable",
+    "ServableModel": "recipes.serving.servable",
+    "TensorParallelModel": "recipes.training.parallel",
+    "megatron_mlp_plan": "recipes.training.parallel",
+    "ReaderOptions": "recipes.training.parts",
+    "RecipeContext": "recipes.training.parts",
+    "RecipeParts": "recipes.training.parts",
+    "per_rank_batch_size": "recipes.training.parts",
+    "reader_options": "recipes.training.parts",
+    "Predictor": "recipes.training.protocols",
+    "Validation": "recipes.training.protocols",
+    "register_preset": "recipes.config.presets",
+    "register_recipe": "recipes.config.presets",
+    "RecipeConfig": "recipes.config.sections",
+    "Seed": "recipes.config.sections",
+    "parse_threads": "recipes.runtime.threads",
 }
 
 __all__ = [

@@ -8,12 +8,12 @@ from typing import NoReturn
 
 def run() -> NoReturn:
     """Run the CLI with the process set up for it, and leave with its exit code."""
-    from recipes.threads import size_numba_pool
+    from recipes.runtime.threads import size_numba_pool
 
     size_numba_pool()  # before anything imports numba
 
     from recipes.errors import UserError
-    from recipes.shadowing import refuse_shadowing_modules
+    from recipes.runtime.shadowing import refuse_shadowing_modules
 
     # Before the CLI imports the framework's packages: from a folder holding a user's `units.py`,
     # `python -m recipes` would import that file instead, and fail far from the cause.
@@ -23,7 +23,7 @@ def run() -> NoReturn:
         print(f"error: {ex}", file=sys.stderr)
         sys.exit(2)
 
-    from recipes.cli import main
+    from recipes.cli.main import main
 
     code = main()
     # The command has ended (done, or stopped with its cause said): its files are closed and its checkpoints

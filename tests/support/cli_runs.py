@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.cli import main
+from recipes.cli.main import main
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

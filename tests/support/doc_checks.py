@@ -335,7 +335,7 @@ def importance_printout(block: Block, root: Path, outcomes: Mapping[str, list[Ou
 
 def synopsis_of_the_parser(block: Block, root: Path, outcomes: Mapping[str, list[Outcome]]) -> None:
     """The command-line synopsis: every command it names is one of the CLI's, with every option it shows."""
-    from recipes.cli import build_parser
+    from recipes.cli.main import build_parser
 
     parser = build_parser()
     subparsers = next(action for action in parser._actions if action.choices and isinstance(action.choices, dict))
@@ -358,7 +358,7 @@ def srun_as_slurm_would(command: str, cwd: Path, env: Mapping[str, str]) -> Outc
     parser reads the launch, and ``show`` resolves the config of the recipes command it starts."""
     from torch.distributed.run import parse_args
 
-    from recipes.cli import build_parser
+    from recipes.cli.main import build_parser
 
     launched = run_command(SLURM_STAND_INS + command, cwd, {**env, **SLURM})
     assert launched.returncode == 0, launched.describe()

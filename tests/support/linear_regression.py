@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gang import FakeGang
-from recipes.protocols import Validation
+from recipes.training.protocols import Validation
 from recsys.data.memory import InMemoryReader
 from units import EvalUnit, Mean, MetricBag, TrainUnit
 

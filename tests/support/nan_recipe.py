@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from recipes.parts import RecipeContext, RecipeParts
-from recipes.registry import register_recipe
+from recipes.config.presets import register_recipe
+from recipes.training.parts import RecipeContext, RecipeParts
 from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
 from recsys.click.batch import CTRBatch
 from units import TrainUnit

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipes.job_spec import JobSpec
-from recipes.scoring import loaded_checkpoint
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.scoring import loaded_checkpoint
 from support.paths import README
 
 

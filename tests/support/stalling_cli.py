@@ -87,7 +87,7 @@ def main() -> int:
     if setting:
         point, step, marker = setting.split(":", 2)
         install(point, int(step), Path(marker))
-    from recipes.cli import main as recipes_main
+    from recipes.cli.main import main as recipes_main
 
     return recipes_main(sys.argv[1:])
 

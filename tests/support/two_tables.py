@@ -11,10 +11,10 @@ from torch import nn
 
 from embedding import CombinedOptimizer, SparseOptimizer
 from embedding.features import JaggedIds, SparseFeatures
+from recipes.config.presets import register_preset, register_recipe
+from recipes.config.sections import RecipeConfig
 from recipes.optimizers import build_optimizer
-from recipes.parts import RecipeContext, RecipeParts
-from recipes.registry import register_preset, register_recipe
-from recipes.sections import RecipeConfig
+from recipes.training.parts import RecipeContext, RecipeParts
 from recsys.data.memory import InMemoryReader
 from recsys.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 from units import MetricBag, TrainUnit

@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 import torch
 
 from embedding import JaggedIds, SparseFeatures
-from recipes.parts import RecipeContext, RecipeParts
-from recipes.registry import register_preset, register_recipe
-from recipes.sections import RecipeConfig
+from recipes.config.presets import register_preset, register_recipe
+from recipes.config.sections import RecipeConfig
+from recipes.training.parts import RecipeContext, RecipeParts
 from recsys.click.batch import CTRBatch
 from recsys.click.units import click_prediction_parts
 from recsys.data.memory import InMemoryReader

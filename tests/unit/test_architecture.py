@@ -31,6 +31,16 @@ def test_every_package_of_src_is_in_the_layers() -> None:
     assert packages == set(PACKAGES) == layered
 
 
+def test_every_room_of_the_framework_is_in_its_layers() -> None:
+    rooms = {path.stem for path in (SRC / "recipes").glob("*.py")} | {
+        path.parent.name for path in (SRC / "recipes").glob("*/__init__.py")
+    }
+    layers = next(c for c in contracts() if c["name"] == "The framework's rooms import downwards")["layers"]
+    layered = {name.strip() for layer in layers for name in str(layer).split("|")}  # type: ignore[attr-defined]
+
+    assert rooms - {"__init__"} == layered
+
+
 def test_no_framework_module_names_a_built_in_recipe() -> None:
     # The content package's name alone is allowed: the framework guards it from being shadowed.
     names = [r"recsys\.\w+", *(re.escape(ep.name) for ep in importlib.metadata.entry_points(group="recipes.recipes"))]

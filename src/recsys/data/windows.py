@@ -61,7 +61,7 @@ class WindowSequence(DataReader[BatchT], Generic[BatchT]):
     """Reads the windows of ``source``, each once, the earliest not trained yet first, with a reader each:
     ``reader_of(window)`` for training, ``scoring_reader_of(window)`` to score the current model on it first.
     With ``follow``, the end of the windows there is not the end of the data: the next is waited for, asking
-    ``source`` every ``poll_interval_s`` seconds. It implements ``recipes.protocols.WindowedReader``."""
+    ``source`` every ``poll_interval_s`` seconds. It implements ``recipes.training.protocols.WindowedReader``."""
 
     def __init__(
         self,

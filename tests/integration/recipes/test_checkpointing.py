@@ -16,7 +16,7 @@ import fsspec
 import pytest
 import torch
 
-from recipes.cli import main
+from recipes.cli.main import main
 from support.cli_runs import checkpoints_listing
 from support.resume_helpers import (
     FINAL_STEP,

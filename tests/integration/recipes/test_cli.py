@@ -11,8 +11,8 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
 from support.cli_runs import assert_one_line_error, run_main
 
 
@@ -108,7 +108,7 @@ BOOM_PY = """\
 import torch
 
 from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
-from recipes.registry import register_recipe
+from recipes.config.presets import register_recipe
 from units import TrainUnit
 
 
@@ -187,7 +187,7 @@ EARLY_FAILURE_PY = """\
 from dataclasses import dataclass
 
 from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
-from recipes.registry import register_recipe
+from recipes.config.presets import register_recipe
 
 
 @dataclass
@@ -240,7 +240,7 @@ MY_RECIPE_PY = """\
 from dataclasses import dataclass
 
 from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
-from recipes.registry import register_recipe
+from recipes.config.presets import register_recipe
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.run_lock import LOCK_FILE_NAME
+from recipes.runtime.run_lock import LOCK_FILE_NAME
 from support.resume_helpers import (
     FINAL_STEP,
     assert_same_training,

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
-from recipes.cli import main
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.main import main
 from support.resume_helpers import check_ok, run_recipes
 
 # Checkpoints at steps 3 and 6, all kept, so that `best` and `last` can differ.

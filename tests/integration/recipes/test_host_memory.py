@@ -18,7 +18,7 @@ from support.resume_helpers import check_ok, run_recipes
 _FAULTS_PER_STEP = """
 import resource, sys
 import numpy as np
-from recipes.host_memory import keep_freed_memory
+from recipes.runtime.host_memory import keep_freed_memory
 if sys.argv[1] == "keep":
     print(keep_freed_memory())
 def step():

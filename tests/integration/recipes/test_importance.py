@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.csv as pa_csv
 import pytest
 
-from recipes.cli import main
+from recipes.cli.main import main
 from support.cli_runs import assert_one_line_error, run_main
 from support.paths import ROOT
 from support.resume_helpers import check_ok, run_recipes, tensorboard_scalars

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from recipes import launch
-from recipes.run_lock import LOCK_FILE_NAME, RunLock
+from recipes.cli import launch
+from recipes.runtime.run_lock import LOCK_FILE_NAME, RunLock
 from support.resume_helpers import (
     checkpoints_dir,
     committed_steps,
@@ -219,7 +219,7 @@ def test_ranks_that_do_not_stop_within_the_grace_are_killed_and_the_launcher_say
 def test_a_rank_whose_launcher_is_gone_before_it_starts_dies_at_once(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    code = "from recipes.launch import die_with_launcher\ndie_with_launcher()\nprint('survived')\n"
+    code = "from recipes.cli.launch import die_with_launcher\ndie_with_launcher()\nprint('survived')\n"
     result = subprocess.run(
         [sys.executable, "-c", code],
         env=recipes_env({launch.LAUNCHER_PID_ENV: str(gone.pid)}),

@@ -13,12 +13,12 @@ import torch
 from checkpoint import CheckpointManager
 from embedding import CombinedOptimizer
 from gang import FakeGang
-from recipes import run as run_module
-from recipes.cli import main
-from recipes.export_tables import gather_tables, ids_and_rows
-from recipes.job import build_parts
-from recipes.parallel import unwrap
-from recipes.trainer import Trainer
+from recipes.cli import train as run_module
+from recipes.cli.export_tables import gather_tables, ids_and_rows
+from recipes.cli.job import build_parts
+from recipes.cli.main import main
+from recipes.training.parallel import unwrap
+from recipes.training.trainer import Trainer
 from support.cli_runs import run_main
 from support.resume_helpers import (
     FINAL_STEP,

@@ -111,7 +111,7 @@ def test_nan_losses_under_policy_skip_are_counted_and_training_goes_on(tmp_path:
 
 
 def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path) -> None:
-    """The ranks agree on a step's finiteness in their gradient sync (``recipes.parallel.StepSums``): the rank whose
+    """The ranks agree on a step's finiteness in their gradient sync (``training.parallel.StepSums``): the rank whose
     loss is finite skips the step too, so the replicas stay equal."""
     overrides = (
         "nan.at_steps=[13]",

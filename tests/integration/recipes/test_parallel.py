@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from recipes.parallel import StepSumsDDP, step_sums
+from recipes.training.parallel import StepSumsDDP, step_sums
 from support.gloo_jobs import free_port, gloo_gang, start_ranks
 
 

@@ -46,7 +46,7 @@ TRAINS_UNTIL_KILLED = (
 # and each new interpreter spent 3 s of CPU importing torch while the trainer saved every 2 steps beside it.
 READER = """
 import json, sys
-from recipes.cli import main
+from recipes.cli.main import main
 codes = [main(args) for args in json.loads(sys.argv[1])]
 print(json.dumps(codes))
 """

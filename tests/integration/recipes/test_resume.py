@@ -15,7 +15,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from recipes.job import list_checkpoints
+from recipes.cli.job import list_checkpoints
 from support.resume_helpers import (
     FINAL_STEP,
     assert_same_training,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from recipes.run_lock import LOCK_FILE_NAME, Holder
+from recipes.runtime.run_lock import LOCK_FILE_NAME, Holder
 from support.cli_runs import checkpoints_listing
 from support.resume_helpers import (
     FINAL_STEP,

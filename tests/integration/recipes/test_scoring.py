@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from recipes import scoring
-from recipes.cli import main
-from recipes.job import BuiltParts
-from recipes.job_spec import JobSpec
+from recipes.cli import scoring
+from recipes.cli.job import BuiltParts
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.main import main
 
 
 @pytest.fixture

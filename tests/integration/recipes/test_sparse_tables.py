@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection
-from recipes.cli import main
+from recipes.cli.main import main
 from support.resume_helpers import load_verified
 from support.two_tables import NUM_ITEMS
 

@@ -12,7 +12,7 @@ import torch
 
 from embedding import JaggedIds, SparseFeatures
 from recipes.errors import UserError
-from recipes.step_checks import ConfiguredBatchSize, StepChecks
+from recipes.training.step_checks import ConfiguredBatchSize, StepChecks
 from recsys.click.batch import CTRBatch
 from support.gloo_jobs import free_port, gloo_gang, start_ranks
 from support.linear_regression import FEATURES, TARGETS, SquaredErrorUnit, linear_model

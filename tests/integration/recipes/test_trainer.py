@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from recipes.cli import main
-from recipes.parts import RecipeContext, RecipeParts
-from recipes.registry import register_preset, register_recipe
-from recipes.sections import RecipeConfig
+from recipes.cli.main import main
+from recipes.config.presets import register_preset, register_recipe
+from recipes.config.sections import RecipeConfig
+from recipes.training.parts import RecipeContext, RecipeParts
 from support.linear_regression import (
     SquaredErrorUnit,
     linear_model,

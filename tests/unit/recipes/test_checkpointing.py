@@ -12,10 +12,10 @@ import pytest
 from checkpoint import CheckpointManager
 from gang import FakeGang
 from recipes import RecipeConfig
-from recipes.checkpointing import changed_keys, checkpoint_policy, find_resume_checkpoint
-from recipes.config import ConfigError, to_dict
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.checkpointing.run_checkpoints import changed_keys, checkpoint_policy, find_resume_checkpoint
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
+from recipes.config.resolution import ConfigError, to_dict
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fsspec.implementations.local import LocalFileSystem
 
-from recipes.cli import main
+from recipes.cli.main import main
 from support.cli_runs import assert_one_line_error, run_main
 
 COMMANDS = ["list", "show", "train", "eval", "checkpoints"]
@@ -304,7 +304,7 @@ MISSING_DATA_PY = """\
 import numpy as np
 
 from recsys.builtin.ctr.recipe import CTRConfig, build_ctr
-from recipes.registry import register_recipe
+from recipes.config.presets import register_recipe
 
 
 @register_recipe("reads_{name}", CTRConfig)
@@ -344,7 +344,7 @@ def test_a_runtime_file_error_outside_the_build_stays_a_failure(
     def vanish(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError(2, "No such file or directory", "somewhere/step_3")
 
-    monkeypatch.setattr("recipes.run.Trainer.run", vanish)
+    monkeypatch.setattr("recipes.cli.train.Trainer.run", vanish)
 
     code, _, err = run_main(capsys, "train", "ctr_tiny", "-o", "out", "metrics.recorders.console=false")
 

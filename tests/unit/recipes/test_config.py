@@ -10,8 +10,11 @@ from typing import Annotated, Any
 
 import pytest
 
-from recipes.cli import main
-from recipes.config import (
+from recipes.cli.job import config_document, resolve_job
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.main import main
+from recipes.config.presets import RECIPE_ENTRY_POINTS, get_recipe
+from recipes.config.resolution import (
     ConfigError,
     NumericField,
     PositiveInt,
@@ -24,11 +27,8 @@ from recipes.config import (
     to_dict,
     valid_keys,
 )
+from recipes.config.sections import RecipeConfig
 from recipes.errors import UserError
-from recipes.job import config_document, resolve_job
-from recipes.job_spec import JobSpec
-from recipes.registry import RECIPE_ENTRY_POINTS, get_recipe
-from recipes.sections import RecipeConfig
 from recsys.builtin.ctr.recipe import CTRConfig
 
 pytestmark = pytest.mark.usefixtures("isolated_presets")
@@ -439,7 +439,9 @@ def default_of(recipe: str, chosen: list[str], key: str) -> Any:
 def test_every_numeric_field_declares_a_range_and_rejects_what_lies_outside_it(
     recipe: str, numeric: NumericField, isolated_presets: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert numeric.range is not None, f"{recipe}: `{numeric.key}` must declare its range (recipes.config.Range)"
+    assert numeric.range is not None, (
+        f"{recipe}: `{numeric.key}` must declare its range (recipes.config.resolution.Range)"
+    )
     preset = write(isolated_presets / f"{recipe}.yaml", f"recipe: {recipe}\n")
     chosen = [f"{key}={name}" for key, name in numeric.choices]  # The component the field belongs to.
     # A list's other elements keep their defaults. (Only then is the config resolved with just the choices: a

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipes import cli, run
+from recipes.cli import main as cli
+from recipes.cli import train as run
 
 
 def test_ctrl_c_outside_training_exits_130_with_one_line(

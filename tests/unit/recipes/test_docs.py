@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config import valid_keys
-from recipes.registry import all_presets, get_recipe
+from recipes.config.presets import all_presets, get_recipe
+from recipes.config.resolution import valid_keys
 from support import paths
 
 README = paths.README.read_text()

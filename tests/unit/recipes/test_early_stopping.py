@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.early_stopping import PatienceEarlyStopper
+from recipes.training.early_stopping import PatienceEarlyStopper
 
 
 def first_stop(stopper: PatienceEarlyStopper, scores: list[float]) -> int | None:

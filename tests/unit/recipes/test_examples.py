@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.registry import Preset, all_presets
+from recipes.config.presets import Preset, all_presets
 from support.paths import EXAMPLES, ROOT
 from support.readme_tutorial import TUTORIALS, example_files, read_tutorial
 

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from gang import FakeGang
+from recipes.cli.export import _delta, _dense_for_serving
 from recipes.errors import UserError
-from recipes.export import _delta, _dense_for_serving
-from recipes.export_model import ServableModel
+from recipes.serving.servable import ServableModel
 from recsys.zoo import ZOO_MODELS, build_zoo_model
 from support.cli_runs import assert_one_line_error, run_main
 from support.zoo_data import FEATURES, NUM_DENSE, TABLES, ZOO_MODEL_NAMES, XorData

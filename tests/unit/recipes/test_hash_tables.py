@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from embedding.eviction import EvictionConfig, TtlConfig
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
 from support.cli_runs import run_main
 from support.overrides import CTR_HASH, SMALL_DYNAMIC
 

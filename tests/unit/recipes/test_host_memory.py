@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.host_memory import keep_freed_memory
+from recipes.runtime.host_memory import keep_freed_memory
 
 
 def test_the_users_own_malloc_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,10 +16,16 @@ from torch.nn.functional import binary_cross_entropy_with_logits
 
 from embedding import JaggedIds, SparseFeatures
 from gang import FakeGang
-from recipes.cli import main
+from recipes.cli.importance import (
+    FeatureImportance,
+    ImportanceReport,
+    format_table,
+    permutation_importance,
+    record_chart,
+)
+from recipes.cli.main import main
+from recipes.cli.permutation import Steps, feature_names, hold_split, permuted
 from recipes.errors import UserError
-from recipes.importance import FeatureImportance, ImportanceReport, format_table, permutation_importance, record_chart
-from recipes.permutation import Steps, feature_names, hold_split, permuted
 from recsys.click.batch import CTRBatch
 from recsys.click.units import CTREvalUnit
 from recsys.data.memory import InMemoryReader

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from recipes import launch
+from recipes.cli import launch
 
 
 def test_after_ctrl_c_the_launcher_exits_130_when_the_ranks_did(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""The model bank (``recipes.model_bank``): what a source selects, renames and loads, with table rows by id."""
+"""The model bank (``checkpointing.model_bank``): what a source selects, renames and loads, with table rows by id."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch import nn
 from checkpoint import CheckpointManager
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatures
 from gang import FakeGang
-from recipes.left_out import SaveFilter
-from recipes.model_bank import ModelBank, ModelBankError, load_source
-from recipes.sections import ModelBankSource
+from recipes.checkpointing.left_out import SaveFilter
+from recipes.checkpointing.model_bank import ModelBank, ModelBankError, load_source
+from recipes.config.sections import ModelBankSource
 
 
 class Model(nn.Module):

@@ -9,7 +9,7 @@ from embedding import (
     SparseOptimizer,
 )
 from embedding.optimizers.adam import AdamConfig
-from recipes.parallel import DenseGradients, tensors_changed_by_step
+from recipes.training.parallel import DenseGradients, tensors_changed_by_step
 
 
 def _model_with_grads(seed: int) -> nn.Module:

@@ -15,9 +15,9 @@ import torch
 
 from embedding import EmbeddingTableConfig, JaggedIds, ShardedEmbeddingCollection, SparseFeatureError, SparseFeatures
 from gang import FakeGang, Gangs
-from recipes import threads
-from recipes.data_reader import DataError, DataReader
-from recipes.pipeline import PipelinedReader, _map_tensors, use_pipeline
+from recipes.runtime import threads
+from recipes.training.data_reader import DataError, DataReader
+from recipes.training.pipeline import PipelinedReader, _map_tensors, use_pipeline
 from recsys.data.memory import InMemoryReader
 
 CPU = torch.device("cpu")
@@ -209,7 +209,7 @@ def test_auto_runs_the_pipeline_where_its_thread_has_a_core_or_the_step_waits(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
     monkeypatch.setenv("WORLD_SIZE", str(world))
 
-    with caplog.at_level(logging.INFO, logger="recipes.pipeline"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.pipeline"):
         assert use_pipeline("auto", torch.device(device)) == on
     assert ("Train pipeline: off (trainer.pipeline: auto)" in caplog.text) == (not on)
     assert use_pipeline(True, torch.device("cpu")) and not use_pipeline(False, torch.device(device))

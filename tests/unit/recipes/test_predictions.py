@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recipes.errors import UserError
-from recipes.predictions import refuse_overwriting_inputs
+from recipes.training.predictions import refuse_overwriting_inputs
 
 
 @dataclass

@@ -17,9 +17,9 @@ import fsspec
 import pytest
 
 from gang import FakeGang
-from recipes import run_lock
 from recipes.errors import UserError, WriteError
-from recipes.run_lock import LOCK_FILE_NAME, Holder, OutputDirLockedError, RunLock
+from recipes.runtime import run_lock
+from recipes.runtime.run_lock import LOCK_FILE_NAME, Holder, OutputDirLockedError, RunLock
 
 
 def dead_pid() -> int:

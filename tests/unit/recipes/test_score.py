@@ -1,4 +1,4 @@
-"""The score's metric and direction (``recipes.score``): a metric knows which way is better, and a score that is
+"""The score's metric and direction (``training.score``): a metric knows which way is better, and a score that is
 no number stops the run at its validation (GitHub issue 45)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from torch import nn
 from torchmetrics import Metric
 
 from gang import FakeGang
-from recipes.data_reader import DataError
 from recipes.errors import ConfigError
-from recipes.protocols import Validation
 from recipes.recorders import CompositeRecorder
-from recipes.score import ScoreMetric, resolve_score
-from recipes.validator import make_validator
+from recipes.training.data_reader import DataError
+from recipes.training.protocols import Validation
+from recipes.training.score import ScoreMetric, resolve_score
+from recipes.training.validator import make_validator
 from support.linear_regression import Batch, reader
 from units import (
     BinaryAUC,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.scoring import score
 from recipes.errors import UserError
-from recipes.job_spec import JobSpec
-from recipes.scoring import score
 
 
 def test_a_preset_with_an_output_directory_of_no_run_is_one_line_and_writes_nothing(tmp_path: Path) -> None:

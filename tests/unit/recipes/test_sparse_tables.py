@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from gang import FakeGang
-from recipes.cli import main
+from recipes.cli.main import main
 from recipes.errors import ConfigError
-from recipes.sparse_tables import find_sparse_tables
+from recipes.training.sparse_tables import find_sparse_tables
 from recsys.models.embeddings import DenseEmbeddingBags, EmbeddingSection, TableSpec, build_embeddings
 
 

@@ -16,13 +16,13 @@ from torch import nn
 
 from gang import FakeGang
 from recipes import GlobalBatchSize
-from recipes.batch_size import configured_batch_size
-from recipes.config import resolve_config
+from recipes.config.resolution import resolve_config
+from recipes.config.sections import RecipeConfig, TrainerSection
 from recipes.errors import ConfigError, UserError
-from recipes.parts import RecipeParts, check_units
-from recipes.protocols import Validation
-from recipes.sections import RecipeConfig, TrainerSection
-from recipes.step_checks import ConfiguredBatchSize
+from recipes.training.batch_size import configured_batch_size
+from recipes.training.parts import RecipeParts, check_units
+from recipes.training.protocols import Validation
+from recipes.training.step_checks import ConfiguredBatchSize
 from support.cli_runs import assert_one_line_error, run_main
 from support.linear_regression import FEATURES, TARGETS, Batch, SquaredErrorUnit, linear_model, reader
 from unit.recipes.test_trainer import make_trainer

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from recipes.step_sums import local_step_stats, read_step_stats, step_stats
+from recipes.training.step_sums import local_step_stats, read_step_stats, step_stats
 
 
 def test_the_targets_of_many_ranks_sum_exactly_in_float32_and_a_non_finite_loss_or_a_stop_is_seen() -> None:

@@ -10,9 +10,9 @@ import numba
 import pytest
 import torch
 
-from recipes import threads
 from recipes.errors import ConfigError
-from recipes.threads import parse_threads, size_numba_pool, threads_per_rank, use_threads
+from recipes.runtime import threads
+from recipes.runtime.threads import parse_threads, size_numba_pool, threads_per_rank, use_threads
 
 
 @pytest.fixture(autouse=True)

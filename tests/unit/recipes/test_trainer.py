@@ -13,17 +13,17 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from gang import FakeGang, Gangs
-from recipes.data_reader import DataError
-from recipes.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
+from recipes.config.sections import TrainerSection
 from recipes.errors import UserError
-from recipes.profiler import Profiler
-from recipes.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
 from recipes.recorders import MetricRecorder
-from recipes.score import ScoreMetric
-from recipes.sections import TrainerSection
-from recipes.step_checks import ConfiguredBatchSize
-from recipes.trainer import LossNotFiniteError, Trainer
-from recipes.validator import make_validator
+from recipes.training.data_reader import DataError
+from recipes.training.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
+from recipes.training.profiler import Profiler
+from recipes.training.protocols import NOOP_CHECKPOINTER, Checkpointer, Validation
+from recipes.training.score import ScoreMetric
+from recipes.training.step_checks import ConfiguredBatchSize
+from recipes.training.trainer import LossNotFiniteError, Trainer
+from recipes.training.validator import make_validator
 from recsys.data.memory import InMemoryReader
 from support.linear_regression import (
     FEATURES,

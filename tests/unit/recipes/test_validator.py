@@ -11,10 +11,10 @@ from torch import nn
 from torchmetrics import Metric
 
 from gang import FakeGang
+from recipes.config.sections import MetricsSection
 from recipes.errors import ConfigError
-from recipes.protocols import Validation
-from recipes.sections import MetricsSection
-from recipes.validator import refuse_ignored_metric_columns
+from recipes.training.protocols import Validation
+from recipes.training.validator import refuse_ignored_metric_columns
 from support.linear_regression import Batch, reader
 from units import EvalUnit, GroupedAUC, Mean, MetricBag, SlicedCalibration
 from units.grouped_metrics import ByGroup, BySlice

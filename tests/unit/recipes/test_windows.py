@@ -1,4 +1,4 @@
-"""Data in windows as the Trainer runs it (``recipes.windows``): each window scored, then trained on; checkpoints
+"""Data in windows as the Trainer runs it (``training.windows``): each window scored, then trained on; checkpoints
 every N windows; the window limit; waiting for the next window, and a stop while waiting; the lines that name the
 windows waiting for their done-file; the ranks agreeing on the window they start."""
 
@@ -15,16 +15,16 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-import recipes.windows
+import recipes.training.windows
 from gang import FakeGang, Gangs, ReduceOperation
-from recipes.data_reader import DataReader
-from recipes.profiler import Profiler
-from recipes.protocols import WindowedReader
+from recipes.config.sections import TrainerSection
 from recipes.recorders.jsonl import JsonlRecorder
-from recipes.sections import TrainerSection
-from recipes.trainer import Trainer
-from recipes.validator import NoopValidator
-from recipes.windows import next_window, windows_of
+from recipes.training.data_reader import DataReader
+from recipes.training.profiler import Profiler
+from recipes.training.protocols import WindowedReader
+from recipes.training.trainer import Trainer
+from recipes.training.validator import NoopValidator
+from recipes.training.windows import next_window, windows_of
 from recsys.data.memory import InMemoryReader
 from support.linear_regression import FEATURES, TARGETS, Batch, SquaredErrorUnit, linear_model, sequence_validation
 from unit.recipes.test_trainer import ListRecorder, RecordingCheckpointer, make_trainer
@@ -183,7 +183,7 @@ def test_a_following_reader_is_waited_for_and_a_stop_while_waiting_saves(caplog:
             trainer.request_stop()
 
     windows.on_wait = stop_at_the_third_look
-    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.windows"):
         trainer.run()
 
     assert checkpointer.saves == [(4, True, True)]  # A resume point, saved at the stop.
@@ -192,8 +192,8 @@ def test_a_following_reader_is_waited_for_and_a_stop_while_waiting_saves(caplog:
 
 
 def windows_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The lines of ``recipes.windows`` (another test's run may have let every logger's through)."""
-    return [record.getMessage() for record in caplog.records if record.name == "recipes.windows"]
+    """The lines of ``recipes.training.windows`` (another test's run may have let every logger's through)."""
+    return [record.getMessage() for record in caplog.records if record.name == "recipes.training.windows"]
 
 
 def test_the_lines_at_start_while_waiting_and_at_the_end_name_the_windows_waiting_for_their_done_file(
@@ -204,10 +204,10 @@ def test_the_lines_at_start_while_waiting_and_at_the_end_name_the_windows_waitin
     windows.not_done = not_done
     trainer = windowed_trainer(windows, UNLIMITED, RecordingCheckpointer(), every_n_windows=None)
     windows.on_wait = lambda: trainer.request_stop() if windows.looks == 3 else None  # After the wait is said.
-    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.windows"):
         trainer.run()
     windows.follow = False
-    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.windows"):
         assert next_window(windows, FakeGang(), lambda: False) == "end"
 
     lines = [
@@ -223,7 +223,7 @@ def test_without_windows_waiting_the_start_and_the_end_are_in_the_log_only(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     windows = ListWindows(["w0"], [])
-    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.windows"):
         windowed_trainer(windows, UNLIMITED, RecordingCheckpointer(), every_n_windows=None).run()
     assert windows_lines(caplog) == [
         "Data in windows: more windows",
@@ -256,7 +256,7 @@ def test_the_ranks_start_a_window_only_once_they_found_the_same(
     windows = ListWindows(["w0", "w1"], [])
     windows.start_next_window()
     gang = RankZeroOfTwo([[0, 0, 0, 5, -5], [0, 0, 0, 1, -1]])
-    with caplog.at_level(logging.INFO, logger="recipes.windows"):
+    with caplog.at_level(logging.INFO, logger="recipes.training.windows"):
         assert next_window(windows, gang, lambda: False) == "started"
     assert (windows.looks, windows.window_name, gang.looks) == (2, "w1", [])
     line = (
@@ -271,7 +271,7 @@ def test_ranks_that_keep_finding_different_windows_stop_the_run_rather_than_wait
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ranks that see different files (node-local copies of the data) would never agree."""
-    monkeypatch.setattr(recipes.windows, "DISAGREEMENT_LIMIT_S", 3 * ListWindows([], []).poll_interval_s)
+    monkeypatch.setattr(recipes.training.windows, "DISAGREEMENT_LIMIT_S", 3 * ListWindows([], []).poll_interval_s)
     windows = ListWindows(["w0", "w1"], [])
     windows.start_next_window()
     gang = RankZeroOfTwo([[0, 0, 0, 5, -5]] * 3)
@@ -299,7 +299,7 @@ def test_a_plain_reader_has_no_windows() -> None:
 
 
 def test_eval_units_score_a_window_and_jsonl_names_it(tmp_path: Path) -> None:
-    from recipes.validator import WINDOW_RUN, make_validator
+    from recipes.training.validator import WINDOW_RUN, make_validator
 
     model = linear_model()
     recorder = JsonlRecorder(str(tmp_path))

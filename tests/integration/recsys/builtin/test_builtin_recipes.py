@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.nn.functional import binary_cross_entropy_with_logits
 
-from recipes.cli import main
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.main import main
 from recsys.click.batch import CTRBatch
 from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path

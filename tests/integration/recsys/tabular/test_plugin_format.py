@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from recipes.cli import main
+from recipes.cli.main import main
 from support.plugin_format import write_lines
 
 JSONL_PRESET = """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.cli import main
+from recipes.cli.main import main
 from support.zoo_data import ZOO_MODEL_NAMES, Backend
 
 

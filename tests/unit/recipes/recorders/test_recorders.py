@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from gang import FakeGang, Gangs
-from recipes.checkpointing import set_earlier_metrics_aside
+from recipes.checkpointing.run_checkpoints import set_earlier_metrics_aside
 from recipes.errors import UserError, WriteError
 from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
 from recipes.recorders.base import flatten
@@ -182,7 +182,9 @@ def test_a_fresh_start_in_a_used_output_directory_moves_the_earlier_metrics_asid
         events.Reload()
         assert [(e.step, e.value) for e in events.Scalars("loss")] == [(4, float(attempt))]
     warnings = [
-        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "recipes.checkpointing"
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name == "recipes.checkpointing.run_checkpoints"
     ]
     assert len(warnings) == 2 and "metrics/ and tb/" in warnings[0] and "metrics.old-1/" in warnings[0]
 

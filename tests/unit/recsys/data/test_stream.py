@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.data import stream
 from recsys.data.stream import START, ParsedLines, Position, StreamingLineReader
 

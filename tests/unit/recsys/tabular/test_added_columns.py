@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.tabular.added_columns import TIME_RANGE_S, time_part, times_out_of_range
 from recsys.tabular.arrow import ArrowFormatConfig
 from recsys.tabular.hashing import hash_value

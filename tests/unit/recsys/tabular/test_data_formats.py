@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from recipes.cli import main
-from recipes.config import ConfigError, resolve_config
+from recipes.cli.main import main
+from recipes.config.resolution import ConfigError, resolve_config
 from recsys.builtin.tabular.recipe import TabularConfig
 from recsys.models.embeddings import TableSpec
 from recsys.tabular.arrow import ArrowFormatConfig

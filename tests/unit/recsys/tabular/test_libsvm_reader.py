@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.libsvm import LibFFMConfig, LibSVMConfig, LibSVMReader
 from recsys.tabular.schema import LabelColumn, TabularDataSection

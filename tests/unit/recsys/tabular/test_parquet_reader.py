@@ -15,7 +15,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.click.batch import CTRBatch
 from recsys.tabular.added_columns import AddedColumns
 from recsys.tabular.arrow import ArrowFormatConfig

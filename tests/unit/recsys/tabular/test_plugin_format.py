@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import tomllib
 
-from recipes.config import ConfigError, resolve_config
+from recipes.config.resolution import ConfigError, resolve_config
 from recsys.builtin.tabular.recipe import TabularConfig
 from recsys.click.batch import CTRBatch
 from recsys.tabular.arrow import ArrowFormatConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.reader import CsvConfig, TabularReader, TsvConfig
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection, expand_names

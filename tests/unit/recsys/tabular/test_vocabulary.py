@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from recipes.data_reader import DataError
+from recipes.training.data_reader import DataError
 from recsys.tabular.hashing import text_keys
 from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, DerivedColumn, LabelColumn, TabularDataSection

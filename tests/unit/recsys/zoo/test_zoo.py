@@ -16,10 +16,10 @@ from torch import nn
 
 from embedding import CombinedOptimizer, JaggedIds, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizer
 from gang import FakeGang
-from recipes.cli import main
-from recipes.config import ConfigError, resolve_config
-from recipes.sections import RecipeConfig
-from recipes.sparse_tables import find_sparse_tables
+from recipes.cli.main import main
+from recipes.config.resolution import ConfigError, resolve_config
+from recipes.config.sections import RecipeConfig
+from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, ZooModelConfig, build_zoo_model

@@ -15,8 +15,8 @@ from torch.multiprocessing.spawn import spawn
 
 from embedding import EmbeddingTableConfig, Placement, ShardedEmbeddingCollection
 from gang import FakeGang, ProcessGroupGang
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
 from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.click.batch import CTRBatch
 from recsys.tabular.hashing import hash_value

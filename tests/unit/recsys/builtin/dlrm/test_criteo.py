@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipes.cli import main
-from recipes.data_reader import DataError
+from recipes.cli.main import main
+from recipes.training.data_reader import DataError
 from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.builtin.dlrm.criteo_synthetic import main as synthetic_main
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo

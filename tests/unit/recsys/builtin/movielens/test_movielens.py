@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from recipes.job import resolve_job
-from recipes.job_spec import JobSpec
+from recipes.cli.job import resolve_job
+from recipes.cli.job_spec import JobSpec
 from recsys.click.batch import CTRBatch
 from recsys.tabular.hashing import hash_ids, hash_value
 from recsys.tabular.reader import TabularReader

@@ -1,0 +1,319 @@
+"""``python -m recipes export``: a checkpoint as a folder that a serving system loads without this project.
+
+What a serving system needs is the model cut where lookups end: the tables (which it keeps in a
+store of its own) and the dense part, a program over pooled vectors. The model says where the cut
+is (``recipes.serving.servable.ServableModel``); the dense part is traced by ``torch.export`` into a
+program any torch loads without our code (a TorchFX graph where ``torch.export`` cannot trace), and
+the tables are read from the checkpoint's rank files as ``export-tables`` reads them (one code
+path: ``recipes.cli.export_tables``), so a run of any number of ranks exports in one process.
+
+``DIR``::
+
+    model.json            format, step, since, num_dense, the pooled inputs in the program's order
+                          (feature -> table, dim, pooling), the tables (file, dim, kind, rows)
+    config.json           the run's resolved config: the data schema (its columns, encodings) among it
+    dense.pt2             the dense part: ``torch.export.load(...).module()(dense [B, D], [pooled [B, dim]...])``
+                          gives the scores [B] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``)
+    tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id
+    tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
+    tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
+                                    (``RecipeParts.value_texts``); whole, with ``--since`` too
+
+With ``--since STEP`` the tables hold only the rows that changed after checkpoint ``STEP`` (new ids,
+and ids whose row differs at all), and the ids dropped since (evicted from a hash table): applied over
+an export of ``STEP`` (rows replaced by id, evicted ids removed) they give the tables of a full export.
+The dense part is small and written whole either way. No optimizer state is read into the export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pa_parquet
+import torch
+import yaml
+from torch import nn
+
+from checkpoint import CheckpointManager
+from recipes.cli.export_tables import (
+    TableRows,
+    file_names,
+    gather_tables,
+    ids_and_rows,
+    make_temp_folder,
+    open_destination,
+    step_number,
+    write_rows,
+)
+from recipes.cli.job import checkpoint_step, read_only_checkpoints
+from recipes.cli.job_spec import JobSpec
+from recipes.cli.scoring import loaded_checkpoint
+from recipes.errors import UserError
+from recipes.serving.servable import DenseForServing, ServableModel
+
+EXPORT_FORMAT = 1
+"""The version of the folder's layout, in ``model.json``: a serving system checks it before reading the rest."""
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What ``export`` wrote: the step, the one its deltas are since, the dense program's file, rows and evictions
+    per table, and the folder's bytes."""
+
+    step: int
+    since: int | None
+    program: str
+    rows: dict[str, int]
+    evicted: dict[str, int]
+    values: dict[str, int]
+    """Per table with a values file, the ids it names."""
+    num_bytes: int
+
+
+def export(
+    output_dir: str, which: str, destination: str, since: str | None = None, *, values: bool = True
+) -> ExportSummary:
+    """Export checkpoint ``which`` (``auto``, ``last``, ``best`` or a step) of the run in ``output_dir`` to the new
+    folder ``destination``; with ``since`` (a step), only what changed after that checkpoint; with ``values``, the
+    texts behind the ids where the recipe names them.
+
+    :raises UserError: if ``output_dir`` is no run, the checkpoints are not there, ``destination`` is not a new or
+        empty folder, or the model cannot be split into lookups and a dense part.
+    """
+    config_path = f"{output_dir}/config.yaml"
+    if not os.path.isfile(config_path):
+        raise UserError(f"OUTPUT_DIR must be a run's output directory, but {output_dir} has no config.yaml.")
+    fs, target = open_destination(destination)
+    manager = read_only_checkpoints(output_dir)
+    choose = partial(checkpoint_step, manager, step_number(which), output_dir)
+    step = choose()  # Checked before any work; chosen again when it is read.
+    if since is not None:
+        _since_step(manager, since, step, output_dir)
+    temp = make_temp_folder(fs, target, destination)
+    try:
+        read = manager.read(choose, partial(_read_checkpoints, manager, output_dir, since, values, fs, temp))
+        names = _table_files(read.tables, read.split)
+        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables)
+        value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
+        model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
+        _write_json(fs, f"{temp}/model.json", model)
+        with open(config_path) as file:
+            _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
+        num_bytes = sum(int(info["size"]) for info in fs.find(temp, detail=True).values())
+        if fs.exists(target):
+            fs.rmdir(target)  # empty, as checked (else this fails): a rename onto a folder would move into it
+        fs.mv(temp, target, recursive=True)
+    finally:
+        if fs.exists(temp):
+            fs.rm(temp, recursive=True)
+    return ExportSummary(read.step, read.since_step, read.program, rows, evicted, value_ids, num_bytes)
+
+
+@dataclass
+class _ReadOut:
+    """What ``export`` reads of the run's checkpoints, while it holds them: the dense program is written then."""
+
+    step: int
+    since_step: int | None
+    program: str
+    split: DenseForServing
+    texts: Mapping[str, pa.Table]
+    tables: dict[tuple[str, str], TableRows]
+    old_tables: dict[tuple[str, str], TableRows] | None
+
+
+def _read_checkpoints(
+    manager: CheckpointManager, output_dir: str, since: str | None, values: bool, fs: Any, temp: str, step: int
+) -> _ReadOut:
+    """Read the checkpoint of ``step`` (and of ``--since``, held too) and write its dense program to ``temp``."""
+    spec = JobSpec(f"{output_dir}/config.yaml", output_dir)
+    with loaded_checkpoint(spec, str(step), "valid", one_unit=True) as loaded:
+        parts = loaded.built.parts
+        split = _dense_for_serving(parts.train_unit.model)
+        program = _write_program(fs, temp, split)
+        texts = parts.value_texts() if values and parts.value_texts is not None else {}
+    tables = _tables(manager, step)
+    if since is None:
+        return _ReadOut(step, None, program, split, texts, tables, None)
+    choose_since = partial(_since_step, manager, since, step, output_dir)
+    since_step, old = manager.read(choose_since, lambda found: (found, _tables(manager, found)))
+    return _ReadOut(step, since_step, program, split, texts, tables, old)
+
+
+def _tables(manager: CheckpointManager, step: int) -> dict[tuple[str, str], TableRows]:
+    return gather_tables(manager.load(step, keys=[]))
+
+
+def _since_step(manager: CheckpointManager, since: str, step: int, output_dir: str) -> int:
+    """The step ``--since`` names: a checkpoint still there, before the exported one."""
+    steps = [info.step for info in manager.list_checkpoints()]
+    number = step_number(since)
+    if not number.isdigit() or int(number) not in steps:
+        raise UserError(
+            f"`--since` must name a checkpoint of {output_dir} (steps {steps}), but step {since} is gone or never was."
+        )
+    if int(number) >= step:
+        raise UserError(f"`--since` must name a step before the exported {step}, but is {number}.")
+    return int(number)
+
+
+def _dense_for_serving(model: nn.Module) -> DenseForServing:
+    """The model's dense part, or a one-line refusal saying what the model lacks."""
+    if not isinstance(model, ServableModel):
+        raise UserError(
+            f"The model must split into sparse lookups and a dense part to be exported, but "
+            f"{type(model).__name__} does not: it needs a `dense_for_serving()` method returning "
+            "`recipes.DenseForServing` (the dense part over pooled embeddings and dense features)."
+        )
+    return model.dense_for_serving()
+
+
+def _example_inputs(split: DenseForServing, batch_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    device = next((p.device for p in split.module.parameters()), torch.device("cpu"))
+    dense = torch.randn(batch_size, split.num_dense, device=device)
+    return dense, [torch.randn(batch_size, pooled.dim, device=device) for pooled in split.inputs]
+
+
+def _write_program(fs: Any, folder: str, split: DenseForServing) -> str:
+    """``dense.pt2`` by ``torch.export`` with a dynamic batch size, on the CPU; else ``dense_fx.pt`` by TorchFX."""
+    module = split.module.eval()
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    module.to("cpu")
+    try:
+        dense, pooled = _example_inputs(split, 4)
+        batch = torch.export.Dim("batch", min=1)
+        shapes = ({0: batch}, [{0: batch} for _ in pooled])
+        try:
+            with torch.no_grad():
+                program = torch.export.export(module, (dense, pooled), dynamic_shapes=shapes, strict=False)
+        except Exception:
+            graph = torch.fx.symbolic_trace(module)
+            with fs.open(f"{folder}/dense_fx.pt", "wb") as file:
+                torch.save(graph, file)
+            return "dense_fx.pt"
+        with fs.open(f"{folder}/dense.pt2", "wb") as file:
+            torch.export.save(program, file)
+        return "dense.pt2"
+    finally:
+        module.to(device)
+
+
+def _table_files(tables: dict[tuple[str, str], TableRows], split: DenseForServing) -> dict[str, tuple[str, str]]:
+    """Each exported table's file name -> its key; every table the dense part's inputs look up must be there."""
+    by_file = {name: key for key, name in file_names(tables).items()}
+    for pooled in split.inputs:
+        if pooled.table not in by_file:
+            raise UserError(
+                f"Table '{pooled.table}' (feature '{pooled.feature}') must be a sparse table of the checkpoint to be "
+                f"exported, but the checkpoint holds only {sorted(by_file)}: dense embedding bags are model "
+                "parameters, not tables a serving store can hold."
+            )
+    return by_file
+
+
+def _write_tables(
+    fs: Any,
+    folder: str,
+    tables: dict[tuple[str, str], TableRows],
+    names: dict[str, tuple[str, str]],
+    old: dict[tuple[str, str], TableRows] | None,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """``tables/<name>.parquet`` each (the changed rows only, and ``.evicted.parquet``, against ``old``)."""
+    fs.makedirs(f"{folder}/tables", exist_ok=True)
+    rows_written, evicted_written = {}, {}
+    for name, key in names.items():
+        ids, rows = ids_and_rows(name, tables[key])
+        dim = tables[key].dim
+        if old is not None:
+            previous = old.get(key)
+            old_ids, old_rows = ids_and_rows(name, previous) if previous is not None else (np.zeros(0, np.int64), None)
+            ids, rows, evicted = _delta(ids, rows, old_ids, old_rows)
+            write_rows(fs, f"{folder}/tables/{name}.evicted.parquet", evicted, None, dim)
+            evicted_written[name] = len(evicted)
+        write_rows(fs, f"{folder}/tables/{name}.parquet", ids, rows, dim)
+        rows_written[name] = len(ids)
+    return rows_written, evicted_written
+
+
+def _write_values(
+    fs: Any, folder: str, split: DenseForServing, texts: Mapping[str, pa.Table]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """``tables/<name>.values.parquet`` for each table that features with texts look up: ``(id, feature, value)``,
+    sorted by id; the file of each such table, and the distinct ids it names."""
+    by_table: dict[str, list[pa.Table]] = {}
+    for pooled in split.inputs:
+        if pooled.feature in texts:
+            table = texts[pooled.feature].select(["id", "value"])
+            feature = pa.array([pooled.feature] * table.num_rows, pa.string())
+            by_table.setdefault(pooled.table, []).append(table.add_column(1, "feature", feature))
+    files, num_ids = {}, {}
+    for name, parts in by_table.items():
+        files[name] = f"tables/{name}.values.parquet"
+        merged = pa.concat_tables(parts, promote_options="permissive").sort_by([("id", "ascending")])
+        with fs.open(f"{folder}/{files[name]}", "wb") as file:
+            pa_parquet.write_table(merged, file)
+        num_ids[name] = len(np.unique(merged.column("id").to_numpy()))
+    return files, num_ids
+
+
+def _delta(
+    ids: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.float32],
+    old_ids: npt.NDArray[np.int64],
+    old_rows: npt.NDArray[np.float32] | None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The rows of ids that are new or whose row changed at all, and the old ids no longer held (both id-sorted)."""
+    position = np.searchsorted(old_ids, ids).clip(max=max(len(old_ids) - 1, 0))
+    known = old_ids[position] == ids if len(old_ids) else np.zeros(len(ids), np.bool_)
+    changed = ~known
+    if old_rows is not None and known.any():
+        changed[known] = (rows[known] != old_rows[position[known]]).any(axis=1)
+    evicted = np.setdiff1d(old_ids, ids, assume_unique=True)
+    return ids[changed], rows[changed], evicted.astype(np.int64)
+
+
+def _model_json(
+    step: int,
+    since: int | None,
+    program: str,
+    split: DenseForServing,
+    tables: dict[tuple[str, str], TableRows],
+    names: dict[str, tuple[str, str]],
+    rows: dict[str, int],
+    values: dict[str, str],
+) -> dict[str, Any]:
+    return {
+        "format": EXPORT_FORMAT,
+        "step": step,
+        "since": since,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "program": program,
+        "num_dense": split.num_dense,
+        "inputs": [{"feature": p.feature, "table": p.table, "dim": p.dim, "pooling": p.pooling} for p in split.inputs],
+        "tables": {
+            name: {
+                "file": f"tables/{name}.parquet",
+                "evicted": None if since is None else f"tables/{name}.evicted.parquet",
+                "values": values.get(name),
+                "dim": tables[key].dim,
+                "kind": tables[key].kind,
+                "rows": rows[name],
+            }
+            for name, key in names.items()
+        },
+    }
+
+
+def _write_json(fs: Any, path: str, value: Any) -> None:
+    with fs.open(path, "w") as file:
+        json.dump(value, file, indent=2, default=str)
+        file.write("\n")

@@ -1,0 +1,1 @@
+"""What a model declares so ``export`` can split it into sparse lookups and a dense program for serving."""
