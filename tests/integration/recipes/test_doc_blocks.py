@@ -229,6 +229,7 @@ PLAIN = {
     ),
     "docs/architecture.md: ``` recsys.builtin.{ctr, dlrm, movielens, tabular}     built-in recipes, one folder each "
     "(recipe, presets.yaml)": None,
+    "docs/architecture.md: ``` __main__.py": None,
     "docs/architecture.md: ``` cli.main                        parse argv; user errors -> exit 2, failures -> exit 1": (
         None
     ),
