@@ -22,6 +22,7 @@ from recipes.errors import ConfigError
 class LRScheduleConfig:
     name: str = "constant"
     num_warmup_steps: NonNegativeInt = 0
+    """Steps of linear warm-up from 0 to ``optimizer.lr``, before the schedule proper."""
 
     @property
     def decays_over_max_num_steps(self) -> bool:

@@ -23,7 +23,9 @@ class OptimizerConfig:
 
     name: str = "adamw"
     lr: PositiveFloat = 1e-3
+    """The learning rate (an LR schedule scales it, the sparse tables' with it)."""
     weight_decay: NonNegativeFloat = 0.0
+    """Weight decay: decoupled from the gradient for ``adamw``, an L2 term of it for the others."""
 
 
 OptimizerFactory = Callable[[Any, list[torch.nn.Parameter]], Optimizer]
@@ -40,7 +42,9 @@ def build_optimizer(config: OptimizerConfig, params: Iterable[torch.nn.Parameter
 @dataclass
 class AdamConfig(OptimizerConfig):
     betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's ``beta1, beta2``: the decay of the gradient's running mean and of its square's."""
     eps: NonNegativeFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
 
     def __post_init__(self) -> None:
         if len(self.betas) != 2:
@@ -64,6 +68,7 @@ def adam(config: AdamConfig, params: list[torch.nn.Parameter]) -> Optimizer:
 @dataclass
 class SGDConfig(OptimizerConfig):
     momentum: NonNegativeFloat = 0.0
+    """SGD's momentum; 0: plain SGD."""
 
 
 @OPTIMIZERS.register("sgd", SGDConfig)
@@ -74,6 +79,7 @@ def sgd(config: SGDConfig, params: list[torch.nn.Parameter]) -> Optimizer:
 @dataclass
 class AdagradConfig(OptimizerConfig):
     eps: NonNegativeFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
 
 
 @OPTIMIZERS.register("adagrad", AdagradConfig)

@@ -109,9 +109,11 @@ class MetricsSection:
 @dataclass
 class ProfilerSection:
     enabled: bool = False
+    """Record torch.profiler traces under ``OUTPUT_DIR/tb/profiler``."""
     skip_steps: NonNegativeInt = 5
     """Steps to run before profiling starts (warm-up is not what you want to see)."""
     record_steps: PositiveInt = 3
+    """Steps recorded once profiling starts."""
 
 
 @dataclass
@@ -142,6 +144,7 @@ class CheckpointSection:
     every_n_steps: PositiveInt | None = None
     """Save every N steps; a final checkpoint is always saved at the end of training."""
     every_n_data_epochs: PositiveInt | None = None
+    """Save at the end of every N passes over the training data."""
     every_n_windows: PositiveInt | None = None
     """With data in windows, save after every N windows (RecIS' ``save_every_n_windows``), before the next one
     is waited for or scored."""
@@ -159,8 +162,11 @@ class CheckpointSection:
     init_from: str | None = None
     """Initialise the model from another checkpoint (a step dir, or a checkpoints dir: its last)."""
     init_include: list[str] = field(default_factory=lambda: ["*"])
+    """Glob patterns of parameter names to take from ``init_from``."""
     init_exclude: list[str] = field(default_factory=list)
+    """Glob patterns of parameter names of ``init_from`` to leave out."""
     init_strict: bool = True
+    """Every parameter selected from ``init_from`` must exist with the same shape on both sides."""
     start_over: bool = False
     """Ignore existing checkpoints in the output directory and train from scratch."""
     model_bank: list[ModelBankSource] = field(default_factory=list)
@@ -208,6 +214,7 @@ class RecipeConfig:
     """The sections every recipe has. A recipe adds its own (``model``, ``dataset``, ...)."""
 
     seed: Seed = 2
+    """The seed of Python's, numpy's and torch's RNGs and of the data's shuffling."""
     trainer: TrainerSection = field(default_factory=TrainerSection)
     optimizer: Annotated[OptimizerConfig, OPTIMIZERS] = field(default_factory=OPTIMIZERS.default("adamw"))
     lr_scheduler: Annotated[LRScheduleConfig, LR_SCHEDULES] = field(default_factory=LR_SCHEDULES.default("constant"))

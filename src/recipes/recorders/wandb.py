@@ -13,11 +13,15 @@ from recipes.recorders.base import RECORDERS, CompositeRecorder, MetricRecorder,
 @dataclass
 class WandbConfig(RecorderConfig):
     enabled: bool = False
+    """Whether the run records to WandB (off unless turned on)."""
     project: str | None = None
     """With a project, and ``mode: online``, runs go to the WandB server; else offline under ``OUTPUT_DIR/wandb``."""
     entity: str | None = None
+    """The WandB entity (user or team) of the run."""
     run_name: str | None = None
+    """The WandB run's name; ``None``: WandB's own."""
     mode: Literal["offline", "online", "disabled"] = "offline"
+    """``offline``, ``online`` (needs a project and a key) or ``disabled``."""
 
 
 class WandbRecorder(MetricRecorder):

@@ -50,6 +50,7 @@ class HashTableSection:
 @dataclass
 class EmbeddingSection:
     dim: PositiveInt = 16
+    """The embedding dimension of every table."""
     backend: Literal["sparse", "dense"] = "sparse"
     """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"

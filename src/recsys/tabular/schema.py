@@ -235,8 +235,12 @@ class DerivedColumn:
     """
 
     name: str = ""
+    """The new column's name, by which groups and slices name it."""
     source: str = ""
+    """The column it is computed from: a file column, or a joined one."""
     transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before", "history"] = "hour"
+    """What it computes: a part of a unix time (``hour``, ``weekday``, ``day``, ``month``, ``year``), ``count``,
+    ``count_before`` or ``history``, as the class says."""
     key: str | None = None
     """``history``: the column whose earlier rows are gathered (the user)."""
     length: PositiveInt = 20
@@ -285,6 +289,7 @@ class TabularDataSection:
     """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
     shipped in an installed package), plain or gzip."""
     valid_path: str | None = None
+    """Validation files, as ``train_path``."""
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
     format: Annotated[DataFormatConfig, DATA_FORMATS] = field(default_factory=DATA_FORMATS.default("csv"))

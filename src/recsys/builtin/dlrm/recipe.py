@@ -37,6 +37,7 @@ class CriteoDataSection:
     train_path: str | None = None
     """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
     valid_path: str | None = None
+    """Validation day files, as ``train_path``."""
     test_path: str | None = None
     """Optional test day files, which ``eval``/``predict --split test`` score."""
     synthetic_rows: Annotated[int, Range(ge=4)] | None = None
@@ -48,7 +49,9 @@ class CriteoDataSection:
     batch_size: GlobalBatchSize = 2048
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
+    """Rows shuffled together: a bounded window, so memory does not grow with the files."""
     max_malformed_rows: NonNegativeInt = 100
+    """Malformed rows skipped in an epoch (each logged with its file and line) before a data error stops the run."""
     parse_threads: PositiveInt | None = None
     """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same); by
     default 1 on a CPU and up to 4 on a GPU (``recipes.parse_threads``)."""
@@ -63,6 +66,7 @@ class DLRMModelSection:
     bottom_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
     """Hidden layers of the dense-feature MLP; its output has the embedding dimension."""
     top_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
+    """Hidden layers of the MLP over the interactions."""
     shared_table: bool = False
     """One table looked up by all 26 features, instead of one table per feature."""
 
