@@ -74,7 +74,7 @@ class TrainerSection:
     (``recipes.pipeline``); the results are the same either way. ``auto``: on a GPU, and on a CPU where the
     pipeline's thread has a core of its own (the ranks' compute threads leave one of the node's cores) or the
     job spans several nodes; on a CPU whose cores the step's threads take, its thread would make every
-    parallel region of the step wait for it (BENCHMARKS.md, "Training on a shared machine")."""
+    parallel region of the step wait for it (docs/benchmarks.md, "Training on a shared machine")."""
     keep_freed_memory: bool = True
     """Have glibc's malloc keep freed host memory (up to 1 GiB) for the next step rather than give it back
     to the system, for the step to fault it in again (``recipes.host_memory``)."""
