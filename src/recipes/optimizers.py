@@ -73,6 +73,7 @@ class SGDConfig(OptimizerConfig):
 
 @OPTIMIZERS.register("sgd", SGDConfig)
 def sgd(config: SGDConfig, params: list[torch.nn.Parameter]) -> Optimizer:
+    """SGD, with momentum if ``momentum`` > 0."""
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
@@ -84,4 +85,5 @@ class AdagradConfig(OptimizerConfig):
 
 @OPTIMIZERS.register("adagrad", AdagradConfig)
 def adagrad(config: AdagradConfig, params: list[torch.nn.Parameter]) -> Optimizer:
+    """Adagrad: each parameter's step scaled by its own history of squared gradients."""
     return torch.optim.Adagrad(params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay)

@@ -61,6 +61,7 @@ class WandbRecorder(MetricRecorder):
 
 @RECORDERS.register("wandb", WandbConfig)
 def wandb(config: WandbConfig, context: RecorderContext) -> MetricRecorder:
+    """Records to WandB: online with a ``project`` and ``mode: online``, else offline under ``OUTPUT_DIR/wandb``."""
     if config.mode == "disabled":
         return CompositeRecorder([])
     return WandbRecorder(context.output_dir, config.project, config.entity, config.run_name, config.mode)

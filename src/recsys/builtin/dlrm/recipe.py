@@ -53,8 +53,10 @@ class CriteoDataSection:
     max_malformed_rows: NonNegativeInt = 100
     """Malformed rows skipped in an epoch (each logged with its file and line) before a data error stops the run."""
     parse_threads: PositiveInt | None = None
-    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same); by
-    default 1 on a CPU and up to 4 on a GPU (``recipes.parse_threads``)."""
+    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same, in the same
+    order), at most the cores the process may run on: for a run whose reading is the bottleneck, with cores to
+    spare. ``None``: 1 on a CPU; on a GPU the rank's share of the cores less 2, at most 4
+    (``recipes.parse_threads``)."""
 
     def __post_init__(self) -> None:
         table_sizes(self.num_embeddings_per_feature)  # One value or 26, each at least 2.
