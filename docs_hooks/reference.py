@@ -90,6 +90,22 @@ This page is generated from the config dataclasses and the docstrings of their f
 """
 
 
+METRICS_NOTE = """
+The built-in click-prediction recipes validate with `auc`, `pr_auc`, `log_loss`, `ne`, `calibration`, `positive_rate`
+and `accuracy` (`recsys.click.units.CTREvalUnit`, which a recipe of your own can reuse). `metrics.group_by` adds
+`gauc` (the AUC of each group's rows, averaged with the groups' row counts as weights; groups of one class left out,
+as in TorchRec's `gauc`) and `gauc_groups` (how many groups it counts); `metrics.slice_by` adds `ne/<value>` and
+`calibration/<value>` per value of the column. Both are exact over data-parallel ranks; `gauc` may be the
+`trainer.score_metric`, a metric by slice may not. Both name a single-valued categorical column of the batches (any
+of the `tabular` recipe's schema, `C1`..`C26` of `dlrm`, `cat_0`.. of `ctr`); a column the batches lack stops the run
+at start-up, and so does a slice column of more than 1,000 values. A row's group or slice is its column's id in the
+batch: the value's own with `vocabulary: true` or `model.embeddings.kind: hash`, else its bucket, which two values may
+share. A slice is named by its id, or for a derived `hour`, `weekday`, `day` or `month` by its value (`ne/13`). A
+recipe of your own passes the columns to `click_prediction_parts(..., columns={name: number of values or None})`; a
+metric of your own that groups or slices says so by deriving from `units.ByGroup` or `units.BySlice`.
+"""
+
+
 def cli_page() -> str:
     from recipes.cli import build_parser
     from recipes.registry import all_presets
@@ -147,7 +163,7 @@ def metrics_table() -> list[str]:
         if inspect.isclass(value) and issubclass(value, Metric) and value is not Metric:
             summary = " ".join((inspect.getdoc(value) or "").split("\n\n")[0].split())
             lines.append(f"| `{name}` | {summary.replace('``', '`')} |")
-    return [*lines, ""]
+    return [*lines, "", METRICS_NOTE.strip(), ""]
 
 
 def on_files(files: Any, config: Any) -> Any:

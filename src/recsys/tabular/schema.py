@@ -285,6 +285,12 @@ FormatT = TypeVar("FormatT", bound=DataFormatConfig)
 
 @dataclass
 class TabularDataSection:
+    """The ``tabular`` recipe's ``dataset``: your own CSV/TSV, libSVM/libFM/libFFM or Parquet files, declared by a
+    schema of columns, no Python. At start-up the first 100 records of every configured file (train, valid, test)
+    are parsed against it, so that a wrong format, delimiter or column stops the run in one line, with file and line
+    number, before training; a bad row later is logged and skipped, up to ``max_malformed_rows``. A path
+    ``package://PACKAGE/FILE`` names a file shipped inside an installed Python package."""
+
     train_path: str | None = None
     """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
     shipped in an installed package), plain or gzip."""

@@ -34,6 +34,13 @@ from recsys.tabular.schema import with_full_keys
 
 @dataclass
 class CriteoDataSection:
+    """Criteo day files (``label<TAB>I1..I13<TAB>C1..C26``), read streaming by the ``tabular`` recipe's reader with
+    the Criteo schema (``recsys.builtin.dlrm.criteo.criteo_schema``): a categorical value's id is its stable hash
+    modulo its table (an empty field is id 0), a count becomes ``log(max(x, 0) + 1)`` (empty: 0), as in DLRM. Every
+    rank parses every line and keeps its share (row ``i`` of a global step goes to DP rank ``i % dp_size``), and an
+    epoch ends for all ranks at the last whole global step. ``python -m recsys.builtin.dlrm.criteo_synthetic PATH
+    --num-rows N`` writes synthetic data in this format."""
+
     train_path: str | None = None
     """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
     valid_path: str | None = None
