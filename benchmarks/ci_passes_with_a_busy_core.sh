@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command's wall time on a loaded machine (BENCHMARKS.md, "How long the tests take"): three passes of
+# The test command's wall time on a loaded machine (docs/benchmarks.md, "How long the tests take"): three passes of
 # `.ci/run`, each from a fresh clone of this checkout's HEAD, one after another, with another process keeping one
 # core busy the whole time. Stops at the first failing pass. Logs go to ${LOGS:-/tmp}/ci_pass_N.log.
 #   bash benchmarks/ci_passes_with_a_busy_core.sh

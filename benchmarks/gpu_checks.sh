@@ -15,7 +15,7 @@
 # up to 460 s (on an H200 on 2026-11-28 the parts took 53, 19, 64, 65 and 10 s: 214 s in all). On
 # the lent machines of 2026-11 (numba-cuda 0.30.4, numpy 2.5.2) numba-cuda failed to import
 # (`np.row_stack` is gone from numpy 2.5): carry a numpy 2.4 wheel and put it first on PYTHONPATH,
-# as the top of BENCHMARKS.md says.
+# as docs/benchmarks.md, "On a GPU", says.
 set -o pipefail
 out=${1:?usage: gpu_checks.sh OUT_DIR}
 mkdir -p "$out"

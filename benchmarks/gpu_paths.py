@@ -507,7 +507,7 @@ def ensure_installed(out: Path, env: Mapping[str, str]) -> Result:
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    # After what is there already (a numpy wheel put first, as BENCHMARKS.md "On a GPU" says, stays first).
+    # After what is there already (a numpy wheel put first, as docs/benchmarks.md, "On a GPU", says, stays first).
     env["PYTHONPATH"] = os.pathsep.join(paths if str(SRC) in paths else [*paths, str(SRC)])
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1")

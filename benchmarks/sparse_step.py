@@ -24,7 +24,7 @@ indices read, one gradient row per id read, every touched row of table and state
 written) plus the pooled outputs written, over the median step time, against a 1 GiB copy
 (bytes read plus written) that takes its turn among the methods: its median over the same
 minutes. A copy measured apart, before or after, can see another machine: on one 2-core virtual
-machine the same copy ran at 78 GB/s for half a minute, then at 45 (BENCHMARKS.md, issue 35).
+machine the same copy ran at 78 GB/s for half a minute, then at 45 (docs/benchmarks.md, "Sparse embedding step").
 
     python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
 

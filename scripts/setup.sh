@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a virtual environment with the project and its dev tools.
+# Set up a virtual environment with the project, its dev tools and the documentation tools (scripts/docs.sh).
 #
 # torch is installed first, and only when missing, so that pip never resolves a CUDA build
 # of torch on a CPU-only machine. Override what is installed with:
@@ -18,5 +18,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "Installing $TORCH_SPEC ..."
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-"$VENV/bin/python" -m pip install -q -e ".[dev]"
+"$VENV/bin/python" -m pip install -q -e ".[dev,docs]"
 echo "Ready: $VENV/bin/python -m recipes --help"

@@ -14,8 +14,8 @@ VENV=${VENV:-.venv}
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
 export WANDB_MODE=offline WANDB_SILENT=true
 
-"$VENV/bin/ruff" check --no-cache src tests benchmarks examples setup.py
-"$VENV/bin/ruff" format --no-cache --check src tests benchmarks examples setup.py
+"$VENV/bin/ruff" check --no-cache src tests benchmarks examples docs_hooks setup.py
+"$VENV/bin/ruff" format --no-cache --check src tests benchmarks examples docs_hooks setup.py
 "$VENV/bin/mypy"
 "$VENV/bin/lint-imports" --no-logo --no-cache  # The import rules of docs/architecture.md (pyproject.toml).
 WORKERS=${TEST_WORKERS:-$(( $(nproc) + 1 < 4 ? $(nproc) + 1 : 4 ))}

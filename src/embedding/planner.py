@@ -15,9 +15,9 @@ DEFAULT_REPLICATE_MAX_BYTES = 8 << 20
 """Tables up to 8 MiB (e.g. 131,072 x 16) are replicated when there are several ranks. All of them then share
 one buffer and one local lookup, and a step all-gathers their gradients once, where tables placed whole each
 cost an all-to-all path of their own (about 20 small ops per table and phase). On 2 ranks of DLRM with 26
-tables (BENCHMARKS.md, issue 17), replicating 640 KB and 6.5 MB tables ran 2.0-2.1x the steps/s of placing them
-whole at batch 512, 1.1-1.2x at 8192. The price: every rank holds the rows and applies every rank's gradients,
-so the update of these tables does not shrink as ranks are added."""
+tables (docs/benchmarks.md, "Data-parallel scaling"), replicating 640 KB and 6.5 MB tables ran 2.0-2.1x the
+steps/s of placing them whole at batch 512, 1.1-1.2x at 8192. The price: every rank holds the rows and applies
+every rank's gradients, so the update of these tables does not shrink as ranks are added."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from recipes.errors import ConfigError
 class LRScheduleConfig:
     name: str = "constant"
     num_warmup_steps: NonNegativeInt = 0
+    """Steps of linear warm-up from 0 to ``optimizer.lr``, before the schedule proper."""
 
     @property
     def decays_over_max_num_steps(self) -> bool:
@@ -47,6 +48,7 @@ def _warmup(config: LRScheduleConfig, optimizer: Optimizer, after: Callable[[int
 
 @LR_SCHEDULES.register("constant")
 def constant(config: LRScheduleConfig, optimizer: Optimizer, max_num_steps: int | None) -> LRScheduler:
+    """After the warm-up, ``optimizer.lr`` throughout."""
     return _warmup(config, optimizer, lambda step: 1.0)
 
 
@@ -70,6 +72,7 @@ def _progress(config: DecayConfig, max_num_steps: int | None) -> Callable[[int],
 
 @LR_SCHEDULES.register("cosine", DecayConfig)
 def cosine(config: DecayConfig, optimizer: Optimizer, max_num_steps: int | None) -> LRScheduler:
+    """After the warm-up, a cosine decay to ``final_lr_scale`` x ``optimizer.lr`` at the last step."""
     progress, final = _progress(config, max_num_steps), config.final_lr_scale
     return _warmup(
         config, optimizer, lambda step: final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress(step)))
@@ -78,5 +81,6 @@ def cosine(config: DecayConfig, optimizer: Optimizer, max_num_steps: int | None)
 
 @LR_SCHEDULES.register("linear", DecayConfig)
 def linear(config: DecayConfig, optimizer: Optimizer, max_num_steps: int | None) -> LRScheduler:
+    """After the warm-up, a linear decay to ``final_lr_scale`` x ``optimizer.lr`` at the last step."""
     progress, final = _progress(config, max_num_steps), config.final_lr_scale
     return _warmup(config, optimizer, lambda step: 1.0 - (1.0 - final) * progress(step))

@@ -23,7 +23,9 @@ class OptimizerConfig:
 
     name: str = "adamw"
     lr: PositiveFloat = 1e-3
+    """The learning rate (an LR schedule scales it, the sparse tables' with it)."""
     weight_decay: NonNegativeFloat = 0.0
+    """Weight decay: decoupled from the gradient for ``adamw``, an L2 term of it for the others."""
 
 
 OptimizerFactory = Callable[[Any, list[torch.nn.Parameter]], Optimizer]
@@ -40,7 +42,9 @@ def build_optimizer(config: OptimizerConfig, params: Iterable[torch.nn.Parameter
 @dataclass
 class AdamConfig(OptimizerConfig):
     betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's ``beta1, beta2``: the decay of the gradient's running mean and of its square's."""
     eps: NonNegativeFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
 
     def __post_init__(self) -> None:
         if len(self.betas) != 2:
@@ -64,18 +68,22 @@ def adam(config: AdamConfig, params: list[torch.nn.Parameter]) -> Optimizer:
 @dataclass
 class SGDConfig(OptimizerConfig):
     momentum: NonNegativeFloat = 0.0
+    """SGD's momentum; 0: plain SGD."""
 
 
 @OPTIMIZERS.register("sgd", SGDConfig)
 def sgd(config: SGDConfig, params: list[torch.nn.Parameter]) -> Optimizer:
+    """SGD, with momentum if ``momentum`` > 0."""
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 @dataclass
 class AdagradConfig(OptimizerConfig):
     eps: NonNegativeFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
 
 
 @OPTIMIZERS.register("adagrad", AdagradConfig)
 def adagrad(config: AdagradConfig, params: list[torch.nn.Parameter]) -> Optimizer:
+    """Adagrad: each parameter's step scaled by its own history of squared gradients."""
     return torch.optim.Adagrad(params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay)

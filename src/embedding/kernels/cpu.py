@@ -56,7 +56,7 @@ _CHUNKS_PER_THREAD = 8
 
 # How far ahead the kernel prefetches: far enough to hide a memory access behind the work in
 # between, near enough that the prefetched lines are still cached when they are used. Measured on
-# the sparse step's rows (BENCHMARKS.md, issue 35): occurrences 8 ahead left the loop over rows
+# the sparse step's rows (docs/benchmarks.md, "Sparse embedding step"): occurrences 8 ahead left the loop over rows
 # waiting on memory (2.0 ms); 32 ahead took 1.2-1.5 ms, 64 to 128 no less.
 _ROW_PREFETCH_DISTANCE = 8
 _OCCURRENCE_PREFETCH_DISTANCE = 32

@@ -2,7 +2,7 @@
 and moved to the group's buffer; and, where every bag holds one id, their offsets in another.
 
 Done with torch ops, this took a remainder, a range check with a read of its result and an offset per
-feature: 0.6 ms for 26 features of a few ids a bag, against 0.3 ms here (BENCHMARKS.md, issue 35).
+feature: 0.6 ms for 26 features of a few ids a bag, against 0.3 ms here (docs/benchmarks.md, "Sparse embedding step").
 Features with as many ids each took a few ops for all of them, a little slower than this pass still. The
 pass releases the GIL, as a train pipeline groups the next batch's ids on a thread of its own.
 """
@@ -84,7 +84,7 @@ def one_id_bag_offsets(feature_offsets: Sequence[torch.Tensor], num_ids: int) ->
     One compiled pass on one thread checks them and writes the range. Torch's range, stack and comparison, which
     run in parallel regions that wait for every thread's core, took 0.03-0.04 ms more of the sparse step on an idle
     machine, and beside a busy process, two threads forced, the grouping's median was 3.86 ms in one run of four
-    against 0.34-0.42 (BENCHMARKS.md, issue 35).
+    against 0.34-0.42 (docs/benchmarks.md, "Sparse embedding step").
     """
     offsets = torch.empty(num_ids + 1, dtype=torch.int64)
     checked = tuple(feature.contiguous().numpy() for feature in feature_offsets)

@@ -5,14 +5,15 @@ A batch's ids are rows of one table (or buffer): below ``num_rows``, so a sort n
 million-row table's ids, where a sort of whole int32 keys by bytes makes four; each pass moves every id
 once, to the next place of its digit, keeping equal ids in their order (the order of
 ``torch.sort(stable=True)``). One thread: a parallel region would wait for a second core on a shared
-machine (torch's two-thread sort took 3.9 ms in a step beside a busy process; BENCHMARKS.md, issue 35).
+machine (torch's two-thread sort took 3.9 ms in a step beside a busy process; docs/benchmarks.md, "Sparse
+embedding step").
 
 In a training step the sort's arrays come cold from memory (the step's lookups and update stream tens of
 megabytes through the caches in between), and a pass's writes go to a thousand places at once, more than
 the processor's prefetchers follow: each write to a new cache line waited for it. So each id moves with its
 position packed in one int64 (one write a move, not two), and every array a pass writes to is first touched
 in order, which the prefetchers do follow. The sparse step's 106,496 ids of a million-row table took 0.93-1.02
-ms in the step before, 0.72-0.91 packed, 0.48-0.67 packed and touched (BENCHMARKS.md, issue 35).
+ms in the step before, 0.72-0.91 packed, 0.48-0.67 packed and touched (docs/benchmarks.md, "Sparse embedding step").
 """
 
 from __future__ import annotations

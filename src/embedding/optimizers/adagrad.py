@@ -16,7 +16,9 @@ from embedding.optimizers.spec import OptimizerState, SparseOptimizerSpec, sqrt
 class AdagradConfig(SparseOptimizerConfig):
     name: str = "adagrad"
     eps: PositiveFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
     initial_accumulator_value: NonNegativeFloat = 0.0
+    """The sum of squared gradients a row starts from."""
 
 
 @register_jitable  # type: ignore[untyped-decorator]

@@ -23,8 +23,11 @@ Beta = Annotated[float, Range(ge=0, lt=1)]
 class AdamConfig(SparseOptimizerConfig):
     name: str = "adam"
     beta1: Beta = 0.9
+    """The decay of the gradient's running mean."""
     beta2: Beta = 0.999
+    """The decay of the squared gradient's running mean."""
     eps: PositiveFloat = 1e-8
+    """Added to the denominator, for numerical stability."""
 
 
 @dataclass(frozen=True)

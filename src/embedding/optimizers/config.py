@@ -36,7 +36,7 @@ class SparseOptimizerConfig:
 
     name: str
     lr: NonNegativeFloat = 0.01
-    """0 freezes the table."""
+    """The tables' learning rate, which the LR schedule scales with the dense one; 0 freezes the table."""
     weight_decay: NonNegativeFloat = 0.0
     """An L2 penalty added to the gradient, unless the optimizer decouples it (``adamw``).
 

@@ -45,7 +45,9 @@ class TrainerSection:
     grad_accumulation: PositiveInt = 1
     """Micro-batches per optimizer step."""
     max_grad_norm: PositiveFloat | None = None
-    """Clip the gradient to this norm; ``None``: no clipping (the norm is still recorded)."""
+    """Clip the dense parameters' gradient norm to this, recorded before clipping as ``grad_norm``; ``None``: no
+    clipping, and no norm taken (set a large value to watch the norm without clipping). The sparse tables' gradients
+    are neither clipped nor counted in the norm: their rows take their own optimizer's steps."""
     mixed_precision: Literal["none", "bf16", "fp16"] = "none"
     """Autocast dtype; ``fp16`` adds a dynamic loss scaler."""
     anomaly_detection: bool = False
@@ -58,12 +60,15 @@ class TrainerSection:
     publish_metrics_every_n_steps: PositiveInt = 10
     """Write metrics to the recorders every N steps (and at the end)."""
     score_metric: str | None = None
-    """The validation metric that scores a checkpoint, as ``metric`` or ``eval_unit/metric``."""
+    """The validation metric that scores a checkpoint, as ``metric`` or ``eval_unit/metric``. It must have a better
+    side (an AUC, a loss; not ``calibration`` or ``positive_rate``), and a score that is NaN (an AUC of a split of
+    one class) stops the run at that validation."""
     lower_better: bool | None = None
     """Whether a lower score is better (a loss) or a higher one (an AUC). ``None``: as the score's metric says (a
-    run's ``config.yaml`` records what that was); set it only for a metric that does not say (a ``Mean``)."""
+    run's ``config.yaml`` records what that was); set it only for a metric that does not say (a ``Mean``). A value
+    that contradicts the metric is refused."""
     nan_policy: Literal["stop", "skip"] = "stop"
-    """On a NaN or infinite loss: stop with an error, or skip the step."""
+    """On a NaN or infinite loss: ``stop`` with an error naming the step, or ``skip`` the step."""
     max_consecutive_skipped_steps: PositiveInt = 5
     """With ``nan_policy: skip``, stop after this many non-finite steps in a row."""
     early_stopping: EarlyStoppingSection = field(default_factory=EarlyStoppingSection)
@@ -74,10 +79,11 @@ class TrainerSection:
     (``recipes.training.pipeline``); the results are the same either way. ``auto``: on a GPU, and on a CPU where the
     pipeline's thread has a core of its own (the ranks' compute threads leave one of the node's cores) or the
     job spans several nodes; on a CPU whose cores the step's threads take, its thread would make every
-    parallel region of the step wait for it (BENCHMARKS.md, "Training on a shared machine")."""
+    parallel region of the step wait for it (docs/benchmarks.md, "Training on a shared machine")."""
     keep_freed_memory: bool = True
     """Have glibc's malloc keep freed host memory (up to 1 GiB) for the next step rather than give it back
-    to the system, for the step to fault it in again (``recipes.runtime.host_memory``)."""
+    to the system, for the step to fault it in again (``recipes.runtime.host_memory``; DLRM at batch 8192: 1.10x the
+    steps/s on one rank, 1.21x on two). glibc's own ``MALLOC_*_`` variables or ``GLIBC_TUNABLES``, when set, win."""
 
     def __post_init__(self) -> None:
         _require(
@@ -109,9 +115,11 @@ class MetricsSection:
 @dataclass
 class ProfilerSection:
     enabled: bool = False
+    """Record torch.profiler traces under ``OUTPUT_DIR/tb/profiler``."""
     skip_steps: NonNegativeInt = 5
     """Steps to run before profiling starts (warm-up is not what you want to see)."""
     record_steps: PositiveInt = 3
+    """Steps recorded once profiling starts."""
 
 
 @dataclass
@@ -142,27 +150,37 @@ class CheckpointSection:
     every_n_steps: PositiveInt | None = None
     """Save every N steps; a final checkpoint is always saved at the end of training."""
     every_n_data_epochs: PositiveInt | None = None
+    """Save at the end of every N passes over the training data."""
     every_n_windows: PositiveInt | None = None
     """With data in windows, save after every N windows (RecIS' ``save_every_n_windows``), before the next one
     is waited for or scored."""
     keep_last_n: PositiveInt | None = None
-    """Keep the N newest checkpoints; with no keep policy at all, every checkpoint is kept."""
+    """Keep the N newest checkpoints; without ``keep_best_n`` an older, better one is deleted too, and ``best`` (and
+    ``auto``, for ``eval``, ``predict``, ``export``) is then the best of the N kept. With no keep policy at all every
+    checkpoint is kept; with several, a checkpoint is kept if any policy keeps it, and the newest (and the newest
+    resumable) checkpoint is never deleted."""
     keep_best_n: PositiveInt | None = None
     """Keep the N best by validation score (``trainer.score_metric``, ``trainer.lower_better``); a validation that
-    beats the best so far is checkpointed at once, between the ``every_n_*`` periods too."""
+    beats the best so far is checkpointed at once, between the ``every_n_*`` periods too, so that the best
+    checkpoint is the best validation."""
     keep_every_n_steps: PositiveInt | None = None
     """Keep checkpoints whose step is a multiple of N."""
     model_only: Literal["none", "all", "all_but_last"] = "none"
     """Save only the model (not resumable): for every checkpoint, or all but the newest."""
     async_save: bool = False
-    """Write checkpoints in a background thread while training goes on."""
+    """Write checkpoints in a background thread while training goes on; parameters and optimizer state are copied
+    to CPU there too, before the next optimizer step (a unit that changes parameters elsewhere must leave this
+    off)."""
     init_from: str | None = None
     """Initialise the model from another checkpoint (a step dir, or a checkpoints dir: its last)."""
     init_include: list[str] = field(default_factory=lambda: ["*"])
+    """Glob patterns of parameter names to take from ``init_from``."""
     init_exclude: list[str] = field(default_factory=list)
+    """Glob patterns of parameter names of ``init_from`` to leave out."""
     init_strict: bool = True
+    """Every parameter selected from ``init_from`` must exist with the same shape on both sides."""
     start_over: bool = False
-    """Ignore existing checkpoints in the output directory and train from scratch."""
+    """Ignore (and move aside) the output directory's checkpoints and train from scratch."""
     model_bank: list[ModelBankSource] = field(default_factory=list)
     """Other runs' parameters and tables to load at the start (``init_from`` is one more, loaded first) and every
     ``reload_every_n_*`` (``recipes.checkpointing.model_bank``)."""
@@ -171,7 +189,8 @@ class CheckpointSection:
     reload_every_n_data_epochs: PositiveInt | None = None
     """Reload every model-bank source after every N passes over the training data; ``None``: never."""
     reload_every_n_windows: PositiveInt | None = None
-    """Reload every model-bank source after every N data windows (``dataset.windows``); ``None``: never."""
+    """Reload every model-bank source after every N data windows (``dataset.windows``), before the next window is
+    scored and trained on; ``None``: never."""
     exclude: list[str] = field(default_factory=list)
     """Glob patterns of parameters (``mlp.0.weight``) and tables (``embeddings.cat_0``) left out of checkpoints; a
     resume re-initialises them."""
@@ -208,6 +227,7 @@ class RecipeConfig:
     """The sections every recipe has. A recipe adds its own (``model``, ``dataset``, ...)."""
 
     seed: Seed = 2
+    """The seed of Python's, numpy's and torch's RNGs and of the data's shuffling."""
     trainer: TrainerSection = field(default_factory=TrainerSection)
     optimizer: Annotated[OptimizerConfig, OPTIMIZERS] = field(default_factory=OPTIMIZERS.default("adamw"))
     lr_scheduler: Annotated[LRScheduleConfig, LR_SCHEDULES] = field(default_factory=LR_SCHEDULES.default("constant"))

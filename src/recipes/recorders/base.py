@@ -43,6 +43,7 @@ class RecorderConfig:
 
     name: str = ""
     enabled: bool = True
+    """Whether the run records to it; ``metrics.recorders.<name>=false`` for short."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class ConsoleRecorder(MetricRecorder):
 
 @RECORDERS.register("console")
 def console(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    """A progress bar with step, loss, throughput and ETA, and a line per validation."""
     if not context.training:
         return CompositeRecorder([])  # eval and predict print their results themselves.
     return ConsoleRecorder(context.max_num_steps, initial_step=context.resume_step or 0)

@@ -83,4 +83,5 @@ class JsonlRecorder(MetricRecorder):
 
 @RECORDERS.register("jsonl")
 def jsonl(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    """One JSON object per published step in ``OUTPUT_DIR/metrics/<run>.jsonl``."""
     return JsonlRecorder(f"{context.output_dir}/metrics", resume_step=context.resume_step)

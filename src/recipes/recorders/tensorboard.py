@@ -52,5 +52,6 @@ class TensorBoardRecorder(MetricRecorder):
 
 @RECORDERS.register("tensorboard")
 def tensorboard(config: RecorderConfig, context: RecorderContext) -> MetricRecorder:
+    """TensorBoard scalars and hyper-parameters under ``OUTPUT_DIR/tb/<run>``."""
     purge_step = None if context.resume_step is None else context.resume_step + 1
     return TensorBoardRecorder(f"{context.output_dir}/tb", purge_step=purge_step)

@@ -13,11 +13,15 @@ from recipes.recorders.base import RECORDERS, CompositeRecorder, MetricRecorder,
 @dataclass
 class WandbConfig(RecorderConfig):
     enabled: bool = False
+    """Whether the run records to WandB (off unless turned on)."""
     project: str | None = None
     """With a project, and ``mode: online``, runs go to the WandB server; else offline under ``OUTPUT_DIR/wandb``."""
     entity: str | None = None
+    """The WandB entity (user or team) of the run."""
     run_name: str | None = None
+    """The WandB run's name; ``None``: WandB's own."""
     mode: Literal["offline", "online", "disabled"] = "offline"
+    """``offline``, ``online`` (needs a project and a key) or ``disabled``."""
 
 
 class WandbRecorder(MetricRecorder):
@@ -57,6 +61,7 @@ class WandbRecorder(MetricRecorder):
 
 @RECORDERS.register("wandb", WandbConfig)
 def wandb(config: WandbConfig, context: RecorderContext) -> MetricRecorder:
+    """Records to WandB: online with a ``project`` and ``mode: online``, else offline under ``OUTPUT_DIR/wandb``."""
     if config.mode == "disabled":
         return CompositeRecorder([])
     return WandbRecorder(context.output_dir, config.project, config.entity, config.run_name, config.mode)

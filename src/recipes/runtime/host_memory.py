@@ -8,7 +8,7 @@ training step allocates and frees the same large tensors every step (a lookup's 
 faults them in again, a page at a time: 6,624 page faults and about 6 ms more in a 7 ms sparse step,
 in some runs and not others. Keeping up to 1 GiB of freed memory, and serving blocks up to 32 MiB
 from the heap, stops that: DLRM at batch 8192 ran 1.10x the steps/s on one rank, 1.21x on two
-(BENCHMARKS.md). A user who tunes glibc's malloc (its ``MALLOC_*_`` variables or
+(docs/benchmarks.md, "Data-parallel scaling"). A user who tunes glibc's malloc (its ``MALLOC_*_`` variables or
 ``GLIBC_TUNABLES``) keeps their settings, and ``trainer.keep_freed_memory: false`` turns this off.
 """
 

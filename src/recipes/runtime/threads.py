@@ -43,7 +43,7 @@ def threads_per_rank(requested: int | None) -> int:
 
 MAX_AUTO_PARSE_THREADS = 4
 """The most threads a reader parses with by default on a GPU: with 4, DLRM's reader kept 1.23x ahead of an H200's
-step at batch 65,536 (BENCHMARKS.md, "The GPU checks"); more were not measured."""
+step at batch 65,536 (docs/benchmarks.md, "The GPU checks"); more were not measured."""
 
 
 def parse_threads(requested: int | None, device: torch.device) -> int:
@@ -112,7 +112,7 @@ def use_threads(requested: int | None) -> str:
     ``requested`` (``gang.threads_per_rank``) must be at most the cores this process may run on, checked before
     any thread is made. Without it, a rank takes its share of the cores that
     are free now, not merely present: on a machine where other work keeps a core busy, a thread there would make
-    every parallel region of a step wait for the other work's time slice (see BENCHMARKS.md, "Training on a shared
+    every parallel region of a step wait for the other work's time slice (see docs/benchmarks.md, "Training on a shared
     machine").
     """
     import numba

@@ -88,7 +88,7 @@ def use_pipeline(setting: bool | Literal["auto"], device: torch.device) -> bool:
     The thread overlaps waiting (a GPU step, another node's answer) and work of its own with the step. On a
     CPU whose cores the step's threads all take, there is no waiting to overlap and its work preempts a thread
     of every parallel region: ``dlrm_criteo_tiny`` on 2 idle cores ran 32,000 samples/s with it, 61,000
-    without (BENCHMARKS.md, "Training on a shared machine").
+    without (docs/benchmarks.md, "Training on a shared machine").
     """
     if setting != "auto":
         return setting

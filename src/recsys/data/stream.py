@@ -349,7 +349,7 @@ class StreamingLineReader(StreamingReader[BatchT], ABC):
     """Reads files of lines (plain, or gzip by the ``.gz`` extension) in chunks of whole lines of about
     ``read_chunk_bytes``, which ``parse`` turns into rows; the other arguments are ``StreamingReader``'s.
     Chunks of 4 MiB read a Criteo-format file about 5% faster than chunks of 1 MiB with two parse threads
-    (each chunk costs some Python of its own, which holds the GIL; BENCHMARKS.md, issue 14)."""
+    (each chunk costs some Python of its own, which holds the GIL; docs/benchmarks.md, "Data readers")."""
 
     def __init__(self, paths: str | Sequence[str], *, read_chunk_bytes: int = 1 << 22, **kwargs: Any) -> None:
         require_at_least("read_chunk_bytes", read_chunk_bytes, 1)

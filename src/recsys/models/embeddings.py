@@ -50,10 +50,13 @@ class HashTableSection:
 @dataclass
 class EmbeddingSection:
     dim: PositiveInt = 16
+    """The embedding dimension of every table."""
     backend: Literal["sparse", "dense"] = "sparse"
-    """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag``."""
+    """``sparse``: tables sharded over the DP gang, updated by fused kernels; ``dense``: ``nn.EmbeddingBag`` trained
+    by the dense optimizer, starting from the same values as the sparse tables."""
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
-    """Where the sparse tables' rows live; ``auto`` lets the planner balance bytes and lookups."""
+    """Where the sparse tables' rows live. ``auto``: the planner's choice (on several ranks, tables up to 8 MiB
+    replicated, a table over a rank's share of all bytes row-wise, the rest whole, balancing bytes and lookups)."""
     sparse_optimizer: Annotated[SparseOptimizerConfig, SPARSE_OPTIMIZERS] = field(
         default_factory=lambda: RowwiseAdagradConfig(lr=0.05)
     )

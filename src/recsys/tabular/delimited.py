@@ -1,6 +1,6 @@
 """The numba tokeniser of delimited text (CSV, TSV): one pass over a chunk turns its lines into columns.
 
-Why not pyarrow's or pandas' parser: measured on a Criteo-format TSV (BENCHMARKS.md, issue 14),
+Why not pyarrow's or pandas' parser: measured on a Criteo-format TSV (docs/benchmarks.md, "Data readers"),
 pyarrow's CSV reader at its fastest (two threads, typed columns) and pandas' C parser each take
 as long as a bare ``pandas.read_csv``, before a single value is hashed or batched; the goal is a
 reader that delivers ready batches at least as fast as that bare read. Tokenising, number

@@ -235,8 +235,12 @@ class DerivedColumn:
     """
 
     name: str = ""
+    """The new column's name, by which groups and slices name it."""
     source: str = ""
+    """The column it is computed from: a file column, or a joined one."""
     transform: Literal["hour", "weekday", "day", "month", "year", "count", "count_before", "history"] = "hour"
+    """What it computes: a part of a unix time (``hour``, ``weekday``, ``day``, ``month``, ``year``), ``count``,
+    ``count_before`` or ``history``, as the class says."""
     key: str | None = None
     """``history``: the column whose earlier rows are gathered (the user)."""
     length: PositiveInt = 20
@@ -281,10 +285,17 @@ FormatT = TypeVar("FormatT", bound=DataFormatConfig)
 
 @dataclass
 class TabularDataSection:
+    """The ``tabular`` recipe's ``dataset``: your own CSV/TSV, libSVM/libFM/libFFM or Parquet files, declared by a
+    schema of columns, no Python. At start-up the first 100 records of every configured file (train, valid, test)
+    are parsed against it, so that a wrong format, delimiter or column stops the run in one line, with file and line
+    number, before training; a bad row later is logged and skipped, up to ``max_malformed_rows``. A path
+    ``package://PACKAGE/FILE`` names a file shipped inside an installed Python package."""
+
     train_path: str | None = None
     """Training files: an fsspec path or glob (local, memory://, s3://..., or ``package://PACKAGE/...`` for files
     shipped in an installed package), plain or gzip."""
     valid_path: str | None = None
+    """Validation files, as ``train_path``."""
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
     format: Annotated[DataFormatConfig, DATA_FORMATS] = field(default_factory=DATA_FORMATS.default("csv"))

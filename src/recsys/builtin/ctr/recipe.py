@@ -29,15 +29,21 @@ from recsys.models.embeddings import (
 class CTRModelSection:
     embeddings: EmbeddingSection = field(default_factory=EmbeddingSection)
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
+    """Hidden layers of the MLP over the concatenated features."""
 
 
 @dataclass
 class SyntheticDataSection:
     num_train_samples: PositiveInt = 32768
+    """Training samples."""
     num_valid_samples: PositiveInt = 8192
+    """Validation samples, of the same click model."""
     num_dense: PositiveInt = 4
+    """Dense features."""
     num_sparse: PositiveInt = 4
+    """Categorical features, one table each."""
     vocab_size: PositiveInt = 1000
+    """Categories per feature (Zipf-distributed)."""
     batch_size: GlobalBatchSize = 256
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     data_seed: Seed = 7

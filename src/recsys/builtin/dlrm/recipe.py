@@ -34,9 +34,17 @@ from recsys.tabular.schema import with_full_keys
 
 @dataclass
 class CriteoDataSection:
+    """Criteo day files (``label<TAB>I1..I13<TAB>C1..C26``), read streaming by the ``tabular`` recipe's reader with
+    the Criteo schema (``recsys.builtin.dlrm.criteo.criteo_schema``): a categorical value's id is its stable hash
+    modulo its table (an empty field is id 0), a count becomes ``log(max(x, 0) + 1)`` (empty: 0), as in DLRM. Every
+    rank parses every line and keeps its share (row ``i`` of a global step goes to DP rank ``i % dp_size``), and an
+    epoch ends for all ranks at the last whole global step. ``python -m recsys.builtin.dlrm.criteo_synthetic PATH
+    --num-rows N`` writes synthetic data in this format."""
+
     train_path: str | None = None
     """Training day files: an fsspec path or glob, plain or gzip (``/data/criteo/train/day_*.gz``)."""
     valid_path: str | None = None
+    """Validation day files, as ``train_path``."""
     test_path: str | None = None
     """Optional test day files, which ``eval``/``predict --split test`` score."""
     synthetic_rows: Annotated[int, Range(ge=4)] | None = None
@@ -48,10 +56,14 @@ class CriteoDataSection:
     batch_size: GlobalBatchSize = 2048
     """The global batch size of a micro-batch, split evenly over the data-parallel ranks."""
     shuffle_buffer_size: PositiveInt = 65_536
+    """Rows shuffled together: a bounded window, so memory does not grow with the files."""
     max_malformed_rows: NonNegativeInt = 100
+    """Malformed rows skipped in an epoch (each logged with its file and line) before a data error stops the run."""
     parse_threads: PositiveInt | None = None
-    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same); by
-    default 1 on a CPU and up to 4 on a GPU (``recipes.parse_threads``)."""
+    """Threads that parse the chunks after the one being batched, meanwhile (the rows are the same, in the same
+    order), at most the cores the process may run on: for a run whose reading is the bottleneck, with cores to
+    spare. ``None``: 1 on a CPU; on a GPU the rank's share of the cores less 2, at most 4
+    (``recipes.parse_threads``)."""
 
     def __post_init__(self) -> None:
         table_sizes(self.num_embeddings_per_feature)  # One value or 26, each at least 2.
@@ -63,6 +75,7 @@ class DLRMModelSection:
     bottom_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
     """Hidden layers of the dense-feature MLP; its output has the embedding dimension."""
     top_dims: list[PositiveInt] = field(default_factory=lambda: [64, 32])
+    """Hidden layers of the MLP over the interactions."""
     shared_table: bool = False
     """One table looked up by all 26 features, instead of one table per feature."""
 
