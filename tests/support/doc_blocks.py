@@ -1,8 +1,10 @@
-"""The fenced blocks of the README and of ``docs/*.md``, and the commands of a ``bash`` block, as a user reads them.
+"""The fenced blocks of the README and of the documentation pages (``docs/**/*.md``), and the commands of a ``bash``
+block, as a user reads them.
 
 A block is named by its file, its language and its first line (``README.md: ```bash .venv/bin/python -m ...``),
 which stays the same when text above it moves; ``tests/integration/recipes/test_doc_blocks.py`` runs each or names
-the test that does, so that a block nobody runs fails there."""
+the test that does, so that a block nobody runs fails there. The pages of ``docs/reference/`` are left out: they
+are generated from the code when the site is built."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ from pathlib import Path
 
 from support.paths import DOCS, README, ROOT
 
-DOCUMENTS = (README, *sorted(DOCS.glob("*.md")))
-FENCE = re.compile(r"^```(\w*)(?: +(\S+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+GENERATED = DOCS / "reference"
+# The README first: the pages' commands read the run its first command trains (`runs/ctr_tiny`).
+DOCUMENTS = (README, *sorted(page for page in DOCS.rglob("*.md") if GENERATED not in page.parents))
+FENCE = re.compile(r"^```(\w*)(?: +(\S+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)  # language, title, text
 
 
 @dataclass(frozen=True)
 class Block:
     file: str
-    """The document's path in the checkout (``README.md``, ``docs/architecture.md``)."""
+    """The document's path in the checkout (``README.md``, ``docs/how-to/hash-tables.md``)."""
     language: str
     """The info string's language (``bash``, ``yaml``, ``python``, ``toml``), or ``""`` for plain text."""
     text: str

@@ -24,17 +24,18 @@ import yaml
 
 from support.doc_blocks import Block
 from support.doc_commands import Outcome, run_command
+from support.doc_tutorials import copy_example
 from support.paths import EXAMPLES
-from support.readme_tutorial import copy_example
 
 RECIPES = ".venv/bin/python -m recipes"
 USER_PRESETS = "user_presets.yaml"
 
-# The README's `my_preset`, a user's own preset of the `tabular` recipe, over Parquet files in hourly windows.
+# The online-training page's `my_preset`, a user's own preset of the `tabular` recipe, over Parquet files in hourly
+# windows.
 MY_PRESET = {
     "my_preset": {
         "recipe": "tabular",
-        "description": "A user's own preset: the README's my_preset, online.",
+        "description": "A user's own preset: the online-training page's my_preset.",
         "config": {
             "dataset": {
                 "valid_path": "valid.parquet",
@@ -86,7 +87,7 @@ def _click_rows(num_rows: int, seed: int) -> list[list[str]]:
 
 
 def _write_clicks(root: Path) -> tuple[str, str]:
-    """Files of the shape the README's ``my_clicks`` preset reads; their paths in ``root``."""
+    """Files of the shape the getting-started page's ``my_clicks`` preset reads; their paths in ``root``."""
     header = ["clicked", "price", "count1", "count2", "count3", "city", "device", "user_id", "genres"]
     (root / "clicks").mkdir()
     with gzip.open(root / "clicks" / "train-1.csv.gz", "wt", newline="") as file:
@@ -192,9 +193,10 @@ def _num_buckets(config: dict[str, Any]) -> dict[str, int | None]:
 
 def ids_as_exported(block: Block, root: Path, env: Mapping[str, str]) -> list[Outcome]:
     """The block's ``value_id`` of every text ``export`` writes beside the tables equals the id written there: a
-    fixed-table run (``my_clicks``) and a hash-table run (``runs/kaggle_hash``)."""
+    fixed-table run (``my_clicks``, of the getting-started page) and a hash-table run (``runs/kaggle_hash``, of the
+    block's own page): pages the documents' order runs first."""
     namespace: dict[str, Any] = {}
-    exec(compile(block.text, "README.md:value_id", "exec"), namespace)
+    exec(compile(block.text, f"{block.file}:value_id", "exec"), namespace)
     value_id: Callable[[str, str, int | None], int] = namespace["value_id"]
     outcomes, checked = [], 0
     for folder, run, export in (
@@ -211,7 +213,7 @@ def ids_as_exported(block: Block, root: Path, env: Mapping[str, str]) -> list[Ou
             wrong = [
                 row for row in hashed if value_id(row["feature"], row["value"], buckets[row["feature"]]) != row["id"]
             ]
-            assert wrong == [], f"{run}: the README's value_id gives other ids than export wrote: {wrong[:5]}"
+            assert wrong == [], f"{run}: the page's value_id gives other ids than export wrote: {wrong[:5]}"
             checked += len(hashed)
     assert checked > 1000, checked
     return outcomes
@@ -310,10 +312,10 @@ def windows_trained_then_stopped_while_waiting(root: Path, outcomes: list[Outcom
 
 
 AFTER: dict[str, Callable[[Path, list[Outcome]], None]] = {
-    "README.md: ```bash .venv/bin/python -m recipes train movielens_online     # MovieLens in daily windows; "
-    "TensorBoard run `window`": windows_trained_then_stopped_while_waiting,
+    "docs/tutorials/online-training.md: ```bash .venv/bin/python -m recipes train movielens_online     # MovieLens "
+    "in daily windows; TensorBoard run `window`": windows_trained_then_stopped_while_waiting,
     "README.md: ```bash .venv/bin/tensorboard --logdir runs/ctr_tiny/tb": overlays_only_accuracy,
-    "README.md: ```bash cd my_project": tutorial_trained,
+    "docs/tutorials/your-own-model.md: ```bash cd my_project": tutorial_trained,
 }
 
 

@@ -29,6 +29,8 @@ CHECKOUT_ENTRIES = (
     "setup.py",
     "MANIFEST.in",
     "recipes.yaml",
+    "README.md",
+    "docs",
 )
 COMMAND_TIMEOUT_S = 600
 

@@ -1,4 +1,5 @@
-"""The README's plain-torch scorer of an export, run as its text has it, and a split's rows read as it takes them."""
+"""The serving tutorial's plain-torch scorer of an export, run as its text has it, and a split's rows read as it
+takes them."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ import torch
 
 from recipes.cli.job_spec import JobSpec
 from recipes.cli.scoring import loaded_checkpoint
-from support.paths import README
+from support.paths import DOCS
+
+SERVING = DOCS / "tutorials" / "serving.md"
 
 
-def readme_scorer() -> SimpleNamespace:
-    """``load`` and ``score`` of the first Python block of the README's "Export for serving" section, executed."""
-    section = README.read_text().split("## Export for serving", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's Export for serving section must hold a Python block"
+def tutorial_scorer() -> SimpleNamespace:
+    """``load`` and ``score`` of the first Python block of the serving tutorial, executed."""
+    match = re.search(r"```python\n(.*?)```", SERVING.read_text(), re.DOTALL)
+    assert match is not None, "the serving tutorial must hold a Python block"
     code = match.group(1)
     imported = {line.split()[1].split(".")[0] for line in code.splitlines() if line.startswith(("import ", "from "))}
     assert imported == {"json", "pyarrow", "torch"}, imported  # nothing of this project
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md:export-for-serving", "exec"), namespace)
+    exec(compile(code, "docs/tutorials/serving.md", "exec"), namespace)
     return SimpleNamespace(load=namespace["load"], score=namespace["score"], num_lines=len(code.splitlines()))
 
 

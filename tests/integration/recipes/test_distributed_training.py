@@ -90,7 +90,7 @@ def test_checkpoint_of_two_processes_resumes_on_one_and_on_four(
 
 def train_on_two_nodes(output_dir: Path, *extra: str) -> None:
     """Two torchrun launchers, one process each, meeting at a rendezvous endpoint on localhost, as two
-    machines of a cluster would (README, "Launching on several processes")."""
+    machines of a cluster would (docs/how-to/multi-process.md)."""
     port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]

@@ -1,4 +1,5 @@
-"""Every fenced block of the README and of ``docs/*.md``, run as written, or named with the test that runs it.
+"""Every fenced block of the README and of the documentation pages, run as written, or named with the test that
+runs it.
 
 The documents' ``bash`` blocks run in one folder laid out as the checkout (``support.doc_commands``), in the order
 the documents give them, so that a later block works on an earlier one's run (``runs/ctr_tiny``, ``runs/dynamic``).
@@ -6,8 +7,9 @@ A command changes only by the substitutions of ``SUBSTITUTIONS``, each with its 
 port of its own); a command that never ends on its own is started, asked, and stopped; ``srun`` is read as Slurm
 would pass it to torchrun. A ``yaml``, ``python`` or ``toml`` block is a config resolved, code run or an entry point
 found, by the check of ``CHECKS`` named after it; plain text is compared with what the program prints or is a
-diagram (``PLAIN``). A block run by another test is in ``COVERED``. A new block that is in none of them fails
-``test_every_block_is_run_here_or_by_a_named_test``.
+diagram (``PLAIN``). A block run by another test is in ``COVERED``; a block that repeats an earlier one's text (the
+README's first commands, again in the getting-started page) is run once, as the first. A new block that is in
+none of them fails ``test_every_block_is_run_here_or_by_a_named_test``.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ SUBSTITUTIONS = (
     Substitution(
         "-o runs/dynamic     #",
         "-o runs/dynamic trainer.max_num_steps=30     #",
-        "30 steps give the tables rows and a best checkpoint, which `export-tables` reads",
+        "30 steps give the hash tables rows and the run a checkpoint",
     ),
     Substitution(
         "-o runs/ctr_dp2tp2 gang.tp_size=2 --nproc 4",
@@ -115,31 +117,45 @@ class Covered:
 
 # Blocks another test runs as written.
 COVERED = {
-    'README.md: ```python """Linear regression on synthetic data: a recipe of my own."""': Covered(
-        "tests/unit/recipes/test_examples.py", "the same text as examples/my_project/linreg.py, which the tests train"
+    "README.md: ```python class RegressionTrainUnit(TrainUnit[Batch]):": Covered(
+        "tests/unit/recipes/test_examples.py", "an excerpt of examples/my_project/linreg.py, which the tests train"
     ),
-    "README.md: ```yaml linreg_demo:": Covered(
+    'docs/tutorials/your-own-model.md: ```python """Linear regression on synthetic data: a recipe of my own."""': (
+        Covered(
+            "tests/unit/recipes/test_examples.py",
+            "the same text as examples/my_project/linreg.py, which the tests train",
+        )
+    ),
+    "docs/tutorials/your-own-model.md: ```yaml linreg_demo:": Covered(
         "tests/unit/recipes/test_examples.py", "the same text as examples/my_project/recipes.yaml"
     ),
-    'README.md: ```python """Matrix factorisation of MovieLens ratings, with sparse embedding tables."""': Covered(
-        "tests/unit/recipes/test_examples.py", "the same text as examples/my_recommender/mf.py"
-    ),
-    "README.md: ```yaml mf_movielens:": Covered(
+    'docs/tutorials/sparse-tables.md: ```python """Matrix factorisation of MovieLens ratings, with sparse embedding '
+    'tables."""': Covered("tests/unit/recipes/test_examples.py", "the same text as examples/my_recommender/mf.py"),
+    "docs/tutorials/sparse-tables.md: ```yaml mf_movielens:": Covered(
         "tests/unit/recipes/test_examples.py", "the same text as examples/my_recommender/recipes.yaml"
     ),
-    "README.md: ```bash cd my_recommender": Covered(
-        "tests/integration/recipes/test_tutorial_tables.py", "runs each command of the block as the README has it"
+    "docs/tutorials/sparse-tables.md: ```bash cd my_recommender": Covered(
+        "tests/integration/recipes/test_tutorial_tables.py", "runs each command of the block as the page has it"
     ),
-    "README.md: ```python import json": Covered(
+    "docs/tutorials/serving.md: ```python import json": Covered(
         "tests/integration/recipes/test_export.py", "scores exports with the block's code (support/serving_scorer.py)"
     ),
 }
 
 
+def first_with_its_text(block: Block) -> Block:
+    """The first block of the documents with ``block``'s language and text: ``block`` itself, or the earlier one
+    it repeats."""
+    return next(first for first in BLOCKS if (first.language, first.text) == (block.language, block.text))
+
+
 def planned(block: Block) -> str:
-    """How this module runs ``block``: ``commands``, a check of ``CHECKS``, plain text of ``PLAIN``, or covered."""
+    """How this module runs ``block``: ``commands``, a check of ``CHECKS``, plain text of ``PLAIN``, covered, or
+    repeated (run as the earlier block of the same text)."""
     if block.name in COVERED:
         return "covered"
+    if first_with_its_text(block) is not block:
+        return "repeated"
     if block.language == "bash":
         return "commands"
     if block.language == "":
@@ -202,28 +218,27 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Ran:
 
 
 CHECKS: dict[str, Callable[[Block, Path, dict[str, str]], list[Outcome]]] = {
-    "README.md: ```yaml checkpoint:": doc_checks.config_of_ctr_tiny,
-    "README.md: ```python import numpy as np, pyarrow.parquet as pq": doc_checks.python_in_folder,
-    "README.md: ```python from dataclasses import dataclass": doc_checks.optimizer_trains,
-    'README.md: ```toml [project.entry-points."recipes.recipes"]': doc_checks.entry_points_list,
-    "README.md: ```yaml my_clicks:": doc_checks.preset_trains_on_its_files,
-    "README.md: ```python FNV_OFFSET, FNV_PRIME, MASK = 0xCBF29CE484222325, 0x100000001B3, 2**64 - 1": (
-        doc_checks.ids_as_exported
-    ),
-    "README.md: ```yaml train_path: ratings.csv                    # userId,movieId,rating,timestamp": (
+    "docs/getting-started.md: ```yaml my_clicks:": doc_checks.preset_trains_on_its_files,
+    "docs/getting-started.md: ```yaml train_path: ratings.csv                    # userId,movieId,rating,timestamp": (
         doc_checks.dataset_section_of_movielens
     ),
-    "README.md: ```python class JsonLinesReader(ArrowReader):": doc_checks.data_format_trains,
-    'README.md: ```toml [project.entry-points."recipes.data_formats"]': doc_checks.plugin_entry_point,
+    "docs/how-to/export-tables.md: ```python import numpy as np, pyarrow.parquet as pq": doc_checks.python_in_folder,
+    "docs/how-to/hash-tables.md: ```python FNV_OFFSET, FNV_PRIME, MASK = 0xCBF29CE484222325, 0x100000001B3, "
+    "2**64 - 1": doc_checks.ids_as_exported,
+    "docs/how-to/model-bank.md: ```yaml checkpoint:": doc_checks.config_of_ctr_tiny,
+    "docs/how-to/own-components.md: ```python from dataclasses import dataclass": doc_checks.optimizer_trains,
+    "docs/how-to/own-components.md: ```python class JsonLinesReader(ArrowReader):": doc_checks.data_format_trains,
+    'docs/how-to/own-components.md: ```toml [project.entry-points."recipes.data_formats"]': (
+        doc_checks.plugin_entry_point
+    ),
+    'docs/how-to/own-components.md: ```toml [project.entry-points."recipes.recipes"]': doc_checks.entry_points_list,
 }
 
 PLAIN = {
-    "README.md: ``` Permutation importance on the valid split (8,192 rows), checkpoint step 200, seed 0": (
-        doc_checks.importance_printout
-    ),
-    "README.md: ``` python -m recipes list                      presets with their recipe and description": (
-        doc_checks.synopsis_of_the_parser
-    ),
+    "docs/how-to/feature-importance.md: ``` Permutation importance on the valid split (8,192 rows), checkpoint step "
+    "200, seed 0": doc_checks.importance_printout,
+    "docs/getting-started.md: ``` python -m recipes list                      presets with their recipe and "
+    "description": doc_checks.synopsis_of_the_parser,
     "docs/architecture.md: ``` +------------------------------------------------------------------------------+": (
         None
     ),

@@ -1,7 +1,8 @@
 """The checkout's own ``recipes.yaml``, run in the checkout as a user would: ``python -m recipes list`` shows the
 tutorials' presets beside the built-in ones, and each of them trains from there.
 
-``tests/unit/recipes/test_examples.py`` checks that the README's text, the example folders and these presets agree."""
+``tests/unit/recipes/test_examples.py`` checks that the tutorials' pages, the example folders and these presets
+agree."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``export``: the README's plain-torch scorer of an export scores every validation row as ``predict`` does, and a
-delta export applied over the full export of its ``--since`` step scores as the full export of the later step;
+"""``export``: the serving tutorial's plain-torch scorer of an export scores every validation row as ``predict`` does,
+and a delta export applied over the full export of its ``--since`` step scores as the full export of the later step;
 runs of 1 rank (MovieLens, fixed tables, sum and mean pooling) and 2 ranks (DLRM, fixed and hash tables)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from support.cli_runs import assert_one_line_error, run_main
 from support.resume_helpers import check_ok, run_recipes
-from support.serving_scorer import readme_scorer, scores, split_rows
+from support.serving_scorer import scores, split_rows, tutorial_scorer
 
 KEEP_ALL = ["checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null", "metrics.recorders.console=false"]
 MOVIELENS = [  # 20 steps, not a model that learned: the export must score as predict does, whatever the weights.
@@ -57,7 +57,7 @@ def export_all(run_root: Path, first: int, last: int) -> None:
 def check_scores_and_delta(run_root: Path, first: int, last: int, num_rows: int | None = None) -> int:
     """The scorer's scores of ``last`` against ``predict``'s, and the delta's against the full export; the number of
     ids the delta evicts."""
-    scorer = readme_scorer()
+    scorer = tutorial_scorer()
     rows = split_rows(run_root / "out")
     full_first, full_last = scorer.load(run_root / "full_first"), scorer.load(run_root / "full_last")
     delta = scorer.load(run_root / "delta", base=full_first)
@@ -85,7 +85,7 @@ def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_de
     evicted = check_scores_and_delta(tmp_path, 10, 20, num_rows=MOVIELENS_VALID_ROWS)
 
     assert evicted == 0  # fixed tables evict nothing
-    assert readme_scorer().num_lines <= 50
+    assert tutorial_scorer().num_lines <= 50
     delta_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "delta"))
     full_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "full_last"))
     assert 0 < delta_rows < full_rows  # 10 steps of 512 rows touch a fraction of the rows

@@ -1,13 +1,13 @@
-"""The README's first tutorial: a user's own recipe in a folder of their own, listed and trained with
-``python -m recipes``. Its folder is ``examples/my_project`` copied out of the checkout (its files are the
-README's: tests/unit/recipes/test_examples.py checks it)."""
+"""The first tutorial (docs/tutorials/your-own-model.md): a user's own recipe in a folder of their own, listed and
+trained with ``python -m recipes``. Its folder is ``examples/my_project`` copied out of the checkout (its files are
+the page's: tests/unit/recipes/test_examples.py checks it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from support.readme_tutorial import copy_example
+from support.doc_tutorials import copy_example
 
 
 def test_the_tutorial_recipe_is_listed_and_trains(tmp_path: Path, run_cli: Any, read_jsonl: Any) -> None:

@@ -1,8 +1,8 @@
-"""The README's second tutorial, run as the README's text has it: a recommender of one's own with sparse
-tables and no wiring trains, resumes, reshards from 2 processes to 1, and resumes bit-exact after kill -9.
+"""The second tutorial (docs/tutorials/sparse-tables.md), run as the page has it: a recommender of one's own with
+sparse tables and no wiring trains, resumes, reshards from 2 processes to 1, and resumes bit-exact after kill -9.
 
-The commands are read from the README; the folder they run in is ``examples/my_recommender`` copied out of
-the checkout (its files are the README's: ``tests/unit/recipes/test_examples.py`` checks it)."""
+The commands are read from the page; the folder they run in is ``examples/my_recommender`` copied out of the
+checkout (its files are the page's: ``tests/unit/recipes/test_examples.py`` checks it)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.readme_tutorial import (
+from support.doc_tutorials import (
     TABLES_FOLDER,
     TABLES_TUTORIAL,
     Tutorial,

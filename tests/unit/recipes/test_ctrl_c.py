@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.cli import main as cli
 from recipes.cli import train as run
+from recipes.cli.main import main
 
 
 def test_ctrl_c_outside_training_exits_130_with_one_line(
@@ -17,5 +17,5 @@ def test_ctrl_c_outside_training_exits_130_with_one_line(
 
     monkeypatch.setattr(run, "train", interrupted)  # what the CLI's train command imports when it runs
 
-    assert cli.main(["train", "ctr_tiny", "-o", "unused"]) == 130
+    assert main(["train", "ctr_tiny", "-o", "unused"]) == 130
     assert capsys.readouterr().err == "error: interrupted.\n"

@@ -1,5 +1,6 @@
-"""The README's first tutorial, ``examples/my_project``: its recipe takes overrides of its own section and
-suggests its keys (trained and listed in processes of their own: tests/integration/recipes/test_tutorial.py)."""
+"""The first tutorial (docs/tutorials/your-own-model.md), ``examples/my_project``: its recipe takes overrides of its
+own section and suggests its keys (trained and listed in processes of their own:
+tests/integration/recipes/test_tutorial.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recipes.cli.main import main
-from support.readme_tutorial import copy_example
+from support.doc_tutorials import copy_example
 
 
 def test_the_tutorial_recipe_takes_overrides_of_its_own_section(

@@ -1,10 +1,10 @@
-"""The README's second tutorial shows the files of ``examples/my_recommender`` and runs its commands in that
-folder; ``tests/integration/recipes/test_tutorial_tables.py`` runs them as the README's text has them."""
+"""The second tutorial (docs/tutorials/sparse-tables.md) shows the files of ``examples/my_recommender`` and runs its
+commands in that folder; ``tests/integration/recipes/test_tutorial_tables.py`` runs them as the page has them."""
 
 from __future__ import annotations
 
+from support.doc_tutorials import TABLES_FOLDER, TABLES_TUTORIAL, command_args, read_tutorial
 from support.paths import EXAMPLES
-from support.readme_tutorial import TABLES_FOLDER, TABLES_TUTORIAL, command_args, read_tutorial
 
 
 def test_the_tutorials_commands_run_in_its_example_folder() -> None:

@@ -1,9 +1,11 @@
-"""The README's tutorials: the files and commands they show, and the folders of ``examples/`` that hold those files.
+"""The tutorials' pages (``docs/tutorials/``): the files and commands they show, and the folders of ``examples/``
+that hold those files.
 
-A fenced block whose info string names a path after the language (```` ```python my_project/linreg.py ````) is
-a file of a tutorial; a ``bash`` block holds its commands, one a line. Each tutorial's files are kept, as they
-are, in ``examples/`` under the same path (``examples/my_project/linreg.py``): the tests run those folders, and
-``test_examples.py`` checks that the README shows them as they are, so neither can drift from what is tested.
+A fenced block whose info string gives a path as its title (```` ```python title="my_project/linreg.py" ````,
+which the site shows above the block) is a file of a tutorial; a ``bash`` block holds its commands, one a line. A
+tutorial is a page that shows files. Each tutorial's files are kept, as they are, in ``examples/`` under the same
+path (``examples/my_project/linreg.py``): the tests run those folders, and ``test_examples.py`` checks that the page
+shows them as they are, so neither can drift from what is tested.
 """
 
 from __future__ import annotations
@@ -15,16 +17,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.paths import EXAMPLES, README
+from support.paths import DOCS, EXAMPLES
 
-# The heading of every tutorial: a README section headed `## Tutorial: ...`.
-TUTORIALS = tuple(re.findall(r"^## Tutorial: .+$", README.read_text(), re.MULTILINE))
+BLOCK = re.compile(r'^```(\w+)(?: +title="([^"]+)")?\n(.*?)^```$', re.MULTILINE | re.DOTALL)
+# Every tutorial: a page of docs/tutorials/ that shows the files of a folder of one's own.
+TUTORIALS = tuple(
+    page
+    for page in sorted((DOCS / "tutorials").glob("*.md"))
+    if any(path for _, path, _ in BLOCK.findall(page.read_text()))
+)
 # The second tutorial, and the folder of examples/ that holds its files.
-TABLES_TUTORIAL = "## Tutorial: your own recommender with sparse tables"
+TABLES_TUTORIAL = DOCS / "tutorials" / "sparse-tables.md"
 TABLES_FOLDER = "my_recommender"
-BLOCK = re.compile(r"^```(\w+)(?: +(\S+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 VENV_BIN = "RECIPES/.venv/bin/"
-BYTECODE = "__pycache__"  # What importing an example's module leaves in its folder; the README does not show it.
+BYTECODE = "__pycache__"  # What importing an example's module leaves in its folder; the pages do not show it.
 
 
 @dataclass(frozen=True)
@@ -34,15 +40,11 @@ class Tutorial:
     commands: list[str]
 
 
-def read_tutorial(heading: str) -> Tutorial:
-    """The files and commands of the README section under ``heading`` (up to the next ``## ``)."""
-    text = README.read_text()
-    start = text.index(f"\n{heading}\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start : end if end != -1 else len(text)]
+def read_tutorial(page: Path) -> Tutorial:
+    """The files and commands of the tutorial's page."""
     files: dict[str, str] = {}
     commands: list[str] = []
-    for language, path, body in BLOCK.findall(section):
+    for language, path, body in BLOCK.findall(page.read_text()):
         if path:
             files[path] = body
         elif language == "bash":
