@@ -8,11 +8,11 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from embedding.config import EmbeddingTableConfig
 from embedding.cuda_hash_index import CudaHashIndex
 from embedding.dynamic_rows import DynamicRows
 from embedding.eviction import EvictionConfig, TtlConfig
 from embedding.hash_index import HashIndex, HashPolicy, TableFullError
+from embedding.table_config import EmbeddingTableConfig
 
 # Under the simulator the shared hashing code runs as plain Python, where numpy warns of the
 # wrap-around that uint64 arithmetic is meant to do.

@@ -15,7 +15,7 @@ from recipes.cli import main
 from recipes.job import resolve_job
 from recipes.job_spec import JobSpec
 from recsys.click.batch import CTRBatch
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
 from units import BinaryAUC
 

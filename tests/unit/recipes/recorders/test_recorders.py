@@ -18,8 +18,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from gang import FakeGang, Gangs
 from recipes.checkpointing import set_earlier_metrics_aside
 from recipes.errors import UserError, WriteError
-from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
+from recipes.recorders import CompositeRecorder, MetricRecorder
 from recipes.recorders.base import flatten
+from recipes.recorders.jsonl import JsonlRecorder
+from recipes.recorders.tensorboard import TensorBoardRecorder
 
 
 def test_jsonl_appends_one_object_per_record_per_run(tmp_path: Path, read_jsonl: Any) -> None:
