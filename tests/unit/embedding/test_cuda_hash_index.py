@@ -1,6 +1,6 @@
 """The GPU index against the CPU index: the same lookups must give the same slots, admissions, evictions
 and state. Under numba's CUDA simulator on CPU tensors (small sizes: every GPU thread is a Python
-thread), or on a GPU with ``NUMBA_ENABLE_CUDASIM=0 pytest tests/embedding/test_cuda_hash_index.py``."""
+thread), or on a GPU with ``NUMBA_ENABLE_CUDASIM=0 pytest tests/unit/embedding/test_cuda_hash_index.py``."""
 
 import numba
 import numpy as np

@@ -1,6 +1,6 @@
 """The ``dlrm`` recipe's reader: a ``TabularReader`` of ``criteo_schema``, on Criteo-format day files.
 
-How the tabular reader tokenises, hashes and reports a field is ``tests/recipes/tabular``'s; these
+How the tabular reader tokenises, hashes and reports a field is ``tests/unit/recsys/tabular``'s; these
 tests check what the recipe relies on: Criteo's layout and DLRM's transforms, gzip, globs and
 fsspec paths, malformed lines, steps over ranks, shuffling, resume, and the synthetic writer.
 """
