@@ -35,7 +35,7 @@ from torchmetrics.functional.classification import binary_auroc
 
 from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.schema import TabularDataSection, resolve_path
 from recsys.tabular.vocabulary import load_or_build_encodings
 

@@ -47,9 +47,9 @@ except ImportError:
 
 from recsys.builtin.dlrm.criteo import COLUMN_NAMES, criteo_schema
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
-from recsys.tabular.arrow import ArrowFormatConfig
-from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.delimited_text import TabularReader
+from recsys.tabular.formats.parquet import ParquetReader
 
 TABLE_SIZE = 10_000_000
 CRITEO_SCHEMA = criteo_schema(TABLE_SIZE)

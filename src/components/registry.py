@@ -137,6 +137,15 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._components or name in self._installed())
 
+    def registered_by(self, package: str) -> list[str]:
+        """The names of the components the modules of ``package`` registered, in the order they did: a kind's
+        built-in components, which its folder registers as it loads, apart from any other package's."""
+        return [
+            name
+            for name, component in self._components.items()
+            if _module(component.value) == package or _module(component.value).startswith(package + ".")
+        ]
+
     def names(self) -> list[str]:
         """Every name: registered ones, and those installed packages offer (not imported yet)."""
         return sorted(set(self._components) | set(self._installed()))
@@ -173,8 +182,12 @@ def _has_name_field(config_class: type[Any]) -> bool:
     return dataclasses.is_dataclass(config_class) and any(f.name == "name" for f in dataclasses.fields(config_class))
 
 
+def _module(value: object) -> str:
+    """The module that defined a value."""
+    return getattr(value, "__module__", None) or type(value).__module__
+
+
 def _origin(value: object) -> str:
     """Where a value was defined: a module reloaded registers the same names again, which is no clash."""
-    module = getattr(value, "__module__", None) or type(value).__module__
     qualname = getattr(value, "__qualname__", None) or type(value).__qualname__
-    return f"{module}.{qualname}"
+    return f"{_module(value)}.{qualname}"

@@ -2,7 +2,17 @@
 
 from embedding.bags import SparseFeatureError
 from embedding.collection import PreparedLookup, ShardedEmbeddingCollection
-from embedding.config import (
+from embedding.eviction import EVICTION_POLICIES, EvictionConfig, EvictionSpec
+from embedding.features import JaggedIds, SparseFeatures
+from embedding.hash_index import HashPolicy, TableFullError
+from embedding.id_hashing import mix64
+from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimizerStateError
+from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
+from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
+from embedding.planner import TableSharding, plan_sharding
+from embedding.sharding import init_rows
+from embedding.state import ShardedStateError
+from embedding.table_config import (
     PLACEMENTS,
     EmbeddingConfigError,
     EmbeddingTableConfig,
@@ -12,13 +22,6 @@ from embedding.config import (
     Pooling,
     TableKind,
 )
-from embedding.eviction import EVICTION_POLICIES, EvictionConfig, EvictionSpec
-from embedding.features import JaggedIds, SparseFeatures
-from embedding.hash_index import HashPolicy, TableFullError
-from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimizerStateError
-from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
-from embedding.planner import TableSharding, plan_sharding
-from embedding.state import ShardedStateError
 
 __all__ = [
     "EVICTION_POLICIES",
@@ -36,6 +39,7 @@ __all__ = [
     "Placement",
     "Pooling",
     "PreparedLookup",
+    "RowwiseAdagradConfig",
     "ShardedEmbeddingCollection",
     "ShardedStateError",
     "SparseFeatureError",
@@ -48,5 +52,7 @@ __all__ = [
     "TableFullError",
     "TableKind",
     "TableSharding",
+    "init_rows",
+    "mix64",
     "plan_sharding",
 ]

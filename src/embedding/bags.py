@@ -16,12 +16,12 @@ import itertools
 
 import torch
 
-from embedding.config import EmbeddingTableConfig
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.kernels import SortedIds
 from embedding.kernels.grouping import IdOutOfRange, group_ids, one_id_bag_offsets
 from embedding.lookup import Bags
 from embedding.sharding import ShardGroup
+from embedding.table_config import EmbeddingTableConfig
 
 
 class SparseFeatureError(ValueError):

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from embedding.bags import SparseFeatureError, group_bags, num_bags, table_features
-from embedding.config import EmbeddingTableConfig, check_tables
 from embedding.dynamic_state import hash_shard_state, load_hash_shard
 from embedding.features import SparseFeatures
 from embedding.lookup import (
@@ -36,6 +35,7 @@ from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
+from embedding.table_config import EmbeddingTableConfig, check_tables
 from gang import FakeGang, Gang, ReduceOperation
 
 

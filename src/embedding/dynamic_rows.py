@@ -16,9 +16,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from embedding.config import EmbeddingConfigError, EmbeddingTableConfig
 from embedding.hash_index import HashIndex, HashPolicy
 from embedding.id_hashing import init_rows_by_key
+from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
 
 _CPU = torch.device("cpu")
 

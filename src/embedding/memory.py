@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from embedding.config import EmbeddingConfigError, EmbeddingTableConfig
 from embedding.hash_index import ENTRIES_PER_SLOT, SKETCH_DEPTH
 from embedding.optimizers import SparseOptimizerConfig, spec_of
 from embedding.planner import TableSharding
+from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
 
 _HASH_BYTES_PER_SLOT = 8 + 4 + 4 + 4 * ENTRIES_PER_SLOT
 """A hash table's key, last-seen step and frequency per slot, and its share of the index."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from embedding.config import EmbeddingTableConfig, Placement
+from embedding.table_config import EmbeddingTableConfig, Placement
 
 DEFAULT_REPLICATE_MAX_BYTES = 8 << 20
 """Tables up to 8 MiB (e.g. 131,072 x 16) are replicated when there are several ranks. All of them then share

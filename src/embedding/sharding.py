@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from embedding.config import EmbeddingTableConfig
 from embedding.dynamic_rows import DynamicRows
 from embedding.kernels import SortedIds
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
+from embedding.table_config import EmbeddingTableConfig
 
 INIT_BLOCK_ROWS = 1 << 16
 """Rows are initialised in blocks with a generator of their own, so that a rank initialises

@@ -229,9 +229,7 @@ def dataset_section_of_movielens(block: Block, root: Path, env: Mapping[str, str
 
 JSONL_IMPORTS = """import pyarrow.json
 
-from recsys.tabular.arrow import ArrowFormatConfig, ArrowReader
-from recsys.tabular.data_format import ColumnFormat
-from recsys.tabular.schema import DATA_FORMATS
+from recsys.tabular.formats import DATA_FORMATS, ArrowFormatConfig, ArrowReader, ColumnFormat
 
 
 """

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from recsys.tabular.schema import DATA_FORMATS
+from recsys.tabular.formats import DATA_FORMATS
 from support.paths import PLUGIN_PACKAGE
 from support.two_tables import register_two_tables
 from support.zoo_data import register_zoo_recipe

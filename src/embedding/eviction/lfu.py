@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba.extending import register_jitable
 
-from embedding.eviction.spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
+from embedding.eviction.eviction_spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 
 
 @register_jitable

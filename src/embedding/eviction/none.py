@@ -3,7 +3,7 @@ that brings a shard more ids than it has slots: the table never gives up an id i
 
 from __future__ import annotations
 
-from embedding.eviction.spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
+from embedding.eviction.eviction_spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 
 
 @EVICTION_POLICIES.register("none")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import PositiveInt
+from embedding.eviction.eviction_spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 from embedding.eviction.lru import last_looked_up
-from embedding.eviction.spec import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 
 
 @dataclass(frozen=True)

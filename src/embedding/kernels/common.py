@@ -13,7 +13,7 @@ from numba.core.errors import TypingError
 from numba.extending import overload
 
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError
-from embedding.optimizers.spec import TOUCHES, SparseOptimizerSpec
+from embedding.optimizers.optimizer_spec import TOUCHES, SparseOptimizerSpec
 
 
 def state_tensors(

@@ -43,7 +43,7 @@ from embedding import compiled_source
 from embedding.kernels.common import check_step_ranges, gather, scatter, state_tensors, step_factors, touch_counts
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
-from embedding.optimizers.spec import UpdateFunction
+from embedding.optimizers.optimizer_spec import UpdateFunction
 
 # A row's update costs about as much as summing this many of its occurrences; used to give
 # every thread the same amount of work although Zipf ids make a few rows very long.

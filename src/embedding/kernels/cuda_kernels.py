@@ -34,7 +34,7 @@ import numba
 from numba import cuda
 
 from embedding.kernels.common import gather, scatter
-from embedding.optimizers.spec import UpdateFunction
+from embedding.optimizers.optimizer_spec import UpdateFunction
 
 CHUNK = 256
 """The most occurrences one unit sums."""

@@ -16,7 +16,7 @@ import torch
 from embedding.kernels.common import concatenated, gather, scatter, state_tensors, step_factors
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, spec_of
-from embedding.optimizers.spec import TOUCHES
+from embedding.optimizers.optimizer_spec import TOUCHES
 
 
 def fused_step(

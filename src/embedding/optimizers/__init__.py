@@ -3,13 +3,13 @@
 Each built-in optimizer is one module of this folder: its config dataclass, its update as
 ``register_jitable`` functions, and the function of its config to its
 :class:`SparseOptimizerSpec`, registered by decorator in :data:`SPARSE_OPTIMIZERS` (see
-:mod:`embedding.optimizers.config` and :mod:`embedding.optimizers.spec`). Every module here is
+:mod:`embedding.optimizers.optimizer_config` and :mod:`embedding.optimizers.optimizer_spec`). Every module here is
 imported with the package, so a new built-in optimizer is a new module and nothing else; another
 package offers its own through the entry-point group ``recipes.sparse_optimizers``.
 """
 
 from components import import_submodules
-from embedding.optimizers.config import (
+from embedding.optimizers.optimizer_config import (
     SPARSE_OPTIMIZERS,
     SparseOptimizerConfig,
     SparseOptimizerError,
@@ -17,7 +17,14 @@ from embedding.optimizers.config import (
     sparse_optimizer_config,
     spec_of,
 )
-from embedding.optimizers.spec import DECOUPLED, L2_PENALTY, OptimizerState, SparseOptimizerSpec, WeightDecay, sqrt
+from embedding.optimizers.optimizer_spec import (
+    DECOUPLED,
+    L2_PENALTY,
+    OptimizerState,
+    SparseOptimizerSpec,
+    WeightDecay,
+    sqrt,
+)
 
 import_submodules(__name__, __path__)
 

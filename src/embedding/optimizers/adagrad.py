@@ -8,8 +8,8 @@ from typing import Any
 from numba.extending import register_jitable
 
 from components import NonNegativeFloat, PositiveFloat
-from embedding.optimizers.config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
-from embedding.optimizers.spec import OptimizerState, SparseOptimizerSpec, sqrt
+from embedding.optimizers.optimizer_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+from embedding.optimizers.optimizer_spec import OptimizerState, SparseOptimizerSpec, sqrt
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,15 @@ from typing import Annotated, Any
 from numba.extending import register_jitable
 
 from components import PositiveFloat, Range
-from embedding.optimizers.config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
-from embedding.optimizers.spec import DECOUPLED, L2_PENALTY, OptimizerState, SparseOptimizerSpec, WeightDecay, sqrt
+from embedding.optimizers.optimizer_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+from embedding.optimizers.optimizer_spec import (
+    DECOUPLED,
+    L2_PENALTY,
+    OptimizerState,
+    SparseOptimizerSpec,
+    WeightDecay,
+    sqrt,
+)
 
 Beta = Annotated[float, Range(ge=0, lt=1)]
 

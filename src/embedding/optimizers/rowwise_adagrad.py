@@ -12,8 +12,8 @@ from typing import Any
 from numba.extending import register_jitable
 
 from embedding.optimizers.adagrad import AdagradConfig
-from embedding.optimizers.config import SPARSE_OPTIMIZERS
-from embedding.optimizers.spec import OptimizerState, SparseOptimizerSpec, sqrt
+from embedding.optimizers.optimizer_config import SPARSE_OPTIMIZERS
+from embedding.optimizers.optimizer_spec import OptimizerState, SparseOptimizerSpec, sqrt
 
 
 @dataclass(frozen=True)

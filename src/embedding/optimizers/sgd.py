@@ -7,8 +7,8 @@ from typing import Any
 
 from numba.extending import register_jitable
 
-from embedding.optimizers.config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
-from embedding.optimizers.spec import SparseOptimizerSpec
+from embedding.optimizers.optimizer_config import SPARSE_OPTIMIZERS, SparseOptimizerConfig
+from embedding.optimizers.optimizer_spec import SparseOptimizerSpec
 
 
 @dataclass(frozen=True)

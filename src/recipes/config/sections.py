@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from components import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Range
 from recipes.lr_schedules import LR_SCHEDULES, LRScheduleConfig
 from recipes.optimizers import OPTIMIZERS, OptimizerConfig
-from recipes.recorders.base import RECORDERS, RecorderConfig
+from recipes.recorders.base import RECORDERS, RecorderConfig, built_in_recorders
 
 Seed = Annotated[int, Range(ge=0, le=2**32 - 1)]
 """What ``numpy.random.seed`` takes, which every seed reaches."""
@@ -93,13 +93,9 @@ class TrainerSection:
         )
 
 
-def _recorders() -> dict[str, RecorderConfig]:
-    return {name: RECORDERS.get(name).default_config() for name in ("tensorboard", "jsonl", "console", "wandb")}
-
-
 @dataclass
 class MetricsSection:
-    recorders: Annotated[dict[str, RecorderConfig], RECORDERS] = field(default_factory=_recorders)
+    recorders: Annotated[dict[str, RecorderConfig], RECORDERS] = field(default_factory=built_in_recorders)
     """Where metrics go, by recorder name: ``tensorboard``, ``jsonl`` and ``console`` (a progress bar with step,
     loss, throughput and ETA, and a line per validation) are on, ``wandb`` off; ``console: false`` turns one off,
     ``wandb: {enabled: true, project: P}`` one on with its options."""

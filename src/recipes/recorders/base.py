@@ -43,7 +43,8 @@ class RecorderConfig:
 
     name: str = ""
     enabled: bool = True
-    """Whether the run records to it; ``metrics.recorders.<name>=false`` for short."""
+    """Whether the run records to it (``metrics.recorders.<name>=false`` for short); a recorder whose config
+    defaults it to ``False`` is off by default."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ RecorderFactory = Callable[[Any, RecorderContext], "MetricRecorder"]
 """``factory(config, context)``: the recorder, configured by its own config dataclass."""
 
 RECORDERS: Registry[RecorderFactory] = Registry("recorder", "recipes.recorders", RecorderConfig)
+
+
+def built_in_recorders() -> dict[str, RecorderConfig]:
+    """Every recorder of this folder with its default options, the default of ``metrics.recorders``: each
+    config's ``enabled`` says whether a run records to it unless told otherwise (``wandb``'s is off). Another
+    package's recorders are not in it: a config turns them on by name."""
+    return {name: RECORDERS.get(name).default_config() for name in RECORDERS.registered_by(__package__ or "")}
 
 
 class CompositeRecorder(MetricRecorder):

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from embedding.features import JaggedIds, SparseFeatures
+from embedding import JaggedIds, SparseFeatures
 
 
 @dataclass(frozen=True)

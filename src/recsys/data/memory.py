@@ -11,7 +11,7 @@ import numpy.typing as npt
 import torch
 
 from recipes import DataReader
-from recsys.data.sharding import StepLayout
+from recsys.data.step_layout import StepLayout
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class InMemoryReader(DataReader[BatchT]):
     """Reads ``num_samples`` samples by index; ``make_batch(indices)`` turns indices into a batch.
 
     Each epoch draws a permutation from ``seed + epoch`` (the same on every rank) and deals it
-    out as ``recsys.data.sharding`` says: in global steps of ``dp_size * num_accumulate *
+    out as ``recsys.data.step_layout`` says: in global steps of ``dp_size * num_accumulate *
     batch_size`` indices, index ``i`` of a step to rank ``i % dp_size``, so that over an epoch
     the ``p``-th index of the permutation is rank ``p % dp_size``'s ``p // dp_size``-th (the
     contract that lets outputs be re-interleaved into input order).

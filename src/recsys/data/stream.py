@@ -4,7 +4,7 @@ A ``StreamingReader`` subclass says where its chunks of records come from (``rea
 chunks from a position on) and how to make a batch of rows (``make_batch``); this module does the
 rest. ``StreamingLineReader`` is the one for files of lines (any fsspec path, gzip by extension):
 it reads them in chunks of whole lines and asks its subclass to ``parse`` a chunk at once. A
-columnar format reads its own chunks (``recsys.tabular.parquet``: record batches, a position
+columnar format reads its own chunks (``recsys.tabular.formats.parquet``: record batches, a position
 being a row). The reader never holds more than one *window* of rows plus one chunk: it collects
 well-formed rows from the chunks until the window is full.
 
@@ -16,7 +16,7 @@ order, and skips the steps already taken. No buffer content is ever saved.
 
 - Every rank reads and parses every record, so that all ranks agree, without communicating, on
   which rows are well-formed and on where the epoch ends; it keeps only its own rows.
-- Rows are dealt to ranks as ``recsys.data.sharding`` says; with ``drop_last`` a trailing
+- Rows are dealt to ranks as ``recsys.data.step_layout`` says; with ``drop_last`` a trailing
   partial step is dropped and counted in the log, without it served as a last, smaller step
   (only the epoch's last window can have one).
 - A malformed record is logged with its file and line (or row) number and skipped; one more than
@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from recipes import DataError, DataReader
 from recsys.data.parse_ahead import parsed_ahead
-from recsys.data.sharding import StepLayout, window_permutation
+from recsys.data.step_layout import StepLayout, window_permutation
 
 logger = logging.getLogger(__name__)
 

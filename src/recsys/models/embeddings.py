@@ -20,12 +20,12 @@ from embedding import (
     EmbeddingTableConfig,
     EvictionConfig,
     HashPolicy,
+    RowwiseAdagradConfig,
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizerConfig,
+    init_rows,
 )
-from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
-from embedding.sharding import init_rows
 from gang import Gang
 from recipes import ConfigError, PositiveInt, Range
 

@@ -2,10 +2,11 @@
 hashing.
 
 The built-in data formats (``csv``, ``tsv``, ``libsvm``, ``libffm``, ``parquet``) register in
-``recsys.tabular.schema.DATA_FORMATS`` as their modules load, which this package does: a schema
-chooses among them by name, as among those other packages add.
+``recsys.tabular.formats.DATA_FORMATS`` as the modules of that folder load, which this package does
+first, before its schema (``schema.py``), which chooses among them by name, as among those other
+packages add.
 """
 
-from recsys.tabular import libsvm, parquet, reader
+from recsys.tabular import formats
 
-__all__ = ["libsvm", "parquet", "reader"]
+__all__ = ["formats"]

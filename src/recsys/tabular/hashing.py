@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from embedding.id_hashing import mix64
+from embedding import mix64
 from recsys.tabular.tokens import trim
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)

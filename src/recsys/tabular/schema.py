@@ -6,8 +6,8 @@ into click-prediction batches. Column lists accept brace ranges: ``"I{1..13}"`` 
 ``I1`` ... ``I13``.
 
 The format is a component chosen by name from ``DATA_FORMATS`` (``format: parquet``, or
-``format: {name: csv, delimiter: ";"}``), each with its own options; ``recsys.tabular.data_format``
-says what a format is, and the built-in ones register as ``recsys.tabular`` loads.
+``format: {name: csv, delimiter: ";"}``), each with its own options; ``recsys.tabular.formats``
+holds the registry, says what a format is, and has a module per built-in format.
 
 Besides a file's own columns, a role may name a column of a side table joined by key (the genres
 of a movie, from ``movies.csv``) or a column derived from another (the hour of a timestamp, the
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from typing import Annotated, Literal, TypeVar
 
-from components import Registry
 from recipes import GlobalBatchSize, NonNegativeInt, PositiveInt, Range
+from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
@@ -159,7 +159,8 @@ class SplitByValue:
 
 @dataclass
 class WindowsSection:
-    """The training data as a sequence of time windows, trained on one after the other (``recsys.tabular.windows``)."""
+    """The training data as a sequence of time windows, trained on one after the other
+    (``recsys.tabular.window_sources``)."""
 
     by: Literal["none", "path", "column"] = "none"
     """``path``: ``train_path`` is a glob whose files (or folders) carry a time in their paths
@@ -257,28 +258,6 @@ class DerivedColumn:
                 f"transform {self.transform!r} and key {self.key!r}."
             )
 
-
-@dataclass
-class DataFormatConfig:
-    """The ``format`` section: which format the files are in, by ``name``; each format's own dataclass, derived
-    from this one, adds its options (CSV's ``delimiter``, libSVM's ``num_fields``) and says in ``check`` what it
-    cannot read."""
-
-    name: str = "csv"
-
-    def check(self, schema: TabularDataSection) -> None:
-        """Raise a ``ValueError`` (one line) for what the format cannot read in ``schema``: called as the schema is
-        built, so that the config is refused before any file is opened."""
-
-    def with_full_keys(self) -> DataFormatConfig:
-        """These options for a reader feeding hash tables (``with_full_keys``): the same, unless the format hashes
-        values into buckets of its own."""
-        return self
-
-
-DATA_FORMATS: Registry[type] = Registry("data format", "recipes.data_formats", DataFormatConfig)
-"""The data formats by name, each with its config dataclass; the value is the format's class, a
-``recsys.tabular.data_format.DataFormat`` (not named here, as it is built over a schema)."""
 
 FormatT = TypeVar("FormatT", bound=DataFormatConfig)
 

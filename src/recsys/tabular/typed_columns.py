@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys.tabular.added_columns import AddedColumns, AddedValues, dense_column
-from recsys.tabular.bags import object_array, split_rows
 from recsys.tabular.hashing import bucket_ids, hash_ids, text_keys
+from recsys.tabular.row_arrays import object_array, split_rows
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection
 from recsys.tabular.tokens import SMALL_COUNT_LOGS, log_count
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recsys.tabular.data_format import ColumnReader
+from recsys.tabular.formats.data_format import ColumnReader
 from recsys.tabular.hashing import text_keys
 from recsys.tabular.joins import read_side_table
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection

@@ -14,7 +14,7 @@ from components import PositiveInt
 from recipes import megatron_mlp_plan
 from recsys.click.models import DLRM, VECTORS, CTRModel, Pooled, PooledModel, mlp_with_dropout
 from recsys.zoo.linear import LogisticRegression
-from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables
+from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle

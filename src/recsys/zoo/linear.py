@@ -15,7 +15,7 @@ from torch import nn
 
 from recipes import megatron_mlp_plan
 from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout
-from recsys.zoo.registry import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables, ZooModelConfig, stack_fields
+from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables, ZooModelConfig, stack_fields
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle

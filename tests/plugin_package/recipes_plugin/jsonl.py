@@ -15,9 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from recsys.tabular.arrow import ArrowFormatConfig, ArrowReader
-from recsys.tabular.data_format import ColumnFormat
-from recsys.tabular.schema import DATA_FORMATS
+from recsys.tabular.formats import DATA_FORMATS, ArrowFormatConfig, ArrowReader, ColumnFormat
 
 
 class JsonLinesReader(ArrowReader):

@@ -1,6 +1,6 @@
 """The GPU index against the CPU index: the same lookups must give the same slots, admissions, evictions
 and state. Under numba's CUDA simulator on CPU tensors (small sizes: every GPU thread is a Python
-thread), or on a GPU with ``NUMBA_ENABLE_CUDASIM=0 pytest tests/embedding/test_cuda_hash_index.py``."""
+thread), or on a GPU with ``NUMBA_ENABLE_CUDASIM=0 pytest tests/unit/embedding/test_cuda_hash_index.py``."""
 
 import numba
 import numpy as np
@@ -8,11 +8,11 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from embedding.config import EmbeddingTableConfig
 from embedding.cuda_hash_index import CudaHashIndex
 from embedding.dynamic_rows import DynamicRows
 from embedding.eviction import EvictionConfig, TtlConfig
 from embedding.hash_index import HashIndex, HashPolicy, TableFullError
+from embedding.table_config import EmbeddingTableConfig
 
 # Under the simulator the shared hashing code runs as plain Python, where numpy warns of the
 # wrap-around that uint64 arithmetic is meant to do.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from embedding.features import JaggedIds, SparseFeatures
+from embedding import JaggedIds, SparseFeatures
 from recsys.click.batch import CTRBatch
 
 

@@ -2,7 +2,7 @@
 
 Each line holds a label (0 or 1), 13 integer features ``I1``-``I13`` and 26 categorical features
 ``C1``-``C26`` (hexadecimal hashes), separated by tabs, without a header; any feature may be empty.
-``criteo_schema`` declares that to ``recsys.tabular.reader.TabularReader``, which streams,
+``criteo_schema`` declares that to ``recsys.tabular.formats.delimited_text.TabularReader``, which streams,
 shuffles, shards and resumes; what the schema makes of the fields is DLRM's:
 
 - Integer features become ``log(max(x, 0) + 1)``; an empty one becomes 0 (any finite number is read;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from recsys.tabular.reader import TsvConfig
+from recsys.tabular.formats.delimited_text import TsvConfig
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
 
 NUM_DENSE_FEATURES = 13

@@ -28,7 +28,7 @@ from recsys.models.embeddings import (
     TableSpec,
     build_embeddings,
 )
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.schema import with_full_keys
 
 

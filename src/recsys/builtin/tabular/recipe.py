@@ -24,12 +24,12 @@ from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
 from recsys.data.stream import StreamingReader
 from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalities
-from recsys.tabular.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
-from recsys.tabular.metric_columns import single_valued_columns, value_names
+from recsys.tabular.formats.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
+from recsys.tabular.schema_metric_columns import single_valued_columns, value_names
 from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
-from recsys.tabular.windows import windowed_train_reader
+from recsys.tabular.window_sources import windowed_train_reader
 from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_table_dims
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
 
     if data.windows.by == "none":
         train_reader: DataReader[CTRBatch] = reader(train_path, "train")
-    else:  # One window after another, each scored before it is trained on (`recsys.tabular.windows`).
+    else:  # One window after another, each scored before it is trained on (`recsys.tabular.window_sources`).
         # Windows by column are written one file each, by every rank in its own folder (no rank waits for another).
         folder = os.path.join(context.output_dir, "windows", f"rank_{gangs.root.rank}")
         train_reader = windowed_train_reader(data, files, train_path, window_reader, folder)

@@ -15,7 +15,7 @@ from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
 from recipes.cli.main import main
 from recsys.click.batch import CTRBatch
-from recsys.tabular.reader import TabularReader
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection, resolve_path
 from units import BinaryAUC
 

@@ -1,6 +1,6 @@
 """The numba.cuda kernel against the torch reference: under the CUDA simulator on CPU (tiny sizes:
 the simulator runs every GPU thread as a Python thread), or on a GPU with
-``NUMBA_ENABLE_CUDASIM=0 pytest tests/embedding/kernels/test_kernels_cuda.py``."""
+``NUMBA_ENABLE_CUDASIM=0 pytest tests/unit/embedding/kernels/test_kernels_cuda.py``."""
 
 import pytest
 import torch

@@ -17,9 +17,12 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from gang import FakeGang, Gangs
 from recipes.checkpointing.run_checkpoints import set_earlier_metrics_aside
+from recipes.config.sections import MetricsSection
 from recipes.errors import UserError, WriteError
-from recipes.recorders import CompositeRecorder, JsonlRecorder, MetricRecorder, TensorBoardRecorder
+from recipes.recorders import RECORDERS, CompositeRecorder, MetricRecorder
 from recipes.recorders.base import flatten
+from recipes.recorders.jsonl import JsonlRecorder
+from recipes.recorders.tensorboard import TensorBoardRecorder
 
 
 def test_jsonl_appends_one_object_per_record_per_run(tmp_path: Path, read_jsonl: Any) -> None:
@@ -264,3 +267,31 @@ def test_composite_forwards_every_call_to_every_recorder() -> None:
 
     expected = [("config", {"seed": 1}), ("record", "train", 3, {"loss": 1.0}), ("close",)]
     assert recorders[0].calls == recorders[1].calls == expected
+
+
+def a_recorder_of(module: str) -> Any:
+    """A recorder factory as a module ``module`` would define it."""
+
+    def factory(config: Any, context: Any) -> MetricRecorder:
+        return CompositeRecorder([])
+
+    factory.__module__ = module
+    return factory
+
+
+def test_the_default_recorders_are_those_of_the_folder_each_on_as_its_config_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(RECORDERS, "_components", dict(RECORDERS._components))
+    RECORDERS.register("new_in_folder")(a_recorder_of("recipes.recorders.new_in_folder"))
+    RECORDERS.register("elsewhere")(a_recorder_of("a_package.recorders"))
+
+    defaults = MetricsSection().recorders
+
+    assert {name: config.enabled for name, config in defaults.items()} == {
+        "console": True,
+        "jsonl": True,
+        "new_in_folder": True,
+        "tensorboard": True,
+        "wandb": False,
+    }

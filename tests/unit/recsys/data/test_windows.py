@@ -11,7 +11,7 @@ import torch
 
 from recipes import DataError
 from recsys.data.memory import InMemoryReader
-from recsys.data.windows import Window, WindowSequence
+from recsys.data.window_sequence import Window, WindowSequence
 
 
 class Windows:
@@ -82,11 +82,11 @@ def test_a_following_reader_waits_then_takes_the_earliest_window_not_trained_a_l
     source.list += [window("c", 30, 2), window("b", 20, 2), window("early", 5, 2)]
     assert reader.next_window_ready() is True
     assert reader.next_window_start() == 5  # What the ranks agree on.
-    with caplog.at_level(logging.WARNING, logger="recsys.data.windows"):
+    with caplog.at_level(logging.WARNING, logger="recsys.data.window_sequence"):
         names = [reader.window_name, *(start_next(reader) for _ in range(3))]
     assert names == ["a", "early", "b", "c"]  # Each once, the earliest first: none is lost.
     assert [reader.window_index, reader.next_window_ready()] == [3, False]
-    assert [record.getMessage() for record in caplog.records if record.name == "recsys.data.windows"] == [
+    assert [record.getMessage() for record in caplog.records if record.name == "recsys.data.window_sequence"] == [
         "Window early is trained late, after a, a later one: it was not complete, or not there, when that one started."
     ]
 

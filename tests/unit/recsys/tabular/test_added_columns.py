@@ -17,10 +17,10 @@ import pytest
 
 from recipes.training.data_reader import DataError
 from recsys.tabular.added_columns import TIME_RANGE_S, time_part, times_out_of_range
-from recsys.tabular.arrow import ArrowFormatConfig
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
+from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import CsvConfig, TabularReader
 from recsys.tabular.schema import (
     CategoricalColumns,
     DenseColumns,

@@ -13,17 +13,12 @@ from recipes.cli.main import main
 from recipes.config.resolution import ConfigError, resolve_config
 from recsys.builtin.tabular.recipe import TabularConfig
 from recsys.models.embeddings import TableSpec
-from recsys.tabular.arrow import ArrowFormatConfig
-from recsys.tabular.data_format import ColumnFormat, data_format
-from recsys.tabular.libsvm import LibFFMConfig, LibSVMConfig
-from recsys.tabular.reader import CsvConfig, TsvConfig
-from recsys.tabular.schema import (
-    DATA_FORMATS,
-    CategoricalColumns,
-    DataFormatConfig,
-    TabularDataSection,
-    with_full_keys,
-)
+from recsys.tabular.formats import DATA_FORMATS, DataFormatConfig
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.data_format import ColumnFormat, data_format
+from recsys.tabular.formats.delimited_text import CsvConfig, TsvConfig
+from recsys.tabular.formats.libsvm import LibFFMConfig, LibSVMConfig
+from recsys.tabular.schema import CategoricalColumns, TabularDataSection, with_full_keys
 
 
 def dataset(*layers: dict[str, Any]) -> TabularDataSection:

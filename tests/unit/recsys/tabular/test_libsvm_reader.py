@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from recipes.training.data_reader import DataError
+from recsys.tabular.formats.libsvm import LibFFMConfig, LibSVMConfig, LibSVMReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.libsvm import LibFFMConfig, LibSVMConfig, LibSVMReader
 from recsys.tabular.schema import LabelColumn, TabularDataSection
 
 MINUS_ONE_ONE = LabelColumn(positive=["1"], negative=["-1"])

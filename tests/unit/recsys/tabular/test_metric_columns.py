@@ -10,8 +10,8 @@ from recipes import ConfigError, RecipeConfig
 from recsys.click.batch import make_ctr_batch
 from recsys.click.metric_columns import metric_columns, row_ids
 from recsys.tabular.hashing import bucket_ids, integer_keys
-from recsys.tabular.metric_columns import single_valued_columns, value_names
 from recsys.tabular.schema import CategoricalColumns, DerivedColumn, SplitByValue, TabularDataSection
+from recsys.tabular.schema_metric_columns import single_valued_columns, value_names
 from recsys.tabular.vocabulary import Encodings, Vocabulary
 
 

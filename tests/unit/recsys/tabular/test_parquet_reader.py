@@ -18,10 +18,10 @@ import pytest
 from recipes.training.data_reader import DataError
 from recsys.click.batch import CTRBatch
 from recsys.tabular.added_columns import AddedColumns
-from recsys.tabular.arrow import ArrowFormatConfig
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
+from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import CsvConfig, TabularReader
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
 from recsys.tabular.typed_columns import TypedRows
 

@@ -21,10 +21,10 @@ import tomllib
 from recipes.config.resolution import ConfigError, resolve_config
 from recsys.builtin.tabular.recipe import TabularConfig
 from recsys.click.batch import CTRBatch
-from recsys.tabular.arrow import ArrowFormatConfig
-from recsys.tabular.data_format import data_format
+from recsys.tabular.formats import DATA_FORMATS
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.data_format import data_format
 from recsys.tabular.schema import (
-    DATA_FORMATS,
     CategoricalColumns,
     DenseColumns,
     LabelColumn,

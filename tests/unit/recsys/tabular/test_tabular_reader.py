@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from recipes.training.data_reader import DataError
+from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader, TsvConfig
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.reader import CsvConfig, TabularReader, TsvConfig
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection, expand_names
 
 

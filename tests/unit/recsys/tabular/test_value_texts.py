@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys.tabular.arrow import ArrowFormatConfig
+from recsys.tabular.formats.arrow import ArrowFormatConfig
+from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
+from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.parquet import ParquetReader
-from recsys.tabular.reader import CsvConfig, TabularReader
 from recsys.tabular.schema import CategoricalColumns, LabelColumn, TabularDataSection
 from recsys.tabular.value_texts import feature_value_texts
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from recipes.training.data_reader import DataError
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.hashing import text_keys
-from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import CategoricalColumns, DenseColumns, DerivedColumn, LabelColumn, TabularDataSection
 from recsys.tabular.vocabulary import Encodings, KeyCounter, Vocabulary, load_or_build_encodings
 

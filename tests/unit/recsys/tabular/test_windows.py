@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from recipes import ConfigError, DataError
-from recsys.tabular.arrow import ArrowFormatConfig
+from recsys.tabular.formats.arrow import ArrowFormatConfig
 from recsys.tabular.schema import SplitByValue, TabularDataSection, WindowsSection
-from recsys.tabular.windows import ColumnWindows, PathWindows, every_seconds, time_in
+from recsys.tabular.window_sources import ColumnWindows, PathWindows, every_seconds, time_in
 
 
 def local(path: str) -> str:

@@ -25,7 +25,7 @@ from recsys.models.embeddings import TableSpec
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, ZooModelConfig, build_zoo_model
 from recsys.zoo.deep import CrossLayer
 from recsys.zoo.linear import FM, fm_interaction
-from recsys.zoo.registry import cardinality_dim, sized_tables
+from recsys.zoo.zoo_model import cardinality_dim, sized_tables
 from support.zoo_data import (
     FEATURES,
     NUM_DENSE,

@@ -19,8 +19,8 @@ from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
 from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.click.batch import CTRBatch
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import (
     HISTORY,
     TIME_PARTS,

@@ -33,7 +33,7 @@ SMALL = (
 )
 # Every id admitted at once and none evicted, so that a run moved to another number of ranks does the same
 # arithmetic as one that stays, up to the order of float sums. (Counts of ids short of min_count carry over
-# as upper bounds, which admits some ids earlier: tests/embedding/test_hash_index.py checks those.)
+# as upper bounds, which admits some ids earlier: tests/unit/embedding/test_hash_index.py checks those.)
 ROOMY = (*SMALL, "dataset.num_embeddings_per_feature=[2000]", "model.embeddings.hash.min_count=1")
 
 

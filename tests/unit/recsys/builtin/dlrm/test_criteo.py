@@ -1,6 +1,6 @@
 """The ``dlrm`` recipe's reader: a ``TabularReader`` of ``criteo_schema``, on Criteo-format day files.
 
-How the tabular reader tokenises, hashes and reports a field is ``tests/recipes/tabular``'s; these
+How the tabular reader tokenises, hashes and reports a field is ``tests/unit/recsys/tabular``'s; these
 tests check what the recipe relies on: Criteo's layout and DLRM's transforms, gzip, globs and
 fsspec paths, malformed lines, steps over ranks, shuffling, resume, and the synthetic writer.
 """
@@ -23,9 +23,9 @@ from recsys.builtin.dlrm.criteo import SPARSE_FEATURE_NAMES, criteo_schema
 from recsys.builtin.dlrm.criteo_synthetic import main as synthetic_main
 from recsys.builtin.dlrm.criteo_synthetic import write_synthetic_criteo
 from recsys.click.batch import CTRBatch
-from recsys.data.sharding import window_permutation
+from recsys.data.step_layout import window_permutation
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.reader import TabularReader
 
 TABLE_SIZE = 1 << 20
 

@@ -13,8 +13,8 @@ import pytest
 from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
 from recsys.click.batch import CTRBatch
+from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.hashing import hash_ids, hash_value
-from recsys.tabular.reader import TabularReader
 from recsys.tabular.schema import TabularDataSection, resolve_path
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 

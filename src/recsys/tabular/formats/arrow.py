@@ -2,7 +2,7 @@
 
 A columnar file carries its columns' names and types, so a format of such files only says how to
 open one and read its record batches from a row: a subclass of ``ArrowReader`` (Parquet's, in
-``recsys.tabular.parquet``, seeks to the row group that holds the row). The rest is this module's:
+``recsys.tabular.formats.parquet``, seeks to the row group that holds the row). The rest is this module's:
 every file's columns are checked against the schema before any row is read,
 ``recsys.tabular.typed_columns`` turns the record batches into rows, and the streaming, shuffling,
 sharding, malformed-row counting and exact resume are ``recsys.data.stream``'s. A position is a row of
@@ -29,9 +29,10 @@ from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.parse_ahead import parsed_ahead
 from recsys.data.stream import START, ParsedLines, Position
 from recsys.tabular.added_columns import AddedColumns
-from recsys.tabular.data_format import ColumnReader
+from recsys.tabular.formats.data_format import ColumnReader
+from recsys.tabular.formats.format_config import DataFormatConfig
 from recsys.tabular.history import History
-from recsys.tabular.schema import DataFormatConfig, TabularDataSection
+from recsys.tabular.schema import TabularDataSection
 from recsys.tabular.split_files import paths_key
 from recsys.tabular.typed_columns import TypedRows
 from recsys.tabular.vocabulary import Encodings, ValueCounts

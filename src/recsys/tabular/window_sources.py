@@ -25,9 +25,9 @@ import numpy as np
 
 from recipes import ConfigError, DataError, DataReader
 from recsys.click.batch import CTRBatch
-from recsys.data.windows import Window, WindowSequence
+from recsys.data.window_sequence import Window, WindowSequence
 from recsys.tabular.added_columns import times_out_of_range
-from recsys.tabular.data_format import DataFormat
+from recsys.tabular.formats.data_format import DataFormat
 from recsys.tabular.schema import TabularDataSection
 
 TIME_FORMS = "YYYY-MM-DD, YYYY-MM-DD-HH (or THH), YYYYMMDD, YYYYMMDDHH, and an hour as hour=HH"
@@ -279,7 +279,7 @@ def _read_tables(paths: str, schema: TabularDataSection, column: str) -> list[_T
     import pyarrow.csv as pa_csv
     import pyarrow.parquet as pq
 
-    from recsys.tabular.reader import CsvConfig
+    from recsys.tabular.formats.delimited_text import CsvConfig
 
     name = schema.format.name
     if name not in ("csv", "tsv", "parquet"):

@@ -1,7 +1,7 @@
 """The ``parquet`` data format: click-prediction batches from Parquet files, as a ``dataset`` schema declares them.
 
 pyarrow reads record batches of the schema's columns only, through fsspec (any path: local,
-memory://, s3://...); ``recsys.tabular.arrow`` does the rest. A resume seeks to the row group that
+memory://, s3://...); ``recsys.tabular.formats.arrow`` does the rest. A resume seeks to the row group that
 holds its row, from the file's footer, and skips the rows before it within that group: it never
 reads a file from its start again.
 
@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys.data.stream import require_at_least
-from recsys.tabular.arrow import ArrowFormatConfig, ArrowReader
-from recsys.tabular.data_format import ColumnFormat
-from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
+from recsys.tabular.formats.arrow import ArrowFormatConfig, ArrowReader
+from recsys.tabular.formats.data_format import ColumnFormat
+from recsys.tabular.formats.format_config import DATA_FORMATS
+from recsys.tabular.schema import TabularDataSection
 from recsys.tabular.split_files import refuse_rowless_split
 
 

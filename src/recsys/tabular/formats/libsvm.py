@@ -28,10 +28,11 @@ from recipes import PositiveInt, Range
 from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import ParsedLines, StreamingLineReader
 from recsys.models.embeddings import TableSpec
-from recsys.tabular.bags import object_array, split_rows
-from recsys.tabular.data_format import DataFormat
+from recsys.tabular.formats.data_format import DataFormat
+from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 from recsys.tabular.hashing import bucket_ids, span_keys
-from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection
+from recsys.tabular.row_arrays import object_array, split_rows
+from recsys.tabular.schema import TabularDataSection
 from recsys.tabular.tokens import number
 from recsys.tabular.vocabulary import Encodings
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from components import Component, NonNegativeFloat, Registry
-from embedding.optimizers.spec import SparseOptimizerSpec
+from embedding.optimizers.optimizer_spec import SparseOptimizerSpec
 
 
 class SparseOptimizerError(ValueError):

@@ -25,13 +25,14 @@ from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import START, ParsedLines, StreamingLineReader, reading
 from recsys.tabular import delimited
 from recsys.tabular.added_columns import AddedColumns, dense_column
-from recsys.tabular.bags import object_array, split_rows
-from recsys.tabular.data_format import ColumnFormat, ColumnReader
 from recsys.tabular.delimited import ColumnPlan, TokenizedLines
+from recsys.tabular.formats.data_format import ColumnFormat, ColumnReader
+from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 from recsys.tabular.hashing import bucket_ids, column_basis
 from recsys.tabular.history import History
 from recsys.tabular.joins import Bags
-from recsys.tabular.schema import DATA_FORMATS, DataFormatConfig, TabularDataSection, expand_names
+from recsys.tabular.row_arrays import object_array, split_rows
+from recsys.tabular.schema import TabularDataSection, expand_names
 from recsys.tabular.split_files import paths_key, refuse_rowless_split
 from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 

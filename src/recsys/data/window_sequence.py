@@ -4,7 +4,7 @@ A production recommender trains on logs as they land, an hour or a day at a time
 each window is read whole by a reader of its own (any ``DataReader``: shuffled, sharded, resumable as
 usual), and the next window is the earliest complete one not trained yet. Where the windows come from is a
 ``WindowSource``'s: files grouped by the time in their paths, or the value ranges of a time column of one
-table (``recsys.tabular.windows``). Following the data, the source is asked again until a window is there.
+table (``recsys.tabular.window_sources``). Following the data, the source is asked again until a window is there.
 
 So no window is lost: one that becomes complete late (its done-file written after a later window's), or that
 lands while the run is down, is trained when it is there, before any later one not trained yet; as it is

@@ -1,11 +1,11 @@
 """What a data format is to the ``tabular`` recipe, which reads every format without naming one.
 
-A format is a component of ``DATA_FORMATS`` (``recsys.tabular.schema``): a name, a config dataclass
+A format is a component of ``DATA_FORMATS`` (``format_config.py``): a name, a config dataclass
 (its options, and what it refuses in a schema) and a ``DataFormat`` class, built over a schema, that
 the recipe asks for a reader of a split's files, for the sparse features its batches hold and for
-the tables that look them up. The built-in formats register where they are defined
-(``recsys.tabular.reader``: CSV/TSV, ``recsys.tabular.libsvm``, ``recsys.tabular.parquet``); another
-package registers its own the same way, by decorator in a module that an entry point of the group
+the tables that look them up. The built-in formats register where they are defined, a module of this
+folder each (``delimited_text.py``: CSV/TSV, ``libsvm.py``, ``parquet.py``); another package registers
+its own the same way, by decorator in a module that an entry point of the group
 ``recipes.data_formats`` names::
 
     @DATA_FORMATS.register("jsonl", ArrowFormatConfig)
@@ -14,7 +14,7 @@ package registers its own the same way, by decorator in a module that an entry p
 
 A format either reads the schema's columns (a ``ColumnFormat``: the label, dense and categorical
 groups, joins, derived columns and histories apply) or brings features of its own (libSVM's tokens),
-and then the schema's columns must be empty (its config's ``check``). ``recsys.tabular.arrow`` reads
+and then the schema's columns must be empty (its config's ``check``). ``arrow.py`` reads
 the columns of any file that pyarrow reads in record batches, for a format to name as its reader.
 """
 
@@ -28,8 +28,9 @@ from components import RegistryError
 from recsys.click.batch import CTRBatch
 from recsys.data.stream import StreamingReader
 from recsys.models.embeddings import TableSpec
+from recsys.tabular.formats.format_config import DATA_FORMATS
 from recsys.tabular.history import History
-from recsys.tabular.schema import DATA_FORMATS, TabularDataSection
+from recsys.tabular.schema import TabularDataSection
 from recsys.tabular.vocabulary import Encodings, ValueCounts
 
 if TYPE_CHECKING:
