@@ -28,6 +28,8 @@ CHECKOUT_ENTRIES = (
     "pyproject.toml",
     "setup.py",
     "MANIFEST.in",
+    "docs_hooks",
+    "mkdocs.yml",
     "recipes.yaml",
     "README.md",
     "docs",
