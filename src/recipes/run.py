@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from gang import Gangs
+from recipes.checkpoint_schedule import CheckpointSchedule
 from recipes.checkpointing import (
     TrainerCheckpointer,
     archive_checkpoints,
@@ -172,12 +173,9 @@ def assemble_trainer(
             validator=build_validator(config, built, recorder, gangs),
             sharded_state=built.sharded_state,
             checkpointer=checkpointer,
-            checkpoint_every_n_steps=config.checkpoint.every_n_steps,
-            checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
-            checkpoint_every_n_windows=config.checkpoint.every_n_windows,
+            checkpoints=CheckpointSchedule.of(config.checkpoint),
             state_metrics=lambda: hash_table_metrics(tables),
             reloads=model_bank if model_bank.reloads else None,
-            checkpoint_new_best=config.checkpoint.keep_best_n is not None,
             batch_size=built.batch_size,
         )
     except BaseException:

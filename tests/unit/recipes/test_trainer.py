@@ -13,6 +13,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from gang import FakeGang, Gangs
+from recipes.checkpoint_schedule import CheckpointSchedule
 from recipes.data_reader import DataError
 from recipes.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
 from recipes.errors import UserError
@@ -83,8 +84,9 @@ def make_trainer(
         profiler=Profiler(False, 0, 1, "unused", 0),
         validator=validator,
         checkpointer=checkpointer or NOOP_CHECKPOINTER,
-        checkpoint_every_n_steps=None if checkpointer is None else checkpoint_every_n_steps,
-        checkpoint_new_best=checkpoint_new_best,
+        checkpoints=CheckpointSchedule(
+            every_n_steps=None if checkpointer is None else checkpoint_every_n_steps, at_new_best=checkpoint_new_best
+        ),
         batch_size=batch_size,
     )
 
