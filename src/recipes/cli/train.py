@@ -33,6 +33,7 @@ from recipes.lr_schedules import build_lr_scheduler
 from recipes.optimizers import build_optimizer
 from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
 from recipes.runtime.run_lock import RunLock
+from recipes.training.checkpoint_schedule import CheckpointSchedule
 from recipes.training.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
 from recipes.training.parallel import data_parallel
 from recipes.training.pipeline import PipelinedReader, use_pipeline
@@ -172,12 +173,9 @@ def assemble_trainer(
             validator=build_validator(config, built, recorder, gangs),
             sharded_state=built.sharded_state,
             checkpointer=checkpointer,
-            checkpoint_every_n_steps=config.checkpoint.every_n_steps,
-            checkpoint_every_n_data_epochs=config.checkpoint.every_n_data_epochs,
-            checkpoint_every_n_windows=config.checkpoint.every_n_windows,
+            checkpoints=CheckpointSchedule.of(config.checkpoint),
             state_metrics=lambda: hash_table_metrics(tables),
             reloads=model_bank if model_bank.reloads else None,
-            checkpoint_new_best=config.checkpoint.keep_best_n is not None,
             batch_size=built.batch_size,
         )
     except BaseException:

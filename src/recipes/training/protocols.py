@@ -66,8 +66,9 @@ class WindowedReader(Protocol):
     earliest complete window not trained yet, so one that is complete late (after a later one started, or while
     the run was down) is trained then, not lost.
 
-    Its ``next()`` raises ``StopIteration`` at the end of each window; the Trainer then decides what a
-    window's end means (a checkpoint every N windows, the window limit) and moves it on. So that every rank
+    Its ``next()`` raises ``StopIteration`` at the end of each window; the Trainer (through
+    ``training.windows.OnlineWindows``) then decides what a window's end means (a checkpoint every N windows,
+    the window limit) and moves it on. So that every rank
     moves on together, to the same window, moving is two calls: ``next_window_ready`` (asked on every rank,
     and agreed with ``next_window_start``) and ``start_next_window``. ``window_index``, ``window_name`` and
     the windows trained are part of the reader's state, so a resume continues in the same window at the same

@@ -1,16 +1,16 @@
 """The Trainer: one explicit loop that decides when to step, publish, validate, checkpoint and stop.
 
 Everything model-specific is in the units; everything about where things go (recorders,
-checkpoints) is behind small interfaces; validation is the validator's and what a checkpoint
-holds is ``TrainingState``'s. What is left is the loop, readable top to bottom in ``run()``, in
-the manner of fairseq2's Trainer.
+checkpoints) is behind small interfaces; validation is the validator's, when to checkpoint the
+``CheckpointSchedule``'s, moving from one window of data to the next ``OnlineWindows``', and what a
+checkpoint holds is ``TrainingState``'s. What is left is the loop, readable top to bottom in
+``run()``, in the manner of fairseq2's Trainer.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
@@ -20,24 +20,20 @@ from torch.optim.lr_scheduler import LRScheduler
 from gang import Gangs, ReduceOperation
 from recipes.config.sections import TrainerSection
 from recipes.recorders import MetricRecorder
+from recipes.training.checkpoint_schedule import CheckpointSchedule, period_ended
 from recipes.training.data_reader import DataError, DataReader
-from recipes.training.parallel import DenseGradients, gradient_sync, step_sums, tensors_changed_by_step
+from recipes.training.mean_gradients import MeanGradients
+from recipes.training.parallel import gradient_sync, step_sums, tensors_changed_by_step
 from recipes.training.precision import autocast_for
 from recipes.training.profiler import Profiler
-from recipes.training.protocols import (
-    NOOP_CHECKPOINTER,
-    Checkpointer,
-    ShardedStateful,
-    SparseGradientScaling,
-    Validation,
-    WindowedReader,
-)
+from recipes.training.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, Validation
 from recipes.training.step_checks import ConfiguredBatchSize, StepChecks
 from recipes.training.step_sums import local_step_stats, read_step_stats, step_stats
+from recipes.training.train_metrics import TrainMetrics
 from recipes.training.trainer_state import TrainerCounters, TrainingState
 from recipes.training.validator import NOOP_VALIDATOR, Validator
-from recipes.training.windows import announce_windows, next_window, windows_of
-from units import Mean, MetricBag, Throughput, TrainUnit
+from recipes.training.windows import OnlineWindows
+from units import TrainUnit
 
 if TYPE_CHECKING:
     from recipes.checkpointing.model_bank import ModelBank
@@ -54,26 +50,13 @@ class LossNotFiniteError(RuntimeError):
     """The loss became NaN or infinite and the NaN policy says to stop."""
 
 
-@dataclass
-class _StepTotals:
-    """What the steps since the last publish or checkpoint add to the Trainer's metrics.
-
-    Kept as plain numbers and handed to the metric bag in one update each: a torchmetrics
-    update per metric per step cost more than the rest of the loop's own bookkeeping.
-    """
-
-    loss_sum: float = 0.0
-    num_targets: int = 0
-    grad_norm_sum: float = 0.0
-    num_updates: int = 0
-    num_skipped: int = 0
-
-
 class Trainer(Generic[BatchT]):
     """Trains ``unit`` on ``data_reader`` until a step limit, an epoch limit, early stopping or a stop request.
 
     ``state_metrics`` gives values that describe the state at a publish rather than the steps since
     the last one (a hash table's rows in use, say); every rank calls it, so it may be collective.
+    ``checkpoints`` says when ``checkpointer`` saves (only at the end of training by default); ``reloads``
+    are the model bank's periodic reloads (``checkpoint.reload_every_n_*``), before anything sees the step.
     """
 
     def __init__(
@@ -91,12 +74,9 @@ class Trainer(Generic[BatchT]):
         validator: Validator = NOOP_VALIDATOR,
         sharded_state: Mapping[str, ShardedStateful] | None = None,
         checkpointer: Checkpointer = NOOP_CHECKPOINTER,
-        checkpoint_every_n_steps: int | None = None,
-        checkpoint_every_n_data_epochs: int | None = None,
+        checkpoints: CheckpointSchedule | None = None,
         state_metrics: Callable[[], Mapping[str, float]] = dict,
-        checkpoint_every_n_windows: int | None = None,
         reloads: ModelBank | None = None,
-        checkpoint_new_best: bool = False,
         batch_size: ConfiguredBatchSize | None = None,
     ) -> None:
         self._unit = unit
@@ -109,33 +89,18 @@ class Trainer(Generic[BatchT]):
         self._profiler = profiler
         self._validator = validator
         self._checkpointer = checkpointer
-        self._checkpoint_every_n_steps = checkpoint_every_n_steps
-        self._checkpoint_every_n_data_epochs = checkpoint_every_n_data_epochs
+        self._checkpoints = checkpoints or CheckpointSchedule()
         self._state_metrics = state_metrics
-        self._checkpoint_every_n_windows = checkpoint_every_n_windows
-        self._windows = windows_of(data_reader)  # The reader of data in windows behind data_reader, if any.
+        self._windows = OnlineWindows.of(data_reader, gangs.root, validator, config.max_num_windows)
         self._reloads = reloads
-        """The model bank's periodic reloads (``checkpoint.reload_every_n_*``), before anything sees the step."""
-        self._checkpoint_new_best = checkpoint_new_best
-        """Checkpoint at every validation that improves on the best score (``checkpoint.keep_best_n``): the best
-        checkpoint is then the best validation, whatever the checkpoint periods."""
         self._checks = StepChecks(unit, gangs.dp, batch_size)
         self._step_sums = step_sums(unit.model)
         """Where DDP syncs the gradients, the channel that sums ``_agree_on_step``'s values with them."""
         self._improved_step = -1
         self._autocast = autocast_for(config.mixed_precision, device)
         self._grad_scaler = torch.amp.GradScaler(device.type, enabled=config.mixed_precision == "fp16")
-        self._dense_gradients = DenseGradients(optimizer.param_groups)
-        self._sparse_gradients = optimizer if isinstance(optimizer, SparseGradientScaling) else None
-        """Sparse tables' gradients, outside ``param_groups``; found once: a protocol's isinstance takes 50 us."""
-
-        self._metrics = MetricBag(gangs.dp)
-        self._metrics.register("loss", Mean())
-        if config.max_grad_norm is not None:
-            self._metrics.register("grad_norm", Mean())
-        self._metrics.register("throughput", Throughput())
-        self._metrics.register("num_skipped_steps", Mean())
-        self._totals = _StepTotals()
+        self._gradients = MeanGradients(optimizer, self._grad_scaler, gangs.dp.size, config.max_grad_norm)
+        self._metrics = TrainMetrics(gangs.dp, with_grad_norm=config.max_grad_norm is not None)
 
         self.state = TrainingState(
             model=unit.model,
@@ -145,7 +110,7 @@ class Trainer(Generic[BatchT]):
             counters=TrainerCounters(),
             validator=validator,
             reader=data_reader,
-            metrics=self._metrics,
+            metrics=self._metrics.bag,
             unit_metrics=unit.metric_bag,
             sharded=dict(sharded_state or {}),
         )
@@ -155,8 +120,6 @@ class Trainer(Generic[BatchT]):
         self._stop_agreed = False
         self._published_step = -1
         self._validated_step = -1
-        self._checkpointed_step = -1
-        self._last_checkpoint_was_final = False
 
     @property
     def _counters(self) -> TrainerCounters:
@@ -181,15 +144,16 @@ class Trainer(Generic[BatchT]):
         self.state.load_per_rank(own, all_ranks)
         self._steps_in_epoch = 1  # Unknown, but the checkpointed run took steps: an epoch that ends now is no error.
         # The checkpoint's step was published, validated and saved, as a resumable checkpoint.
-        self._published_step = self._validated_step = self._checkpointed_step = self.step_nr
-        self._last_checkpoint_was_final = True
+        self._published_step = self._validated_step = self.step_nr
+        self._checkpoints.saved(self.step_nr, final=True)
 
     # The loop -------------------------------------------------------------------------------
 
     def run(self) -> None:
         """Train until a stop condition; then publish, validate and checkpoint whatever the last step left."""
         log.info("Training starts at step %d (data epoch %d).", self.step_nr, self._counters.data_epoch_nr)
-        announce_windows(self._windows, self._gangs.root)
+        if self._windows is not None:
+            self._windows.announce()
         self._unit.model.train()
         with self._profiler, torch.autograd.set_detect_anomaly(self._config.anomaly_detection):
             while not self._should_stop():
@@ -207,21 +171,24 @@ class Trainer(Generic[BatchT]):
         return counters.early_stopped or self._stop_agreed or (max_steps is not None and counters.step_nr >= max_steps)
 
     def _after_step(self, epoch_ended: bool) -> None:
+        """What the step may have made due: the model bank's reloads, a publish, a validation, a checkpoint."""
+        step_nr, epoch_nr, config = self.step_nr, self._counters.data_epoch_nr, self._config
         if self._reloads is not None:
-            self._reloads.after_step(self.step_nr, epoch_ended, self._counters.data_epoch_nr)
-        if self.step_nr % self._config.publish_metrics_every_n_steps == 0:
+            self._reloads.after_step(step_nr, epoch_ended, epoch_nr)
+        if step_nr % config.publish_metrics_every_n_steps == 0:
             self._publish_metrics()
-        if self._validation_due(epoch_ended):
+        if period_ended(
+            config.validate_every_n_steps, config.validate_every_n_data_epochs, step_nr, epoch_nr, epoch_ended
+        ):
             self._validate()
-        new_best = self._checkpoint_new_best and self._improved_step == self.step_nr
-        if new_best or self._checkpoint_due(epoch_ended):
+        if self._checkpoints.due_after_step(step_nr, epoch_nr, epoch_ended, new_best=self._improved_step == step_nr):
             self._checkpoint(last=self._should_stop())
 
     def _finish(self) -> None:
         if self._stopped_on_request():
             # A stop is no event of training: nothing is published or validated that the run would not have
             # at this step; the checkpoint (unless the schedule just saved one) is a resume point only.
-            if self._checkpointed_step != self.step_nr or not self._last_checkpoint_was_final:
+            if self._checkpoints.due_at_end(self.step_nr):
                 self._checkpoint(last=True, interrupted=True)
             log.info("Training stopped at step %d on request.", self.step_nr)
             return
@@ -229,8 +196,7 @@ class Trainer(Generic[BatchT]):
             self._publish_metrics()
         if self._validated_step != self.step_nr:
             self._validate()
-        # The last checkpoint is saved as such (a full one, even when others are model-only).
-        if self._checkpointed_step != self.step_nr or not self._last_checkpoint_was_final:
+        if self._checkpoints.due_at_end(self.step_nr):
             self._checkpoint(last=True)
         log.info("Training ends at step %d.", self.step_nr)
 
@@ -239,19 +205,6 @@ class Trainer(Generic[BatchT]):
         max_steps = self._config.max_num_steps
         at_limit = max_steps is not None and self.step_nr >= max_steps
         return self._stop_agreed and not self._counters.early_stopped and not at_limit
-
-    def _validation_due(self, epoch_ended: bool) -> bool:
-        config = self._config
-        return self._due(config.validate_every_n_steps, config.validate_every_n_data_epochs, epoch_ended)
-
-    def _checkpoint_due(self, epoch_ended: bool) -> bool:
-        return self._due(self._checkpoint_every_n_steps, self._checkpoint_every_n_data_epochs, epoch_ended)
-
-    def _due(self, every_n_steps: int | None, every_n_epochs: int | None, epoch_ended: bool) -> bool:
-        """Whether a step or an epoch count just reached a multiple of its period."""
-        if every_n_steps is not None and self.step_nr % every_n_steps == 0:
-            return True
-        return epoch_ended and every_n_epochs is not None and self._counters.data_epoch_nr % every_n_epochs == 0
 
     # One step -------------------------------------------------------------------------------
 
@@ -270,19 +223,13 @@ class Trainer(Generic[BatchT]):
             return epoch_ended
         self._counters.num_consecutive_skipped = 0
 
-        grad_norm = self._normalize_and_clip_gradients(total_targets)
+        grad_norm = self._gradients.normalize_and_clip(total_targets)
         self._checkpointer.wait_until_staged()
         self._grad_scaler.step(self._optimizer)
         self._grad_scaler.update()
         self._lr_scheduler.step()
         self._optimizer.zero_grad(set_to_none=True)
-
-        totals = self._totals
-        totals.loss_sum += loss_sum
-        totals.num_targets += num_targets
-        if grad_norm is not None:
-            totals.grad_norm_sum += grad_norm
-        totals.num_updates += 1
+        self._metrics.add_step(loss_sum, num_targets, grad_norm)
         return epoch_ended
 
     def _next_batches(self) -> tuple[list[BatchT] | None, bool]:
@@ -293,7 +240,10 @@ class Trainer(Generic[BatchT]):
         except StopIteration:
             pass
         if self._windows is not None:
-            return self._next_window_batches(self._windows), False
+            first_of_window, self._stop_agreed = self._windows.next_step(
+                self.step_nr, lambda: self._stop_requested, self._window_ended
+            )
+            return first_of_window, False
         if self._steps_in_epoch == 0:
             raise DataError(self._no_step_message())
         self._steps_in_epoch = 0
@@ -309,46 +259,6 @@ class Trainer(Generic[BatchT]):
             raise DataError(self._no_step_message()) from None
         self._steps_in_epoch = 1
         return batches, True
-
-    # Windows ---------------------------------------------------------------------------------
-
-    def _next_window_batches(self, windows: WindowedReader) -> list[BatchT] | None:
-        """The first step of the next window, once the current one has ended (``None``: training ends).
-
-        At a window's end the Trainer checkpoints every ``checkpoint_every_n_windows`` windows (before it waits
-        for the next, so a kill while waiting loses nothing) and stops at ``max_num_windows``. Each new window is
-        first scored by the current model, then trained on: predict, then train. A window that fills no step
-        is scored and passed over.
-        """
-        while True:
-            if windows.window_index >= 0 and not self._end_window(windows):
-                return None
-            moved = next_window(windows, self._gangs.root, lambda: self._stop_requested)
-            if moved != "started":
-                self._stop_agreed = moved == "stop"  # A stop while waiting saves a checkpoint, as any stop does.
-                return None
-            log.info("Window %d (%s) starts at step %d.", windows.window_index, windows.window_name, self.step_nr)
-            self._validator.score_window(
-                self.step_nr + 1, windows.window_index, windows.window_name, windows.window_scoring_reader()
-            )
-            try:
-                return next(self._reader)
-            except StopIteration:
-                log.warning("The window %s fills no training step; it is passed over.", windows.window_name)
-
-    def _end_window(self, windows: WindowedReader) -> bool:
-        """Whether training goes on after the window just read; checkpoints it if due."""
-        num_done = windows.window_index + 1
-        log.info("Window %s is done (%d windows so far) at step %d.", windows.window_name, num_done, self.step_nr)
-        limit = self._config.max_num_windows
-        if limit is not None and num_done >= limit:
-            return False  # The end of training saves the last checkpoint.
-        if self._reloads is not None:
-            self._reloads.after_window(num_done)  # The next window trains on the sources' newest state.
-        every = self._checkpoint_every_n_windows
-        if every is not None and num_done % every == 0 and self._checkpointed_step != self.step_nr:
-            self._checkpoint(last=False)
-        return True
 
     def _no_step_message(self) -> str:
         described = self._reader.describe()
@@ -399,7 +309,7 @@ class Trainer(Generic[BatchT]):
                 "Set trainer.nan_policy=skip to skip such steps."
             )
         self._counters.num_consecutive_skipped += 1
-        self._totals.num_skipped += 1
+        self._metrics.add_skipped_step()
         log.warning("The loss is %s at step %d; the step is skipped.", loss_sum, self.step_nr)
         limit = self._config.max_consecutive_skipped_steps
         if self._counters.num_consecutive_skipped >= limit:
@@ -407,63 +317,20 @@ class Trainer(Generic[BatchT]):
                 f"The loss was not finite for {limit} steps in a row (up to step {self.step_nr}); stopping."
             )
 
-    def _normalize_and_clip_gradients(self, total_targets: float) -> float | None:
-        """Turn summed-loss gradients into the gradient of the mean loss over the whole global
-        step and clip them if ``max_grad_norm`` is set; returns their norm before clipping, which
-        only clipping takes (``None`` without it).
-
-        DDP (and FSDP2) average dense gradients over the DP gang, so multiplying by ``size``
-        over the global number of targets gives the mean. Sparse tables sum their gradients
-        over the ranks instead, outside ``param_groups`` (``SparseGradientScaling``). The fp16
-        loss scaler unscales (and checks) the dense gradients itself, but not the sparse ones,
-        which are unscaled here. Without it, normalisation and clipping take one pass over the
-        gradients. Like torchtune, the norm is not taken without clipping: on a small model it
-        cost 1.5% of the step, more than the rest of the Trainer's own work.
-        """
-        total = max(total_targets, 1.0)
-        factor = self._gangs.dp.size / total
-        gradients = self._dense_gradients
-        if self._sparse_gradients is not None:
-            loss_scale = self._grad_scaler.get_scale() if self._grad_scaler.is_enabled() else 1.0
-            self._sparse_gradients.scale_sparse_gradients(1.0 / (total * loss_scale))
-        if self._grad_scaler.is_enabled():
-            gradients.scale_(factor)
-            self._grad_scaler.unscale_(self._optimizer)
-            factor = 1.0
-        max_norm = self._config.max_grad_norm
-        if max_norm is not None:
-            return gradients.scale_and_clip_(factor, max_norm)
-        if factor != 1.0:
-            gradients.scale_(factor)
-        return None
-
     # Metrics, validation, checkpoints ---------------------------------------------------------
 
     def _publish_metrics(self) -> None:
-        self._flush_step_totals()
-        values = self._metrics.compute()
+        metrics = self._metrics.flushed()
+        values = metrics.compute()
         values.update(self._unit.metric_bag.compute())
         values["lr"] = float(self._lr_scheduler.get_last_lr()[0])
         values["data_epoch"] = float(self._counters.data_epoch_nr)
         values.update(self._state_metrics())
-        self._metrics.reset()
+        metrics.reset()
         self._unit.metric_bag.reset()
         if self._gangs.root.rank == 0:
             self._recorder.record("train", self.step_nr, values)
         self._published_step = self.step_nr
-
-    def _flush_step_totals(self) -> MetricBag:
-        """Hand the steps' totals to the metric bag (before publishing or checkpointing it)."""
-        totals, self._totals = self._totals, _StepTotals()
-        if totals.num_updates > 0:
-            self._metrics["loss"].update(totals.loss_sum / max(totals.num_targets, 1), weight=totals.num_targets)
-            if "grad_norm" in self._metrics:
-                self._metrics["grad_norm"].update(totals.grad_norm_sum / totals.num_updates, weight=totals.num_updates)
-            self._metrics["throughput"].update(totals.num_targets)
-        num_steps = totals.num_updates + totals.num_skipped
-        if num_steps > 0:
-            self._metrics["num_skipped_steps"].update(totals.num_skipped / num_steps, weight=num_steps)
-        return self._metrics
 
     def _validate(self) -> None:
         """Validate, keep the score for the checkpoint of this step, and stop early if the validator says so."""
@@ -483,10 +350,18 @@ class Trainer(Generic[BatchT]):
             return True
         return score < best if self._config.lower_better else score > best
 
+    def _window_ended(self, num_windows_done: int) -> None:
+        """A window ended and training goes on: the next window trains on the model bank's newest state; the
+        schedule may save this one."""
+        if self._reloads is not None:
+            self._reloads.after_window(num_windows_done)
+        if self._checkpoints.due_after_window(self.step_nr, num_windows_done):
+            self._checkpoint(last=False)
+
     def _checkpoint(self, last: bool, interrupted: bool = False) -> None:
         score = self._counters.last_score if self._validated_step == self.step_nr else None
         changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
-        self._flush_step_totals()
+        self._metrics.flushed()  # Their unreduced state is checkpointed.
         self._checkpointer.save(
             self.step_nr,
             score,
@@ -496,5 +371,4 @@ class Trainer(Generic[BatchT]):
             unchanged_until_staged=lambda tensor: tensor.untyped_storage().data_ptr() in changed_by_step,
             interrupted=interrupted,
         )
-        self._checkpointed_step = self.step_nr
-        self._last_checkpoint_was_final = last
+        self._checkpoints.saved(self.step_nr, final=last)

@@ -1,11 +1,13 @@
-"""Data in windows, as the Trainer meets it: finding the reader of windows, saying what its data holds, and moving
-on to the next window.
+"""Data in windows, as the Trainer meets it (online training): finding the reader of windows, saying what its data
+holds, and moving on to the next window.
 
 A ``WindowedReader`` (``recipes.training.protocols``) says whether its next window is there, and which it is; every rank
 asks its own and the ranks agree in one collective per look, so that all start the same window together, or all
-stop. The Trainer does the rest (predict, then train; checkpoints every N windows; the window limit). The lines
-that say what the data holds name the windows that wait for their done-file, at start-up, while the run waits,
-and when the data ends: such a window is trained once it is complete, and the user must know it is not yet.
+stop. ``OnlineWindows`` is what the Trainer drives: when the reader runs out, the window it read has ended; the
+next is waited for, scored by the current model, then trained on (predict, then train), up to the window limit.
+What a window's end means to the model and its checkpoints stays the Trainer's (it is told, ``window_ended``).
+The lines that say what the data holds name the windows that wait for their done-file, at start-up, while the run
+waits, and when the data ends: such a window is trained once it is complete, and the user must know it is not yet.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
@@ -24,10 +27,13 @@ from gang import Gang, ReduceOperation
 from recipes.training.data_reader import DataReader
 from recipes.training.pipeline import PipelinedReader
 from recipes.training.protocols import WindowedReader
+from recipes.training.validator import Validator
 
 log = logging.getLogger(__name__)
 
 NextWindow = Literal["started", "end", "stop"]
+
+BatchT = TypeVar("BatchT")
 
 DISAGREEMENT_LIMIT_S = 300.0
 """How long the ranks may keep finding different windows before the run stops: a window that lands is seen by
@@ -42,11 +48,68 @@ def windows_of(reader: DataReader[Any]) -> WindowedReader | None:
     return inner if isinstance(inner, WindowedReader) else None
 
 
-def announce_windows(windows: WindowedReader | None, root: Gang) -> None:
-    """At start-up, the line that says what the data in windows holds: the windows that wait for their done-file
-    (on the console too, where any do)."""
-    if windows is not None:
-        _say(f"Data in windows: {windows.waiting_for()}", windows, root)
+@dataclass(frozen=True)
+class OnlineWindows(Generic[BatchT]):
+    """The Trainer's data in windows: the step that starts the next window, once the one read has ended.
+
+    ``reader`` is the Trainer's reader (``windows``, or the pipeline around it), ``validator`` scores each window
+    before it is trained on, and ``max_num_windows`` (``trainer.max_num_windows``) ends training.
+    """
+
+    windows: WindowedReader
+    reader: DataReader[BatchT]
+    root: Gang
+    validator: Validator
+    max_num_windows: int | None
+
+    @classmethod
+    def of(
+        cls, reader: DataReader[BatchT], root: Gang, validator: Validator, max_num_windows: int | None
+    ) -> OnlineWindows[BatchT] | None:
+        """The windows of ``reader``'s data, or ``None`` for data that is not in windows."""
+        windows = windows_of(reader)
+        return None if windows is None else cls(windows, reader, root, validator, max_num_windows)
+
+    def announce(self) -> None:
+        """At start-up, the line that says what the data in windows holds: the windows that wait for their
+        done-file (on the console too, where any do)."""
+        _say(f"Data in windows: {self.windows.waiting_for()}", self.windows, self.root)
+
+    def next_step(
+        self, step_nr: int, stop_requested: Callable[[], bool], window_ended: Callable[[int], None]
+    ) -> tuple[list[BatchT] | None, bool]:
+        """The first step of the next window, after the reader ran out at ``step_nr``; ``None`` when training ends,
+        with whether the ranks agreed to stop while waiting (a stop request, which saves a checkpoint as any stop
+        does).
+
+        The window just read ends first: at the window limit training ends (whose end saves the last checkpoint);
+        else ``window_ended`` is told how many windows are done (before the next is waited for, so that a
+        checkpoint it saves loses nothing to a kill while waiting). A window that fills no step is scored and
+        passed over.
+        """
+        windows = self.windows
+        while True:
+            if windows.window_index >= 0 and not self._goes_on_after_window(step_nr, window_ended):
+                return None, False
+            moved = next_window(windows, self.root, stop_requested)
+            if moved != "started":
+                return None, moved == "stop"
+            log.info("Window %d (%s) starts at step %d.", windows.window_index, windows.window_name, step_nr)
+            scoring_reader = windows.window_scoring_reader()
+            self.validator.score_window(step_nr + 1, windows.window_index, windows.window_name, scoring_reader)
+            try:
+                return next(self.reader), False
+            except StopIteration:
+                log.warning("The window %s fills no training step; it is passed over.", windows.window_name)
+
+    def _goes_on_after_window(self, step_nr: int, window_ended: Callable[[int], None]) -> bool:
+        """Whether training goes on after the window just read; tells ``window_ended`` if so."""
+        num_done = self.windows.window_index + 1
+        log.info("Window %s is done (%d windows so far) at step %d.", self.windows.window_name, num_done, step_nr)
+        if self.max_num_windows is not None and num_done >= self.max_num_windows:
+            return False
+        window_ended(num_done)
+        return True
 
 
 def next_window(windows: WindowedReader, root: Gang, stop_requested: Callable[[], bool]) -> NextWindow:

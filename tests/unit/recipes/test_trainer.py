@@ -16,6 +16,7 @@ from gang import FakeGang, Gangs
 from recipes.config.sections import TrainerSection
 from recipes.errors import UserError
 from recipes.recorders import MetricRecorder
+from recipes.training.checkpoint_schedule import CheckpointSchedule
 from recipes.training.data_reader import DataError
 from recipes.training.early_stopping import NOOP_EARLY_STOPPER, PatienceEarlyStopper
 from recipes.training.profiler import Profiler
@@ -83,8 +84,9 @@ def make_trainer(
         profiler=Profiler(False, 0, 1, "unused", 0),
         validator=validator,
         checkpointer=checkpointer or NOOP_CHECKPOINTER,
-        checkpoint_every_n_steps=None if checkpointer is None else checkpoint_every_n_steps,
-        checkpoint_new_best=checkpoint_new_best,
+        checkpoints=CheckpointSchedule(
+            every_n_steps=None if checkpointer is None else checkpoint_every_n_steps, at_new_best=checkpoint_new_best
+        ),
         batch_size=batch_size,
     )
 

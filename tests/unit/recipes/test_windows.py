@@ -19,6 +19,7 @@ import recipes.training.windows
 from gang import FakeGang, Gangs, ReduceOperation
 from recipes.config.sections import TrainerSection
 from recipes.recorders.jsonl import JsonlRecorder
+from recipes.training.checkpoint_schedule import CheckpointSchedule
 from recipes.training.data_reader import DataReader
 from recipes.training.profiler import Profiler
 from recipes.training.protocols import WindowedReader
@@ -137,7 +138,7 @@ def windowed_trainer(
         profiler=Profiler(False, 0, 1, "unused", 0),
         validator=ScoringValidator(windows.events),
         checkpointer=checkpointer,
-        checkpoint_every_n_windows=every_n_windows,
+        checkpoints=CheckpointSchedule(every_n_windows=every_n_windows),
     )
 
 
@@ -191,6 +192,10 @@ def test_a_following_reader_is_waited_for_and_a_stop_while_waiting_saves(caplog:
     assert caplog.messages.count("Waiting for the next window after w0: more windows") == 1
 
 
+WINDOW_W0 = ["Window 0 (w0) starts at step 0.", "Window w0 is done (1 windows so far) at step 4."]
+"""The log's lines of a window of 4 steps, the first."""
+
+
 def windows_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The lines of ``recipes.training.windows`` (another test's run may have let every logger's through)."""
     return [record.getMessage() for record in caplog.records if record.name == "recipes.training.windows"]
@@ -215,7 +220,7 @@ def test_the_lines_at_start_while_waiting_and_at_the_end_name_the_windows_waitin
         f"Waiting for the next window after w0: more windows; {not_done}",
         f"The data has no more windows to train after w0: training ends; {not_done}",
     ]
-    assert windows_lines(caplog) == lines
+    assert windows_lines(caplog) == [lines[0], *WINDOW_W0, *lines[1:]]
     assert capsys.readouterr().err.splitlines() == lines  # On the console too.
 
 
@@ -227,6 +232,7 @@ def test_without_windows_waiting_the_start_and_the_end_are_in_the_log_only(
         windowed_trainer(windows, UNLIMITED, RecordingCheckpointer(), every_n_windows=None).run()
     assert windows_lines(caplog) == [
         "Data in windows: more windows",
+        *WINDOW_W0,
         "The data has no more windows to train after w0: training ends",
     ]
     assert capsys.readouterr().err == ""
