@@ -18,6 +18,15 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return code, captured.out, captured.err
 
 
+def printed_by_main(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What ``main(argv)`` printed to stdout; it must exit 0 (its stderr says why not). For the commands that read a
+    run and write their output (``predict``, ``eval`` and ``export`` on one rank): in a new interpreter they would add
+    4-5 s of CPU (torch imported) and nothing that a test of their output checks."""
+    code, out, err = run_main(capsys, *argv)
+    assert code == 0, err
+    return out
+
+
 def assert_one_line_error(err: str, *fragments: str) -> None:
     """``err`` is one ``error: ...`` line, without a traceback, holding each fragment."""
     lines = err.strip().splitlines()

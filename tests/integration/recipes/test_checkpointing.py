@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from recipes.cli.main import main
-from support.cli_runs import checkpoints_listing
+from support.cli_runs import checkpoints_listing, printed_by_main
 from support.resume_helpers import (
     FINAL_STEP,
     assert_bitwise_equal,
@@ -260,11 +260,9 @@ def test_a_model_only_checkpoint_holds_the_sparse_tables(tmp_path: Path) -> None
     assert tensor_shapes(checkpoints_dir(output_dir) / "step_10").count(TABLE_SHAPE) == 4
 
 
-def evaluated_auc(output_dir: Path, *overrides: str) -> float:
-    result = check_ok(
-        run_recipes(output_dir.parent, "eval", *train_args(output_dir, *overrides)[1:], "--checkpoint", "best")
-    )
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("valid: ")]
+def evaluated_auc(capsys: pytest.CaptureFixture[str], output_dir: Path, *overrides: str) -> float:
+    printed = printed_by_main(capsys, "eval", *train_args(output_dir, *overrides)[1:], "--checkpoint", "best")
+    (line,) = [line for line in printed.splitlines() if line.startswith("valid: ")]
     return float(re.search(r"auc=(\S+)", line).group(1))  # type: ignore[union-attr]
 
 
@@ -272,18 +270,20 @@ def best_recorded_auc(output_dir: Path) -> float:
     return max(float(line["auc"]) for line in metric_history(output_dir)["valid"])
 
 
-def test_eval_of_the_best_checkpoint_reproduces_its_recorded_score(dense_run: Path) -> None:
-    auc = evaluated_auc(dense_run, *KEEP_ALL, DENSE_TABLES)
+def test_eval_of_the_best_checkpoint_reproduces_its_recorded_score(
+    dense_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    auc = evaluated_auc(capsys, dense_run, *KEEP_ALL, DENSE_TABLES)
 
     assert auc == pytest.approx(best_recorded_auc(dense_run), abs=1e-5)
 
 
 def test_eval_of_the_best_checkpoint_with_sparse_tables_reproduces_its_recorded_score(
-    tmp_path: Path, kept_all: Path
+    tmp_path: Path, kept_all: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output_dir = copy_run(kept_all, tmp_path / "run")  # eval records its own metrics: the shared run stays as trained
 
-    auc = evaluated_auc(output_dir, *KEEP_ALL)
+    auc = evaluated_auc(capsys, output_dir, *KEEP_ALL)
 
     assert auc == pytest.approx(best_recorded_auc(output_dir), abs=1e-5)
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pa_parquet
 import pytest
 import torch
 
-from support.cli_runs import assert_one_line_error, run_main
+from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.resume_helpers import check_ok, run_recipes
 from support.serving_scorer import scores, split_rows, tutorial_scorer
 
@@ -42,19 +42,21 @@ def table_files(export: Path) -> list[Path]:
     return [path for path in (export / "tables").glob("*.parquet") if not path.name.endswith(".evicted.parquet")]
 
 
-def predicted(run_root: Path, step: int) -> np.ndarray:
-    check_ok(run_recipes(run_root, "predict", "out", "--checkpoint", str(step), "-o", f"predicted_{step}.csv"))
+def predicted(capsys: pytest.CaptureFixture[str], run_root: Path, step: int) -> np.ndarray:
+    printed_by_main(capsys, "predict", "out", "--checkpoint", str(step), "-o", f"predicted_{step}.csv")
     return pa_csv.read_csv(run_root / f"predicted_{step}.csv").column("score").to_numpy()
 
 
-def export_all(run_root: Path, first: int, last: int) -> None:
-    """Full exports of ``first`` and ``last``, and the delta of ``last`` since ``first``."""
-    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(first), "-o", "full_first"))
-    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(last), "-o", "full_last"))
-    check_ok(run_recipes(run_root, "export", "out", "--checkpoint", str(last), "--since", str(first), "-o", "delta"))
+def export_all(capsys: pytest.CaptureFixture[str], first: int, last: int) -> None:
+    """Full exports of ``first`` and ``last``, and the delta of ``last`` since ``first``, in this process."""
+    printed_by_main(capsys, "export", "out", "--checkpoint", str(first), "-o", "full_first")
+    printed_by_main(capsys, "export", "out", "--checkpoint", str(last), "-o", "full_last")
+    printed_by_main(capsys, "export", "out", "--checkpoint", str(last), "--since", str(first), "-o", "delta")
 
 
-def check_scores_and_delta(run_root: Path, first: int, last: int, num_rows: int | None = None) -> int:
+def check_scores_and_delta(
+    capsys: pytest.CaptureFixture[str], run_root: Path, first: int, last: int, num_rows: int | None = None
+) -> int:
     """The scorer's scores of ``last`` against ``predict``'s, and the delta's against the full export; the number of
     ids the delta evicts."""
     scorer = tutorial_scorer()
@@ -63,7 +65,7 @@ def check_scores_and_delta(run_root: Path, first: int, last: int, num_rows: int 
     delta = scorer.load(run_root / "delta", base=full_first)
 
     plain = scores(scorer, full_last, rows)
-    expected = predicted(run_root, last)
+    expected = predicted(capsys, run_root, last)
     if num_rows is not None:
         assert len(plain) == num_rows
     assert len(plain) == len(expected)
@@ -77,12 +79,13 @@ def check_scores_and_delta(run_root: Path, first: int, last: int, num_rows: int 
 
 
 def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_delta_as_a_full_export(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_ok(run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *MOVIELENS, timeout=600))
-    export_all(tmp_path, 10, 20)
+    monkeypatch.chdir(tmp_path)
+    export_all(capsys, 10, 20)
 
-    evicted = check_scores_and_delta(tmp_path, 10, 20, num_rows=MOVIELENS_VALID_ROWS)
+    evicted = check_scores_and_delta(capsys, tmp_path, 10, 20, num_rows=MOVIELENS_VALID_ROWS)
 
     assert evicted == 0  # fixed tables evict nothing
     assert tutorial_scorer().num_lines <= 50
@@ -96,12 +99,18 @@ def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_de
     [("dlrm_criteo_tiny", [], False), ("dlrm_criteo_tiny_dynamic", SMALL_HASH_TABLES, True)],
 )
 def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
-    tmp_path: Path, preset: str, extra: list[str], evicts: bool
+    tmp_path: Path,
+    preset: str,
+    extra: list[str],
+    evicts: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *DLRM, *extra, "--nproc", "2", timeout=600))
-    export_all(tmp_path, 3, 6)
+    monkeypatch.chdir(tmp_path)
+    export_all(capsys, 3, 6)
 
-    evicted = check_scores_and_delta(tmp_path, 3, 6)
+    evicted = check_scores_and_delta(capsys, tmp_path, 3, 6)
 
     assert (evicted > 0) == evicts
 

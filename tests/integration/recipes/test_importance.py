@@ -9,7 +9,7 @@ import pyarrow.csv as pa_csv
 import pytest
 
 from recipes.cli.main import main
-from support.cli_runs import assert_one_line_error, run_main
+from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.paths import ROOT
 from support.resume_helpers import check_ok, run_recipes, tensorboard_scalars
 from support.signal_noise import register_signal_noise
@@ -42,38 +42,45 @@ def read_csv(path: Path) -> dict[str, list[object]]:
     return {name: table.column(name).to_pylist() for name in table.column_names}
 
 
-def test_importance_prints_the_features_by_auc_drop_from_evals_baseline_and_writes_them(ctr_run: Path) -> None:
+def test_importance_prints_the_features_by_auc_drop_from_evals_baseline_and_writes_them(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (ctr_run / "tables").mkdir(exist_ok=True)  # -o makes no folder: a misspelt one is refused.
-    result = check_ok(run_recipes(ctr_run, "importance", "out", "--checkpoint", "best", "-o", "tables/imp.csv"))
-    evaluated = check_ok(run_recipes(ctr_run, "eval", "out", "--checkpoint", "best"))
+    monkeypatch.chdir(ctr_run)
+    printed = printed_by_main(capsys, "importance", "out", "--checkpoint", "best", "-o", "tables/imp.csv")
+    evaluated = printed_by_main(capsys, "eval", "out", "--checkpoint", "best")
 
-    rows = table_rows(result.stdout)
+    rows = table_rows(printed)
     assert {row[1] for row in rows} == CTR_FEATURES and [row[0] for row in rows] == [str(i) for i in range(1, 9)]
     drops = [float(row[2]) for row in rows]
     assert drops == sorted(drops, reverse=True) and drops[0] > 0.01
-    eval_line = next(line for line in evaluated.stdout.splitlines() if line.startswith("valid: "))
+    eval_line = next(line for line in evaluated.splitlines() if line.startswith("valid: "))
     values = dict(pair.split("=") for pair in eval_line.split()[1:])
-    assert baseline(result.stdout) == pytest.approx({"auc": float(values["auc"]), "ne": float(values["ne"])}, abs=1e-5)
-    assert "8,192 rows" in result.stdout and "Wrote the table to tables/imp.csv." in result.stdout
+    assert baseline(printed) == pytest.approx({"auc": float(values["auc"]), "ne": float(values["ne"])}, abs=1e-5)
+    assert "8,192 rows" in printed and "Wrote the table to tables/imp.csv." in printed
 
     table = read_csv(ctr_run / "tables" / "imp.csv")
     assert list(table) == ["rank", "feature", "auc_drop", "ne_rise", "auc", "ne"]
     assert table["feature"] == [row[1] for row in rows]
     assert table["auc_drop"] == pytest.approx(drops, abs=1e-6)
     auc_plus_drop = [auc + drop for auc, drop in zip(table["auc"], table["auc_drop"], strict=True)]  # type: ignore[operator]
-    assert auc_plus_drop == pytest.approx([baseline(result.stdout)["auc"]] * 8, abs=1e-6)
+    assert auc_plus_drop == pytest.approx([baseline(printed)["auc"]] * 8, abs=1e-6)
     assert not list((ctr_run / "tables").glob("*.tmp-*"))
 
 
-def test_a_seed_gives_the_same_table_and_chart_and_another_seed_another(ctr_run: Path) -> None:
-    first = check_ok(run_recipes(ctr_run, "importance", "out", "-o", "seed0.csv"))
+def test_a_seed_gives_the_same_table_and_chart_and_another_seed_another(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+    first = printed_by_main(capsys, "importance", "out", "-o", "seed0.csv")
+    # In a new interpreter: the same seed gives the same table in another process too (no set or hash order).
     again = check_ok(run_recipes(ctr_run, "importance", "out", "-o", "again.csv", "--seed", "0"))
-    other = check_ok(run_recipes(ctr_run, "importance", "out", "-o", "seed1.csv", "--seed", "1"))
+    other = printed_by_main(capsys, "importance", "out", "-o", "seed1.csv", "--seed", "1")
 
-    assert table_rows(first.stdout) == table_rows(again.stdout)
+    assert table_rows(first) == table_rows(again.stdout)
     assert (ctr_run / "seed0.csv").read_bytes() == (ctr_run / "again.csv").read_bytes()
     seed0, seed1 = read_csv(ctr_run / "seed0.csv"), read_csv(ctr_run / "seed1.csv")
-    assert baseline(first.stdout) == baseline(other.stdout)
+    assert baseline(first) == baseline(other)
     by_feature = [dict(zip(t["feature"], t["auc"], strict=True)) for t in (seed0, seed1)]  # type: ignore[arg-type]
     assert by_feature[0] != by_feature[1]
 

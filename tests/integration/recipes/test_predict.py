@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pyarrow.parquet as pa_parquet
 import pytest
 import torch
 
-from support.cli_runs import assert_one_line_error, run_main
+from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.resume_helpers import check_ok, metric_history, run_recipes
 from units import BinaryAUC
 
@@ -33,8 +32,8 @@ def auc_of(columns: dict[str, np.ndarray]) -> float:
     return float(metric.compute())
 
 
-def eval_values(result: subprocess.CompletedProcess[str], name: str = "valid") -> dict[str, float]:
-    line = next(line for line in result.stdout.splitlines() if line.startswith(f"{name}: "))
+def eval_values(stdout: str, name: str = "valid") -> dict[str, float]:
+    line = next(line for line in stdout.splitlines() if line.startswith(f"{name}: "))
     return {key: float(value) for key, value in (pair.split("=") for pair in line.split()[1:])}
 
 
@@ -46,8 +45,11 @@ def ctr_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_predict_writes_every_validation_row_and_its_metrics_are_the_validations(ctr_run: Path, suffix: str) -> None:
-    result = check_ok(run_recipes(ctr_run, "predict", "out", "-o", f"predictions{suffix}"))
+def test_predict_writes_every_validation_row_and_its_metrics_are_the_validations(
+    ctr_run: Path, suffix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+    printed = printed_by_main(capsys, "predict", "out", "-o", f"predictions{suffix}")
 
     columns = read_table(ctr_run / f"predictions{suffix}")
     assert set(columns) == {"label", "score"}
@@ -55,12 +57,15 @@ def test_predict_writes_every_validation_row_and_its_metrics_are_the_validations
     assert ((columns["score"] > 0) & (columns["score"] < 1)).all()
     last_validation = metric_history(ctr_run / "out")["valid"][-1]
     assert auc_of(columns) == pytest.approx(last_validation["auc"], abs=1e-6)
-    assert eval_values(result)["auc"] == pytest.approx(last_validation["auc"], abs=1e-5)
+    assert eval_values(printed)["auc"] == pytest.approx(last_validation["auc"], abs=1e-5)
 
 
-def test_eval_takes_an_output_directory_alone_or_a_preset_and_it(ctr_run: Path) -> None:
-    alone = check_ok(run_recipes(ctr_run, "eval", "out", "--checkpoint", "best"))
-    with_preset = check_ok(run_recipes(ctr_run, "eval", "ctr_tiny", "out", *TINY))
+def test_eval_takes_an_output_directory_alone_or_a_preset_and_it(
+    ctr_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ctr_run)
+    alone = printed_by_main(capsys, "eval", "out", "--checkpoint", "best")
+    with_preset = printed_by_main(capsys, "eval", "ctr_tiny", "out", *TINY)
 
     assert eval_values(alone) == eval_values(with_preset)
     assert set(eval_values(alone)) >= {"auc", "log_loss", "ne", "calibration", "pr_auc", "positive_rate"}
@@ -127,12 +132,15 @@ def test_eval_with_an_output_directory_that_is_a_file_is_one_line_and_exit_2(
 
 
 @pytest.mark.parametrize("train_nproc", [1, 2])
-def test_movielens_predictions_hold_every_validation_row_on_1_and_2_ranks(tmp_path: Path, train_nproc: int) -> None:
+def test_movielens_predictions_hold_every_validation_row_on_1_and_2_ranks(
+    tmp_path: Path, train_nproc: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     train = ["train", "movielens_small", "-o", "out", *MOVIELENS_SHORT, "--nproc", str(train_nproc)]
     check_ok(run_recipes(tmp_path, *train, timeout=600))
     last_validation = metric_history(tmp_path / "out")["valid"][-1]
 
-    one = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "valid", "-o", "one.csv"))
+    monkeypatch.chdir(tmp_path)
+    one = printed_by_main(capsys, "predict", "out", "--split", "valid", "-o", "one.csv")
     check_ok(run_recipes(tmp_path, "predict", "out", "--split", "valid", "-o", "two.csv", "--nproc", "2"))
     evaluated = check_ok(run_recipes(tmp_path, "eval", "out", "--nproc", "2"))
 
@@ -143,7 +151,7 @@ def test_movielens_predictions_hold_every_validation_row_on_1_and_2_ranks(tmp_pa
     for columns in (one_rank, two_ranks):
         assert auc_of(columns) == pytest.approx(last_validation["auc"], abs=1e-4)
     assert eval_values(one)["auc"] == pytest.approx(last_validation["auc"], abs=1e-4)
-    assert eval_values(evaluated)["auc"] == pytest.approx(last_validation["auc"], abs=1e-4)
+    assert eval_values(evaluated.stdout)["auc"] == pytest.approx(last_validation["auc"], abs=1e-4)
     assert {"auc", "log_loss", "ne", "calibration", "pr_auc"} <= set(last_validation)
 
 

@@ -11,8 +11,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+import pytest
 
 from integration.recsys.builtin.tabular.test_tabular_presets import SMALL, criteo_line
+from support.cli_runs import printed_by_main
 from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
 
@@ -32,7 +34,9 @@ def write_criteo_parquet(path: Path, num_rows: int, seed: int) -> str:
     return write(path, columns, row_group_size=1000)
 
 
-def test_the_criteo_preset_trains_validates_and_predicts_parquet_files(tmp_path: Path) -> None:
+def test_the_criteo_preset_trains_validates_and_predicts_parquet_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     paths = {
         split: write_criteo_parquet(tmp_path / f"{split}.parquet", rows, seed)
         for seed, (split, rows) in enumerate((("train", 3000), ("valid", 700), ("test", 500)))
@@ -40,10 +44,11 @@ def test_the_criteo_preset_trains_validates_and_predicts_parquet_files(tmp_path:
     data = ["dataset.format=parquet", *(f"dataset.{split}_path={path}" for split, path in paths.items())]
 
     check_ok(run_recipes(tmp_path, "train", "criteo_kaggle", "-o", "out", *data, *SMALL, timeout=600))
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+    monkeypatch.chdir(tmp_path)
+    predicted = printed_by_main(capsys, "predict", "out", "--split", "test", "-o", "test.csv")
 
     assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7
-    assert "test: auc=" in predicted.stdout
+    assert "test: auc=" in predicted
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == 500
 
     bad = write(

@@ -10,7 +10,7 @@ import pyarrow.csv as pa_csv
 import pytest
 
 from recsys.tabular.schema import resolve_path
-from support.cli_runs import assert_one_line_error, run_main
+from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.resume_helpers import check_ok, metric_history, run_recipes
 
 NUM_RATINGS = 100_004
@@ -45,7 +45,9 @@ def test_a_bad_rating_ends_training_in_one_line_with_exit_2(
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(tmp_path: Path) -> None:
+def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     times = sorted(int(r["timestamp"]) for r in ratings())
     test_from = times[NUM_RATINGS * 9 // 10]  # The latest tenth tests; the tenth before it validates.
     ratings_path = "package://recsys.builtin.movielens/ml-latest-small/ratings.csv"
@@ -53,11 +55,12 @@ def test_the_preset_trains_validates_and_predicts_a_test_split_cut_by_time(tmp_p
     short = ["trainer.max_num_steps=20", "trainer.validate_every_n_steps=10", "metrics.recorders.console=false"]
 
     check_ok(run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *cut, *short, timeout=600))
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "test.csv"))
+    monkeypatch.chdir(tmp_path)
+    predicted = printed_by_main(capsys, "predict", "out", "--split", "test", "-o", "test.csv")
 
     valid = metric_history(tmp_path / "out")["valid"]
     assert [entry["step"] for entry in valid] == [10, 20] and valid[-1]["auc"] > 0.6
-    assert "test: auc=" in predicted.stdout
+    assert "test: auc=" in predicted
     assert pa_csv.read_csv(tmp_path / "test.csv").num_rows == sum(time >= test_from for time in times)
 
 

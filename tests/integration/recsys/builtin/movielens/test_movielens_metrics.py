@@ -14,7 +14,7 @@ from torchmetrics.functional.classification import binary_auroc
 
 from recsys.tabular.hashing import hash_value
 from recsys.tabular.schema import resolve_path
-from support.cli_runs import assert_one_line_error, run_main
+from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.resume_helpers import check_ok, metric_history, run_recipes
 
 VALID_FROM = 1339227125  # The preset's `dataset.split.valid_from`.
@@ -47,10 +47,11 @@ def reference_gauc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Ten
 
 
 def test_the_preset_reports_user_gauc_equal_to_a_reference_over_its_predictions_and_ne_per_hour(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_ok(run_recipes(tmp_path, "train", "movielens_small", "-o", "out", *SHORT, "metrics.slice_by=hour"))
-    check_ok(run_recipes(tmp_path, "predict", "out", "--split", "valid", "-o", "valid.csv"))
+    monkeypatch.chdir(tmp_path)
+    printed_by_main(capsys, "predict", "out", "--split", "valid", "-o", "valid.csv")
 
     valid = metric_history(tmp_path / "out")["valid"][-1]
     hours = {key.removeprefix("ne/") for key in valid if key.startswith("ne/")}

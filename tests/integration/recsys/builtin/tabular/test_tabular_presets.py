@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.csv as pa_csv
 import pytest
 
-from support.cli_runs import checkpoints_listing
+from support.cli_runs import checkpoints_listing, printed_by_main, run_main
 from support.resume_helpers import check_ok, metric_history, one_line_error, run_recipes
 
 SMALL = ["dataset.batch_size=64", "metrics.recorders.console=false", "trainer.validate_every_n_steps=10"]
@@ -88,7 +88,7 @@ def write_avazu(path: Path, num_rows: int, seed: int) -> str:
     ("preset", "write"), [("criteo_kaggle", write_criteo), ("avazu", write_avazu), ("frappe", write_frappe)]
 )
 def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
-    tmp_path: Path, preset: str, write: object
+    tmp_path: Path, preset: str, write: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     suffix = {"criteo_kaggle": ".tsv.gz", "avazu": ".csv", "frappe": ".libfm"}[preset]
     paths = {split: write(tmp_path / f"{split}{suffix}", rows, seed) for seed, (split, rows) in  # type: ignore[operator]
@@ -99,10 +99,11 @@ def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
 
     # Validated every 10 steps (SMALL), checkpointed by the preset every epoch: a new best is checkpointed at once.
     check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *data, *SMALL, timeout=600))
+    monkeypatch.chdir(tmp_path)
     if preset == "avazu":  # Writing the predictions over the test data the run reads is refused.
-        result = run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", str(paths["test"]))
-        assert result.returncode == 2 and "must not name a file the run reads" in result.stderr
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "predictions.csv"))
+        code, _, err = run_main(capsys, "predict", "out", "--split", "test", "-o", str(paths["test"]))
+        assert code == 2 and "must not name a file the run reads" in err
+    predicted = printed_by_main(capsys, "predict", "out", "--split", "test", "-o", "predictions.csv")
 
     valid = metric_history(tmp_path / "out")["valid"]
     assert valid[-1]["auc"] > 0.7
@@ -113,9 +114,9 @@ def test_a_public_format_preset_trains_validates_and_predicts_its_test_split(
     last_step = max(row["step"] for row in valid)
     assert best_step < last_step and "Early stopping at step" in (tmp_path / "out/logs/rank_0.log").read_text()
     [best] = [row for row in valid if row["step"] == best_step]
-    assert f"auc={best['auc']:.6g}" in check_ok(run_recipes(tmp_path, "eval", "out")).stdout
+    assert f"auc={best['auc']:.6g}" in printed_by_main(capsys, "eval", "out")
     assert {"auc", "log_loss", "ne", "calibration", "pr_auc"} <= set(valid[-1])
-    assert "test: auc=" in predicted.stdout
+    assert "test: auc=" in predicted
     assert pa_csv.read_csv(tmp_path / "predictions.csv").num_rows == 500
 
 
@@ -155,7 +156,9 @@ config:
 """
 
 
-def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path: Path) -> None:
+def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "clicks.yaml").write_text(VOCABULARY_PRESET)
     paths = {split: write_avazu(tmp_path / f"{split}.csv", rows, seed) for seed, (split, rows) in
              enumerate((("train", 2000), ("valid", 500)))}  # fmt: skip
@@ -170,8 +173,8 @@ def test_a_vocabulary_is_built_at_the_first_start_and_loaded_on_resume(tmp_path:
     check_ok(run_recipes(tmp_path, "train", "out/config.yaml", "-o", "out", "trainer.max_num_steps=30", *SMALL))
 
     assert "Loaded the vocabularies and counts of site_id, device_ip" in log.read_text()
-    predicted = check_ok(run_recipes(tmp_path, "predict", "out", "--split", "test", "-o", "predictions.csv"))
-    assert "test: auc=" in predicted.stdout
+    monkeypatch.chdir(tmp_path)
+    assert "test: auc=" in printed_by_main(capsys, "predict", "out", "--split", "test", "-o", "predictions.csv")
     assert pa_csv.read_csv(tmp_path / "predictions.csv").num_rows == 500
     assert (tmp_path / "out" / "vocabularies.npz").exists()
     assert metric_history(tmp_path / "out")["valid"][-1]["auc"] > 0.7
