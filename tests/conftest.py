@@ -18,6 +18,7 @@ os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__),
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+import importlib.metadata
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -42,7 +43,10 @@ def isolated_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(presets.PRESET_FILES_ENV, raising=False)
     monkeypatch.setattr(presets, "_python_presets", dict(presets._python_presets))
-    presets.get_recipe("ctr")  # Register the built-in recipes before taking the snapshot.
+    # Register every installed recipe before taking the snapshot: one first imported inside the test would register
+    # into the snapshot only, and its module, imported for good, would not register it again for a later test.
+    for entry_point in importlib.metadata.entry_points(group=presets.RECIPE_ENTRY_POINTS):
+        presets.get_recipe(entry_point.name)
     monkeypatch.setattr(presets, "_recipes", dict(presets._recipes))
     monkeypatch.setattr(sys, "path", list(sys.path))
     yield tmp_path
