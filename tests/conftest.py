@@ -100,3 +100,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     failed = warm_up()
     if failed:
         print(f"numba warm-up: {', '.join(failed)} did not train; their tests will say why.", file=sys.stderr)
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """Each test starts from the environment the tests were collected with. The code a test runs in this process
+    may set variables for the processes it would start (torch sets ``TORCHINDUCTOR_CACHE_DIR`` at its first
+    compiled step); kept, they would reach the processes of every later test of the worker, depending on which
+    tests ran there before, and make those runs differ from the warm interpreter's (``support.warm_runs``)."""
+    saved = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(saved) - {PYTEST_VARIABLE}:
+        del os.environ[name]
+    for name, value in saved.items():
+        if name != PYTEST_VARIABLE and os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+PYTEST_VARIABLE = "PYTEST_CURRENT_TEST"  # pytest's own, which it sets and removes around each test.

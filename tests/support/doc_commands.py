@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from support.paths import ROOT
+from support.warm_runs import SOCKET_ENV, WARM, warm_venv
 
 # What a command run in the folder finds of the checkout: linked, not copied (the tests read, never write them).
 CHECKOUT_ENTRIES = (
@@ -53,11 +53,12 @@ class Outcome:
 
 def checkout_folder(root: Path) -> Path:
     """``root`` laid out as the checkout for the documents' commands: its entries linked, and ``.venv`` the
-    virtual environment running the tests (whose ``bin/`` the commands name)."""
+    virtual environment running the tests (whose ``bin/`` the commands name), its ``python -m recipes`` forked from
+    a warm interpreter (``support.warm_runs``) in the environment of ``env_with``."""
     root.mkdir(parents=True, exist_ok=True)
     for entry in CHECKOUT_ENTRIES:
         (root / entry).symlink_to(ROOT / entry)
-    (root / ".venv").symlink_to(Path(sys.prefix))
+    warm_venv(root / ".venv")
     if (ROOT / ".mypy_cache").is_dir():  # scripts/test.sh's mypy takes up where CI's run left off
         (root / ".mypy_cache").symlink_to(ROOT / ".mypy_cache")
     return root
@@ -134,8 +135,9 @@ def run_until_it_waits(command: str, cwd: Path, env: Mapping[str, str], waiting:
 
 
 def env_with(extra: Mapping[str, str]) -> dict[str, str]:
-    """The tests' environment for a command, with ``extra``; the numba cache of the checkout."""
+    """The tests' environment for a command, with ``extra``; the numba cache of the checkout, and the warm
+    interpreter of ``checkout_folder``'s ``python``."""
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra})
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", SOCKET_ENV: WARM.socket_path(), **extra})
     return env

@@ -24,6 +24,7 @@ from checkpoint.loaded import shared_file_name, shared_keys
 from checkpoint.metadata import CheckpointMetadata
 from checkpoint.serialization import read_torch_file
 from checkpoint.store import CheckpointStore
+from support import warm_runs
 from support.paths import ROOT, STALLING_CLI
 
 # A ctr_tiny run that takes a few seconds: 32 steps per data epoch, so 40 steps cross an epoch
@@ -75,15 +76,8 @@ def recipes_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def run_recipes(
     cwd: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = RUN_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m recipes ARGS`` to the end in ``cwd``."""
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args],
-        cwd=cwd,
-        env=recipes_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run ``python -m recipes ARGS`` to the end in ``cwd`` (forked from a warm interpreter: ``support.warm_runs``)."""
+    return warm_runs.run([sys.executable, "-m", "recipes", *args], cwd, recipes_env(env), timeout)
 
 
 def start_recipes(cwd: Path, *args: str, env: Mapping[str, str] | None = None, stalling: bool = False) -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support import warm_runs
 from support.gloo_jobs import free_port
 
 # Small enough for a 2-core machine; the global batch of 64 splits over 1, 2 or 4 ranks.
@@ -29,9 +30,7 @@ COMMON = [
 
 def recipes(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "recipes", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return warm_runs.run([sys.executable, "-m", "recipes", *args], cwd, env, timeout=300)
 
 
 def train(output_dir: Path, *extra: str, nproc: int | None = None) -> None:

@@ -2,14 +2,15 @@
 runs it.
 
 The documents' ``bash`` blocks run in one folder laid out as the checkout (``support.doc_commands``), in the order
-the documents give them, so that a later block works on an earlier one's run (``runs/ctr_tiny``, ``runs/dynamic``).
-A command changes only by the substitutions of ``SUBSTITUTIONS``, each with its reason (a run too long for CI, a
-port of its own); a command that never ends on its own is started, asked, and stopped; ``srun`` is read as Slurm
-would pass it to torchrun. A ``yaml``, ``python`` or ``toml`` block is a config resolved, code run or an entry point
-found, by the check of ``CHECKS`` named after it; plain text is compared with what the program prints or is a
-diagram (``PLAIN``). A block run by another test is in ``COVERED``; a block that repeats an earlier one's text (the
-README's first commands, again in the getting-started page) is run once, as the first. A new block that is in
-none of them fails ``test_every_block_is_run_here_or_by_a_named_test``.
+the documents give them, so that a later block works on an earlier one's run (``runs/ctr_tiny``, ``runs/dynamic``). A
+command changes only by the substitutions of ``SUBSTITUTIONS``, each with its reason (a run too long for CI, a port
+of its own); the folder's ``.venv/bin/python -m recipes`` is forked from a warm interpreter that has imported torch
+once, about 3 s of CPU spared a command (``support.warm_runs``); a command that never ends on its own is started,
+asked, and stopped; ``srun`` is read as Slurm would pass it to torchrun. A ``yaml``, ``python`` or ``toml`` block is
+a config resolved, code run or an entry point found, by the check of ``CHECKS`` named after it; plain text is
+compared with what the program prints or is a diagram (``PLAIN``). A block run by another test is in ``COVERED``; a
+block that repeats an earlier one's text (the README's first commands, again in the getting-started page) is run
+once, as the first. A new block that is in none of them fails ``test_every_block_is_run_here_or_by_a_named_test``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support import warm_runs
 from support.doc_tutorials import (
     TABLES_FOLDER,
     TABLES_TUTORIAL,
@@ -54,7 +55,7 @@ def ran(
         if Path(args[0]).name == "tensorboard":
             assert Path(args[0]).is_file() and args[1:] == ["--logdir", "out/tb"]
             continue
-        result = subprocess.run(args, cwd=cwd, env=recipes_env(), capture_output=True, text=True, timeout=300)
+        result = warm_runs.run(args, cwd, recipes_env(), timeout=300)
         results.append(check_ok(result))
     return cwd, results
 
@@ -90,19 +91,10 @@ def test_kill_9_mid_run_then_the_same_command_resumes_bit_exact(tutorial: Tutori
     args = first_train[3:]  # after `python -m recipes`
     assert args[:2] == ["train", "mf_movielens"] and args[2:] == ["-o", "out"]
 
-    check_ok(
-        subprocess.run(
-            [*first_train[:3], "train", "mf_movielens", "-o", "reference"],
-            cwd=project,
-            env=recipes_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    )
+    check_ok(warm_runs.run([*first_train[:3], "train", "mf_movielens", "-o", "reference"], project, recipes_env(), 300))
     process = start_recipes(project, "train", "mf_movielens", "-o", "out")
     wait_for_checkpoint(project / "out", 100, process)
     kill_hard(process)
-    check_ok(subprocess.run(first_train, cwd=project, env=recipes_env(), capture_output=True, text=True, timeout=300))
+    check_ok(warm_runs.run(first_train, project, recipes_env(), timeout=300))
 
     assert_same_training(project / "reference", project / "out", final_step=300)
