@@ -26,7 +26,8 @@ TABLES = [
 ]
 FEATURES = ["a", "b", "tags"]
 Backend = Literal["sparse", "dense"]
-ZOO_MODEL_NAMES = ZOO_MODELS.names()
+ZOO_MODEL_NAMES = [name for name in ZOO_MODELS.names() if not ZOO_MODELS.get(name).config_class.reads_sequences]
+"""The models that pool every feature, which the data here suits (``support.sequence_data`` has the others')."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from embedding import (
     EmbeddingTableConfig,
     EvictionConfig,
     HashPolicy,
+    Pooling,
     RowwiseAdagradConfig,
     ShardedEmbeddingCollection,
     SparseFeatures,
@@ -77,13 +78,15 @@ class TableSpec:
     name: str
     num_rows: int
     features: tuple[str, ...]
-    pooling: Literal["sum", "mean"] = "sum"
+    pooling: Pooling = "sum"
+    """``none``: the feature's ids are not pooled (a sequence): a lookup gives each id's vector, ``[ids, dim]``."""
     dim: int | None = None
     """The table's own dim (a model may size its tables apart, ``recsys.zoo``), or None for the section's."""
 
 
 class DenseEmbeddingBags(nn.Module):
-    """One ``nn.EmbeddingBag`` per table, trained by the dense optimizer like any parameter.
+    """One ``nn.EmbeddingBag`` per table (an ``nn.Embedding`` for a table that does not pool), trained by the dense
+    optimizer like any parameter.
 
     Each starts from the very values the sparse table of the same name and ``seed`` would
     (not ``nn.EmbeddingBag``'s N(0, 1)), so the two backends compare on their updates alone.
@@ -100,17 +103,24 @@ class DenseEmbeddingBags(nn.Module):
                 t.name, t.num_rows, table_dim, t.features, pooling=t.pooling, init_scale=init_scale
             )
             initial = init_rows(config, 0, t.num_rows, seed, torch.device("cpu"))
-            self.bags[t.name] = nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
+            self.bags[t.name] = (
+                nn.Embedding.from_pretrained(initial, freeze=False)
+                if t.pooling == "none"
+                else nn.EmbeddingBag.from_pretrained(initial, freeze=False, mode=t.pooling)
+            )
         self.table_of = {feature: t.name for t in tables for feature in t.features}
 
     def forward(self, features: SparseFeatures) -> dict[str, torch.Tensor]:
-        return {
-            name: self.bags[self.table_of[name]](
-                features[name].ids, features[name].offsets[:-1], per_sample_weights=features[name].weights
-            )
-            for name in features
-            if name in self.table_of
-        }
+        looked_up = {}
+        for name in features:
+            if name not in self.table_of:
+                continue
+            table, feature = self.bags[self.table_of[name]], features[name]
+            if isinstance(table, nn.EmbeddingBag):
+                looked_up[name] = table(feature.ids, feature.offsets[:-1], per_sample_weights=feature.weights)
+            else:  # Not pooled: each id's vector, as the sparse tables give them.
+                looked_up[name] = table(feature.ids)
+        return looked_up
 
 
 def build_embeddings(

@@ -90,10 +90,12 @@ class AddedColumns:
                     numbers=name in dense or name in numbered,
                     bags=name in groups and groups[name].multi_hot,
                     separator=groups[name].separator if name in groups else None,
+                    kind=schema.id_kind(name),
                 )
                 for name in join.columns
             }
-            self.tables.append(SideTable(join, uses, schema.split))
+            assert join.on is not None
+            self.tables.append(SideTable(join, uses, schema.split, schema.id_kind(join.on)))
         self.file_keys = sorted(name for name in keyed if name in file_columns)
         """The file columns whose keys ``apply`` needs."""
         self.file_numbers = sorted(name for name in numbered if name in file_columns)
@@ -146,7 +148,7 @@ class AddedColumns:
         for name in self._dense:
             values.numbers[name] = numbers[name]
         for name in self._categorical - set(values.bags):
-            values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], name)
+            values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], self._schema.id_kind(name))
         return values
 
     @staticmethod

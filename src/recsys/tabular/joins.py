@@ -40,17 +40,22 @@ class ColumnUse:
     bags: bool = False
     separator: str | None = None
     """With ``bags``: what splits one field into several values."""
+    kind: str | None = None
+    """The column whose values these are (``same_ids_as``), whose name their keys are hashed with; ``None``: this
+    one's."""
 
 
 class SideTable:
     """One joined table, held whole: its keys (sorted, unique) and each taken column's values per key."""
 
-    def __init__(self, join: JoinedTable, uses: dict[str, ColumnUse], split: SplitByValue) -> None:
+    def __init__(self, join: JoinedTable, uses: dict[str, ColumnUse], split: SplitByValue, key_kind: str) -> None:
+        """``key_kind``: the column whose values the rows' keys are (``TabularDataSection.id_kind`` of ``join.on``),
+        so that the table's keys hash as theirs do."""
         self.join = join
         self._path = join.path
         table = read_side_table(join, split)
         assert join.on is not None
-        row_keys = text_keys(table.column(join.key), join.on)
+        row_keys = text_keys(table.column(join.key), key_kind)
         order = np.argsort(row_keys, kind="stable")
         self.keys, starts = np.unique(row_keys[order], return_index=True)
         self._row_offsets = np.append(starts, len(order)).astype(np.int64)
@@ -64,11 +69,11 @@ class SideTable:
             if use.keys or use.numbers:
                 self._require_one_row_per_key(name, table)
             if use.keys:
-                self.single_keys[name] = text_keys(values, name)[order[starts]]
+                self.single_keys[name] = text_keys(values, use.kind or name)[order[starts]]
             if use.numbers:
                 self.numbers[name] = side_numbers(self._path, name, values)[order[starts]]
             if use.bags:
-                self.bags[name] = self._bags(name, values, use.separator)
+                self.bags[name] = self._bags(name, values, use)
 
     def positions(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         """For each of ``keys``, the index of its entry among ``self.keys``, or -1 if the table lacks it."""
@@ -95,15 +100,17 @@ class SideTable:
                 "has several rows: take it as a bag (`multi_hot: true` in its categorical group)."
             )
 
-    def _bags(self, name: str, values: pa.ChunkedArray, separator: str | None) -> Bags:
-        """Every value of every row of each key, split by ``separator`` (a key's empty bag: the missing key 0)."""
+    def _bags(self, name: str, values: pa.ChunkedArray, use: ColumnUse) -> Bags:
+        """Every value of every row of each key, split by the use's separator (a key's empty bag: the missing key
+        0)."""
         texts = values.cast(pa.string()).fill_null("")
-        if separator is not None:
-            lists = pc.split_pattern(texts, separator)
+        kind = use.kind or name
+        if use.separator is not None:
+            lists = pc.split_pattern(texts, use.separator)
             lengths = pc.list_value_length(lists).to_numpy()
-            value_keys = text_keys(pc.list_flatten(lists), name)
+            value_keys = text_keys(pc.list_flatten(lists), kind)
         else:
-            lengths, value_keys = np.ones(len(texts), np.int64), text_keys(texts, name)
+            lengths, value_keys = np.ones(len(texts), np.int64), text_keys(texts, kind)
         value_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         grouped: Bags = _group_bags(value_keys, value_offsets, self._order, self._row_offsets)
         return grouped

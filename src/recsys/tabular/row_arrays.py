@@ -22,10 +22,17 @@ def object_array(parts: Sequence[npt.NDArray[Any]]) -> npt.NDArray[Any]:
     return bags
 
 
-def split_rows(values: npt.NDArray[Any], offsets: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-    """``values[offsets[i]:offsets[i + 1]]`` for each row ``i``: views, in an object array of ``len(offsets) - 1``."""
+def split_rows(
+    values: npt.NDArray[Any], offsets: npt.NDArray[np.int64], keep_last: int | None = None
+) -> npt.NDArray[Any]:
+    """``values[offsets[i]:offsets[i + 1]]`` for each row ``i``: views, in an object array of ``len(offsets) - 1``;
+    with ``keep_last``, at most that many of each row's values, its last ones (a sequence's latest)."""
     bounds = offsets.tolist()
     bags = np.empty(max(len(bounds) - 1, 0), dtype=object)
-    for row in range(len(bags)):
-        bags[row] = values[bounds[row] : bounds[row + 1]]
+    if keep_last is None:
+        for row in range(len(bags)):
+            bags[row] = values[bounds[row] : bounds[row + 1]]
+    else:
+        for row in range(len(bags)):
+            bags[row] = values[max(bounds[row], bounds[row + 1] - keep_last) : bounds[row + 1]]
     return bags

@@ -29,6 +29,7 @@ TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
 HISTORY = "history"
 PACKAGE_SCHEME = "package://"
+DEFAULT_NUM_BUCKETS = 1_000_000
 _RANGE = re.compile(r"^(.*)\{(\d+)\.\.(\d+)\}(.*)$")
 
 
@@ -95,7 +96,7 @@ class DenseColumns:
 class CategoricalColumns:
     columns: list[str] = field(default_factory=list)
     """Categorical columns (integers or strings alike: the text of the field is what counts)."""
-    num_buckets: Annotated[int, Range(ge=2)] = 1_000_000
+    num_buckets: Annotated[int, Range(ge=2)] = DEFAULT_NUM_BUCKETS
     """Rows of each column's table: a value's id is 1 + its 64-bit hash modulo ``num_buckets - 1``;
     id 0 is an empty (missing) field's, which no value shares."""
     separator: str | None = None
@@ -111,16 +112,37 @@ class CategoricalColumns:
     out-of-vocabulary id 1. Counted in one pass at the first start, saved in the output directory."""
     min_count: PositiveInt = 1
     """With ``vocabulary``: how often a value must occur in the training files to get an id of its own."""
+    sequence: bool = False
+    """Each field is a sequence of values in time order, the oldest first (the movies a user watched, a ``history``
+    column): a bag whose order counts, for the models that read sequences (``din``). Its table is not pooled: the
+    model receives every id's vector with the row offsets (jagged, no padding), and pads where it needs to. Implies
+    ``multi_hot``; needs ``max_len``."""
+    max_len: PositiveInt | None = None
+    """With ``sequence``: the most values a row keeps, its latest ones (the end of the field), which bounds what a
+    step computes; longer fields are cut."""
+    same_ids_as: str | None = None
+    """The name of another categorical column whose values these are too (the movies of a sequence, and the
+    candidate ``movie_id``): the values hash as that column's do and look up its table, so that a value has one
+    row for both. The group then takes the table of that column (its ``num_buckets``, its ``shared_table``)."""
 
     def __post_init__(self) -> None:
         self.columns = expand_names(self.columns)
+        if self.sequence and self.max_len is None:
+            raise ValueError(f"`max_len` must be set for the sequence group {self.columns}, but is not.")
+        if self.max_len is not None and not self.sequence:
+            raise ValueError(f"`max_len` applies to a group with `sequence: true`, but {self.columns} is not one.")
+        if self.same_ids_as is not None and (self.vocabulary or self.shared_table is not None):
+            raise ValueError(
+                f"A group with `same_ids_as` takes the table of '{self.same_ids_as}', so `vocabulary` and "
+                f"`shared_table` must not be set, but {self.columns} sets one."
+            )
         if self.min_count > 1 and not self.vocabulary:
             raise ValueError(f"`min_count` applies with `vocabulary: true` only, but is {self.min_count} without it.")
         if self.vocabulary and self.shared_table is not None:
             raise ValueError("`vocabulary` and `shared_table` must not be combined, but are both set.")
         if self.separator == "":
             raise ValueError("`separator` must be a non-empty string or null, but is '' instead.")
-        self.multi_hot = self.multi_hot or self.separator is not None
+        self.multi_hot = self.multi_hot or self.separator is not None or self.sequence
 
 
 @dataclass
@@ -319,6 +341,7 @@ class TabularDataSection:
                 f"be set for {ordered}, but is not."
             )
         self._check_histories()
+        self._check_same_ids()
         if self.follow and self.windows.by != "path":
             raise ValueError(
                 f"`follow` waits for new windows of files, so `windows.by` must be `path`, but is `{self.windows.by}`."
@@ -345,6 +368,63 @@ class TabularDataSection:
                     f"The history '{column.name}' keeps its source's keys, which a `vocabulary` cannot count: its "
                     "group must hash them, but has `vocabulary: true`."
                 )
+
+    def _check_same_ids(self) -> None:
+        """A group of ``same_ids_as`` takes a hashed column's table: the column must be one, of a group of its own
+        kind, and the table's features must pool one way (a sequence is not pooled, a multi-hot bag is)."""
+        groups = self.groups_by_column
+        for group in self.categorical:
+            target = group.same_ids_as
+            if target is None:
+                continue
+            if target not in groups or groups[target] is group:
+                raise ValueError(
+                    f"`same_ids_as` must name a categorical column of another group, but {group.columns} name "
+                    f"'{target}' instead."
+                )
+            owner = groups[target]
+            if owner.same_ids_as is not None or owner.vocabulary:
+                why = "`same_ids_as` itself" if owner.same_ids_as is not None else "`vocabulary: true`"
+                raise ValueError(
+                    f"`same_ids_as` must name a column of hashed values with a table of its own, but '{target}' has "
+                    f"{why}."
+                )
+            if group.num_buckets not in (owner.num_buckets, DEFAULT_NUM_BUCKETS):
+                raise ValueError(
+                    f"`num_buckets` of {group.columns} must be left out or equal that of '{target}' "
+                    f"({owner.num_buckets}), whose table they look up, but is {group.num_buckets} instead."
+                )
+            group.num_buckets = owner.num_buckets
+            sharing = [
+                owner,
+                *(g for g in self.categorical if g.same_ids_as is not None and groups.get(g.same_ids_as) is owner),
+            ]
+            bags = [g.columns for g in sharing if g.multi_hot and not g.sequence]
+            if bags and any(g.sequence for g in sharing):
+                raise ValueError(
+                    f"A table is pooled one way, but the table of '{target}' is looked up by a sequence (not pooled) "
+                    f"and by the multi-hot bag {bags[0]} (pooled by mean): make both sequences, or give them tables "
+                    "of their own."
+                )
+        sources = {column.name: column.source for column in self.derived if column.transform == HISTORY}
+        for name, source in sources.items():
+            kind = groups[name].same_ids_as if name in groups else None
+            if kind is not None and kind != self.id_kind(source):
+                raise ValueError(
+                    f"The history '{name}' keeps the keys of its source '{source}', so its `same_ids_as` must be "
+                    f"'{self.id_kind(source)}', but is '{kind}' instead."
+                )
+
+    @property
+    def groups_by_column(self) -> dict[str, CategoricalColumns]:
+        """Each categorical column's group."""
+        return {name: group for group in self.categorical for name in group.columns}
+
+    def id_kind(self, column: str) -> str:
+        """The column whose values ``column``'s are (its group's ``same_ids_as``, or itself): a value's key is
+        hashed with that column's name, so that the same value of two columns of one kind has one key."""
+        group = self.groups_by_column.get(column)
+        return column if group is None or group.same_ids_as is None else group.same_ids_as
 
     @property
     def added_columns(self) -> list[str]:

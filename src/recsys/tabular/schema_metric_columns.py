@@ -41,7 +41,8 @@ def value_names(
     if derived is None or derived.transform not in TIME_PART_VALUES or group is None:
         return {}
     values = np.array(TIME_PART_VALUES[derived.transform], dtype=np.float64)
-    ids = column_ids(integer_keys(values, column), column, 0 if full_keys else group.num_buckets, encodings)
+    keys = integer_keys(values, schema.id_kind(column))
+    ids = column_ids(keys, column, 0 if full_keys else group.num_buckets, encodings)
     names: dict[int, list[str]] = {}
     for value, id_ in zip(values.astype(np.int64).tolist(), ids.tolist()):
         names.setdefault(int(id_), []).append(str(value))

@@ -65,7 +65,9 @@ class TypedRows:
         ]
         self.multi_hot = [name for name in schema.categorical_columns if self._groups[name].multi_hot]
         self._file_dense = [name for name in schema.dense_columns if name not in added_names]
-        self._hashers = {name: _DictionaryHasher(name, self._groups[name].num_buckets) for name in self.single_valued}
+        self._hashers = {
+            name: _DictionaryHasher(schema.id_kind(name), self._groups[name].num_buckets) for name in self.single_valued
+        }
 
     @property
     def columns(self) -> list[str]:
@@ -138,7 +140,7 @@ class TypedRows:
         self, batch: pa.RecordBatch
     ) -> tuple[dict[str, npt.NDArray[np.uint64]], dict[str, npt.NDArray[np.float64]]]:
         """The keys and numbers of the file columns that ``AddedColumns`` reads."""
-        keys = {name: text_keys(batch.column(name), name) for name in self._added.file_keys}
+        keys = {name: text_keys(batch.column(name), self._schema.id_kind(name)) for name in self._added.file_keys}
         numbers = {name: _floats(batch.column(name), np.nan) for name in self._added.file_numbers}
         return keys, numbers
 
@@ -151,7 +153,7 @@ class TypedRows:
         num_buckets = self._groups[name].num_buckets
         if name in added.bags:
             keys, offsets = added.bags[name]
-            return split_rows(bucket_ids(keys, num_buckets), offsets)
+            return split_rows(bucket_ids(keys, num_buckets), offsets, self._groups[name].max_len)
         if name in added.keys:
             return bucket_ids(added.keys[name], num_buckets)
         if name in self.multi_hot:
@@ -194,9 +196,9 @@ class TypedRows:
                 else pa.ListArray.from_arrays(np.arange(len(texts) + 1, dtype=np.int32), texts)
             )
         lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
-        ids = hash_ids(values.flatten(), name, group.num_buckets)
+        ids = hash_ids(values.flatten(), self._schema.id_kind(name), group.num_buckets)
         missing = np.zeros(1, np.int64)
-        bags = split_rows(ids, np.concatenate([[0], np.cumsum(lengths)]))
+        bags = split_rows(ids, np.concatenate([[0], np.cumsum(lengths)]), group.max_len)
         return object_array([bag if len(bag) else missing for bag in bags])
 
 

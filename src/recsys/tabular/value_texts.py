@@ -41,7 +41,7 @@ def feature_value_texts(
     vocabularies = {} if encodings is None else encodings.vocabularies
     result = {}
     for name, values in distinct.items():
-        keys = text_keys(values, name)
+        keys = text_keys(values, schema.id_kind(name))
         ids = column_ids(keys, name, groups[name].num_buckets, encodings)
         kept = ids > OUT_OF_VOCABULARY_ID if name in vocabularies else keys != 0
         table = pa.table({"id": pa.array(ids[kept], pa.int64()), "value": values.filter(pa.array(kept))})

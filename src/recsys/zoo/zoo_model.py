@@ -7,7 +7,9 @@ package adds its own model by registering it in ``ZOO_MODELS`` (by decorator, or
 
 Every model maps a ``CTRBatch`` to one logit per sample, ``[B]``, with either backend of
 ``recsys.models.embeddings``; the framework finds and steps the sparse tables at any depth. A
-model with MLPs says how they split over tensor-parallel ranks (``tensor_parallel_plan``).
+model with MLPs says how they split over tensor-parallel ranks (``tensor_parallel_plan``). Most
+models pool every feature; a model whose config says it ``reads_sequences`` (``din``) takes the
+behaviour sequences of a schema's ``sequence`` columns as they come, jagged.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import nn
@@ -89,6 +91,9 @@ class ZooModelConfig:
     such data supports, and the tables' own optimizer settings (see ``embeddings``).
     """
 
+    reads_sequences: ClassVar[bool] = False
+    """Whether the model reads behaviour sequences (tables that do not pool), which every other model refuses."""
+
     name: str = "dcn_v2"
     """Which model; DCN-v2 by default, among the strongest on public CTR benchmarks (BARS, SIGIR 2022)."""
     embeddings: ZooEmbeddingSection = field(default_factory=ZooEmbeddingSection)
@@ -130,13 +135,15 @@ class DeepModelConfig(ZooModelConfig):
 @dataclass(frozen=True)
 class ModelInputs:
     """What a zoo model is built over: the tables, the features in model order, the dense features' count,
-    the gang its sparse tables are sharded over, and the seed of its initial values."""
+    the gang its sparse tables are sharded over, the seed of its initial values, and the sequence features with
+    the most ids a row of each holds (their tables do not pool)."""
 
     tables: Sequence[TableSpec]
     features: list[str]
     num_dense: int
     gang: Gang
     seed: int
+    sequence_lengths: Mapping[str, int] = field(default_factory=dict)
 
     def vectors(self, section: EmbeddingSection) -> nn.Module:
         """The features' vectors: one table per ``TableSpec``, of its own dim."""
@@ -168,24 +175,27 @@ def build_zoo_model(
     gang: Gang,
     seed: int,
     cardinalities: Mapping[str, int] | None = None,
+    sequence_lengths: Mapping[str, int] | None = None,
 ) -> nn.Module:
     """The model ``config.name`` over ``features`` (in this order, each looked up by one of ``tables``) and
     ``num_dense`` dense features, on ``gang.device``; its sparse tables are sharded over ``gang``, each of the
     dim ``config.embeddings`` gives it (``cardinalities``: the distinct ids the training files look up in each
-    table, which ``dim_by_cardinality`` needs).
+    table, which ``dim_by_cardinality`` needs). ``sequence_lengths``: the features that are sequences, with the
+    most ids a row of each holds, which the tables that look them up do not pool.
 
     The dense layers are initialised from ``seed`` alone, as the tables are, so that a model is the
     same whatever ran before it.
     """
-    features = list(features)
+    features, sequence_lengths = list(features), dict(sequence_lengths or {})
     _check_features(tables, features)
+    _check_sequences(config, tables, sequence_lengths)
     if num_dense < 0:
         raise ValueError(f"`num_dense` must be >= 0, but is {num_dense} instead.")
     factory = ZOO_MODELS.get(config.name).value
     with torch.random.fork_rng(devices=[]):  # The dense layers are built on the CPU; CUDA's stream stays.
         torch.default_generator.manual_seed(seed)
         sized = sized_tables(config.embeddings, tables, cardinalities)
-        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed))
+        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed, sequence_lengths))
     return model.to(gang.device)
 
 
@@ -200,6 +210,26 @@ def _check_features(tables: Sequence[TableSpec], features: list[str]) -> None:
         raise ValueError(
             f"`features` must be the features the tables look up ({', '.join(sorted(looked_up))}), "
             f"but is {', '.join(features)} instead."
+        )
+
+
+def _check_sequences(config: ZooModelConfig, tables: Sequence[TableSpec], sequence_lengths: dict[str, int]) -> None:
+    """A sequence is read by a model that reads sequences, from a table that does not pool, and the other way round."""
+    unpooled = {feature for table in tables if table.pooling == "none" for feature in table.features}
+    pooled = sorted(set(sequence_lengths) - unpooled)
+    if pooled:
+        raise ValueError(f"The sequences must be looked up by tables that do not pool, but {pooled} are not.")
+    if sequence_lengths and not config.reads_sequences:
+        readers = [name for name in ZOO_MODELS.names() if ZOO_MODELS.get(name).config_class.reads_sequences]
+        raise ConfigError(
+            f"The model '{config.name}' pools every feature, so it cannot read the sequence "
+            f"{', '.join(sorted(sequence_lengths))}: choose a model that reads sequences ({', '.join(readers)}), or "
+            "declare its group `multi_hot: true` instead of `sequence: true`."
+        )
+    if config.reads_sequences and not sequence_lengths:
+        raise ConfigError(
+            f"The model '{config.name}' reads behaviour sequences, so a categorical group must be a `sequence`, but "
+            "none is."
         )
 
 

@@ -94,6 +94,11 @@ SUBSTITUTIONS = (
         "4 processes on 2 cores: 20 steps show it trains",
     ),
     Substitution(
+        "train movielens_din -o runs/din",
+        "train movielens_din -o runs/din trainer.max_num_steps=20 trainer.validate_every_n_steps=10",
+        "two epochs are 312 steps: 20, validated twice, show it trains",
+    ),
+    Substitution(
         "train movielens_online ",
         "train movielens_online trainer.max_num_steps=30 ",
         "the first window alone (the history) takes 1,250 steps",
@@ -224,6 +229,8 @@ CHECKS: dict[str, Callable[[Block, Path, dict[str, str]], list[Outcome]]] = {
         doc_checks.dataset_section_of_movielens
     ),
     "docs/how-to/export-tables.md: ```python import numpy as np, pyarrow.parquet as pq": doc_checks.python_in_folder,
+    "docs/tutorials/sequence-model.md: ```yaml derived:": doc_checks.dataset_section_of_movielens,
+    "docs/tutorials/sequence-model.md: ```yaml categorical:": doc_checks.dataset_section_of_movielens,
     "docs/how-to/hash-tables.md: ```python FNV_OFFSET, FNV_PRIME, MASK = 0xCBF29CE484222325, 0x100000001B3, "
     "2**64 - 1": doc_checks.ids_as_exported,
     "docs/how-to/model-bank.md: ```yaml checkpoint:": doc_checks.config_of_ctr_tiny,

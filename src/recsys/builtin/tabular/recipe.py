@@ -100,7 +100,14 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         )
     num_dense = len(data.dense_columns)
     model = build_zoo_model(
-        config.model, tables, features.sparse_features(), num_dense, gangs.dp, config.seed, cardinalities
+        config.model,
+        tables,
+        features.sparse_features(),
+        num_dense,
+        gangs.dp,
+        config.seed,
+        cardinalities,
+        features.sequence_lengths(),
     )
     # Any single-valued categorical column of the schema may group or slice the validation metrics.
     slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"

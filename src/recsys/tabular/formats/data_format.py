@@ -22,15 +22,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from components import RegistryError
+from embedding import Pooling
 from recsys.click.batch import CTRBatch
 from recsys.data.stream import StreamingReader
 from recsys.models.embeddings import TableSpec
 from recsys.tabular.formats.format_config import DATA_FORMATS
 from recsys.tabular.history import History
-from recsys.tabular.schema import TabularDataSection
+from recsys.tabular.schema import CategoricalColumns, TabularDataSection
 from recsys.tabular.vocabulary import Encodings, ValueCounts
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ class DataFormat(ABC):
     @abstractmethod
     def tables(self) -> list[TableSpec]:
         """The tables that look the sparse features up."""
+
+    def sequence_lengths(self) -> dict[str, int]:
+        """The sparse features that are sequences, with the most ids a row of each keeps (none by default)."""
+        return {}
 
 
 class ColumnReader(StreamingReader[CTRBatch]):
@@ -98,17 +103,43 @@ class ColumnFormat(DataFormat):
     def sparse_features(self) -> list[str]:
         return self.schema.categorical_columns
 
+    def sequence_lengths(self) -> dict[str, int]:
+        return {
+            name: group.max_len
+            for group in self.schema.categorical
+            if group.max_len is not None
+            for name in group.columns
+        }
+
     def tables(self) -> list[TableSpec]:
-        """One table per categorical column, or one per group with a ``shared_table``; multi-hot bags pool by
-        mean."""
-        tables = []
+        """One table per categorical column, or one per group with a ``shared_table``, which the groups of
+        ``same_ids_as`` look up too; multi-hot bags pool by mean, sequences not at all."""
+        features: dict[str, list[str]] = {}
+        groups_of: dict[str, list[CategoricalColumns]] = {}
+        rows: dict[str, int] = {}
         for group in self.schema.categorical:
-            pooling: Literal["sum", "mean"] = "mean" if group.multi_hot else "sum"
-            if group.shared_table is not None:
-                tables.append(TableSpec(group.shared_table, group.num_buckets, tuple(group.columns), pooling))
-            else:
-                tables += [TableSpec(name, group.num_buckets, (name,), pooling) for name in group.columns]
-        return tables
+            for name in group.columns:
+                table = self.table_of(name)
+                features.setdefault(table, []).append(name)
+                groups_of.setdefault(table, []).append(group)
+                rows[table] = group.num_buckets
+        return [
+            TableSpec(table, rows[table], tuple(names), _pooling(groups_of[table])) for table, names in features.items()
+        ]
+
+    def table_of(self, column: str) -> str:
+        """The table that looks up the categorical ``column``: its kind's (``same_ids_as``) shared table, or the
+        kind's own."""
+        kind = self.schema.id_kind(column)
+        shared = self.schema.groups_by_column[kind].shared_table
+        return kind if shared is None else shared
+
+
+def _pooling(groups: Sequence[CategoricalColumns]) -> Pooling:
+    """How a table's features pool: not at all for sequences, by mean for bags, else (one id a row) by sum."""
+    if any(group.sequence for group in groups):
+        return "none"
+    return "mean" if any(group.multi_hot for group in groups) else "sum"
 
 
 def data_format(schema: TabularDataSection) -> DataFormat:

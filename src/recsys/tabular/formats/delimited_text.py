@@ -230,7 +230,9 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         }
         quote = self._text.quote_char
         bags = {
-            name: delimited.bag_keys(data, lines.bag_spans[:, k], self._separator(name), column_basis(name), quote)
+            name: delimited.bag_keys(
+                data, lines.bag_spans[:, k], self._separator(name), column_basis(self._schema.id_kind(name)), quote
+            )
             for k, name in enumerate(self._file_bags)
         }
         valid = lines.codes == delimited.OK
@@ -281,8 +283,9 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         return bucket_ids(keys, self._groups[name].num_buckets)
 
     def _bag_ids(self, name: str, keys: npt.NDArray[np.uint64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-        """Per line, the ids of the values of its multi-hot field of column ``name``."""
-        return split_rows(self._ids(name, keys), offsets)
+        """Per line, the ids of the values of its multi-hot field of column ``name`` (a sequence's latest
+        ``max_len``)."""
+        return split_rows(self._ids(name, keys), offsets, self._groups[name].max_len)
 
     def _separator(self, name: str) -> str:
         """What splits a multi-hot field of ``name``: its group's separator, or (a field of one value) a byte that no
@@ -317,7 +320,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         return ColumnPlan(
             roles=roles,
             slots=slots,
-            bases=np.array([column_basis(name) for name in key_columns], np.uint64),
+            bases=np.array([column_basis(schema.id_kind(name)) for name in key_columns], np.uint64),
             num_buckets=np.array(
                 [0 if name in self._keyed else self._groups[name].num_buckets for name in key_columns], np.uint64
             ),

@@ -1,0 +1,50 @@
+"""Jagged sequences as a model reads them: padded to ``[B, max_len, dim]`` with a mask, where a model asks.
+
+A table that does not pool (a ``sequence`` column's) gives a batch's sequences as they come, every id's vector
+one after the other, ``[ids, dim]``, with the feature's row offsets: no padding travels through the reader, the
+lookup or the tables' update. A model that attends over a sequence pads it once per batch (``SequenceLayout``,
+computed from the offsets and shared by every feature of that layout), entirely on the device and without
+reading a length back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where each id of a jagged batch goes in the padded one: its row and its position in the row (the oldest
+    kept id first), and ``mask[b, p]``: whether row ``b`` has an id at position ``p``."""
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def of(cls, offsets: torch.Tensor, num_ids: int, max_len: int) -> SequenceLayout:
+        """The layout of ``num_ids`` ids in rows cut by ``offsets`` (``B + 1`` of them), each row at most
+        ``max_len`` long (the reader keeps a sequence's latest ``max_len`` ids)."""
+        offsets = offsets.to(torch.int64)
+        lengths = offsets[1:] - offsets[:-1]
+        batch = lengths.numel()
+        rows = torch.repeat_interleave(torch.arange(batch, device=offsets.device), lengths, output_size=num_ids)
+        positions = torch.arange(num_ids, device=offsets.device) - offsets[rows]
+        mask = torch.zeros(batch, max_len, dtype=torch.bool, device=offsets.device)
+        mask[rows, positions] = True
+        return cls(rows, positions, mask, lengths)
+
+    def pad(self, vectors: torch.Tensor) -> torch.Tensor:
+        """The ids' vectors ``[ids, dim]`` as ``[B, max_len, dim]``, zeros where a row has no id (gradients flow
+        back to the vectors)."""
+        padded = vectors.new_zeros(*self.mask.shape, vectors.shape[-1])
+        return padded.index_put((self.rows, self.positions), vectors)
+
+
+def masked_mean(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of each row's vectors ``[B, L, dim]`` over its ids (``mask`` ``[B, L]``); zeros for a row of none."""
+    weights = mask.to(padded.dtype).unsqueeze(-1)
+    return (padded * weights).sum(1) / weights.sum(1).clamp_min(1.0)

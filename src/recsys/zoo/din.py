@@ -1,0 +1,153 @@
+"""DIN: the candidate item attends over the user's behaviour sequence (Zhou et al., Deep Interest Network for
+Click-Through Rate Prediction, KDD 2018).
+
+A pooled history gives a user one vector whatever the candidate; DIN weighs each item of the history by how it
+relates to the candidate (an activation unit: an MLP over the two vectors, their difference and their product),
+so that a user who watched both comedies and war films is scored for a comedy by the comedies. The weights are
+normalised over the sequence by a softmax of the unit's outputs scaled by ``1 / sqrt(dim)``, as the authors'
+released code does: the unnormalised sum the paper describes grows with a history's length, and trained worse
+here (valid AUC 0.684 against 0.695 on ``movielens_din``, seed 0).
+
+Each sequence feature attends with the candidate that shares its table (declared in the schema by
+``same_ids_as``: one row per movie for both); a sequence without one is pooled by its mean. The attended
+vectors, every other feature's vector and the dense features go into the deep MLP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+from components import PositiveInt
+from recipes import ConfigError, megatron_mlp_plan
+from recsys.click.batch import CTRBatch
+from recsys.click.models import mlp_with_dropout
+from recsys.models.sequences import SequenceLayout, masked_mean
+from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+class ActivationUnit(nn.Module):
+    """The weight of each item of a sequence for a candidate: an MLP over ``[item, candidate, item - candidate,
+    item * candidate]`` with the paper's sigmoid hidden layers, one score out, softmax-normalised over the row's
+    items."""
+
+    def __init__(self, dim: int, hidden_dims: list[int]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_dim = 4 * dim
+        for hidden in hidden_dims:
+            layers += [nn.Linear(in_dim, hidden), nn.Sigmoid()]
+            in_dim = hidden
+        layers.append(nn.Linear(in_dim, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, items: torch.Tensor, candidate: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The weighted sum of ``items`` ``[B, L, dim]`` (``mask`` ``[B, L]``: where a row has one) for
+        ``candidate`` ``[B, dim]``: ``[B, dim]``; zeros for a row of no item."""
+        candidate = candidate.unsqueeze(1).expand_as(items)
+        scores = self.mlp(torch.cat([items, candidate, items - candidate, items * candidate], dim=-1)).squeeze(-1)
+        scores = (scores / items.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=1).nan_to_num(0.0)  # A row of no item: all -inf, NaN weights.
+        return torch.einsum("bl,bld->bd", weights, items)
+
+
+class DIN(nn.Module):
+    """Target attention of each candidate over its sequence, then a deep MLP over every vector and the dense
+    features: one click logit a sample."""
+
+    def __init__(
+        self,
+        embeddings: nn.Module,
+        features: list[str],
+        dims: Mapping[str, int],
+        num_dense: int,
+        sequence_lengths: Mapping[str, int],
+        candidates: Mapping[str, str | None],
+        attention_dims: list[int],
+        hidden_dims: list[int],
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+        self.num_dense = num_dense
+        self.sequence_lengths = dict(sequence_lengths)
+        self.candidates = dict(candidates)
+        self.vectors = [name for name in features if name not in sequence_lengths]
+        self.attention = nn.ModuleDict(
+            {
+                name: ActivationUnit(dims[name], attention_dims)
+                for name, candidate in candidates.items()
+                if candidate is not None
+            }
+        )
+        width = num_dense + sum(dims[name] for name in features)
+        self.mlp = mlp_with_dropout(width, hidden_dims, 1, dropout)
+
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        return megatron_mlp_plan(self.mlp, "mlp")  # The activation units are narrow, and run per item.
+
+    def forward(self, batch: CTRBatch) -> torch.Tensor:
+        looked_up = self.embeddings(batch.sparse)
+        parts = [batch.dense, *(looked_up[name] for name in self.vectors)]
+        for name, max_len in self.sequence_lengths.items():
+            rows = looked_up[name]
+            layout = SequenceLayout.of(batch.sparse[name].offsets, rows.shape[0], max_len)
+            items = layout.pad(rows)
+            candidate = self.candidates[name]
+            if candidate is None:
+                parts.append(masked_mean(items, layout.mask))
+            else:
+                parts.append(self.attention[name](items, looked_up[candidate], layout.mask))
+        logits: torch.Tensor = self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+        return logits
+
+
+@dataclass
+class DINConfig(DeepModelConfig):
+    """DIN's options; the deep MLP's defaults are the paper's (200, 80)."""
+
+    reads_sequences: ClassVar[bool] = True
+
+    hidden_dims: list[PositiveInt] = field(default_factory=lambda: [200, 80])
+    attention_dims: list[PositiveInt] = field(default_factory=lambda: [80, 40])
+    """The activation unit's hidden layers (the paper's 80, 40), which weigh each item of a sequence for the
+    candidate."""
+
+
+def candidates_of(inputs: ModelInputs) -> dict[str, str | None]:
+    """Each sequence's candidate: the one feature of its table that is not a sequence (``None``: there is none)."""
+    candidates: dict[str, str | None] = {}
+    for name in inputs.sequence_lengths:
+        table = next(table for table in inputs.tables if name in table.features)
+        others = [feature for feature in table.features if feature not in inputs.sequence_lengths]
+        if len(others) > 1:
+            raise ConfigError(
+                f"The sequence '{name}' must share its table with one candidate at most, but its table "
+                f"'{table.name}' is looked up by {', '.join(others)}."
+            )
+        candidates[name] = others[0] if others else None
+    return candidates
+
+
+@ZOO_MODELS.register("din", DINConfig)
+def din(config: DINConfig, inputs: ModelInputs) -> nn.Module:
+    section = config.embeddings
+    dims = dict(zip(inputs.features, inputs.feature_dims(section), strict=True))
+    return DIN(
+        inputs.vectors(section),
+        inputs.features,
+        dims,
+        inputs.num_dense,
+        inputs.sequence_lengths,
+        candidates_of(inputs),
+        config.attention_dims,
+        config.hidden_dims,
+        config.dropout,
+    )

@@ -1,0 +1,64 @@
+"""Behaviour sequences for the sequence models' tests: rows whose label only the candidate's relation to the items
+of the user's sequence predicts (``MembershipData``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from embedding import JaggedIds, SparseFeatures
+from recsys.click.batch import CTRBatch
+from recsys.models.embeddings import TableSpec
+
+NUM_ITEMS, NUM_USERS, MIN_LEN, MAX_LEN, NUM_DENSE = 100, 50, 6, 12, 1
+TABLES = [TableSpec("user", NUM_USERS, ("user",)), TableSpec("item", NUM_ITEMS, ("item", "history"), "none")]
+FEATURES = ["user", "item", "history"]
+SEQUENCE_LENGTHS = {"history": MAX_LEN}
+
+
+@dataclass(frozen=True)
+class MembershipData:
+    """Each row: a user, a history of ``MIN_LEN`` to ``MAX_LEN`` distinct items, and a candidate item that is one of
+    them (label 1) or not (label 0), each half the time. Every item and user is as often positive as negative, so no
+    weight per id predicts the label, and a mean of the history's vectors holds the candidate's vector at a
+    weight of 1 / length at most: the label is the candidate's match with one item of the sequence."""
+
+    user: torch.Tensor
+    item: torch.Tensor
+    history: torch.Tensor
+    offsets: torch.Tensor
+    dense: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def make(cls, num_rows: int, seed: int) -> MembershipData:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(MIN_LEN, MAX_LEN + 1, (num_rows,), generator=generator)
+        histories, candidates = [], []
+        labels = torch.randint(0, 2, (num_rows,), generator=generator)
+        for row in range(num_rows):
+            drawn = torch.randperm(NUM_ITEMS - 1, generator=generator)[: int(lengths[row]) + 1] + 1
+            histories.append(drawn[:-1])
+            inside = drawn[torch.randint(0, int(lengths[row]), (1,), generator=generator)]
+            candidates.append(inside if labels[row] == 1 else drawn[-1:])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        user = torch.randint(0, NUM_USERS, (num_rows,), generator=generator)
+        dense = torch.randn(num_rows, NUM_DENSE, generator=generator)
+        return cls(user, torch.cat(candidates), torch.cat(histories), offsets, dense, labels.float())
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, rows: torch.Tensor) -> CTRBatch:
+        starts, lengths = self.offsets[rows], torch.diff(self.offsets)[rows]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        positions = torch.repeat_interleave(starts - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
+        sparse = SparseFeatures(
+            {
+                "user": JaggedIds.from_dense(self.user[rows, None]),
+                "item": JaggedIds.from_dense(self.item[rows, None]),
+                "history": JaggedIds(self.history[positions], offsets),
+            }
+        )
+        return CTRBatch(self.dense[rows], sparse, self.labels[rows])

@@ -1,0 +1,173 @@
+"""DIN and the padding of jagged sequences: against plain torch over padded tensors, every parameter and table
+trained, and a target dependence learnt that a pooled history of the same tables cannot learn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from embedding import CombinedOptimizer, JaggedIds, SparseFeatures, SparseOptimizer
+from gang import FakeGang
+from recipes.training.sparse_tables import find_sparse_tables
+from recsys.click.batch import CTRBatch
+from recsys.models.embeddings import TableSpec
+from recsys.models.sequences import SequenceLayout, masked_mean
+from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
+from recsys.zoo.din import DIN
+from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, MembershipData
+from units import BinaryAUC
+
+
+def din_config(backend: str = "sparse", dim: int = 8, **options: Any) -> Any:
+    config_class = ZOO_MODELS.get("din").config_class
+    return config_class(
+        name="din", embeddings=ZooEmbeddingSection(dim=dim, backend=backend), **{"hidden_dims": [16], **options}
+    )
+
+
+def build(backend: str = "sparse", **options: Any) -> nn.Module:
+    return build_zoo_model(
+        din_config(backend, **options), TABLES, FEATURES, NUM_DENSE, FakeGang(), 3, sequence_lengths=SEQUENCE_LENGTHS
+    )
+
+
+def optimizer(model: nn.Module, lr: float = 0.01) -> CombinedOptimizer | torch.optim.Optimizer:
+    dense = torch.optim.Adam(model.parameters(), lr=lr)
+    tables = list(find_sparse_tables(model).values())
+    return CombinedOptimizer(dense, SparseOptimizer(tables)) if tables else dense
+
+
+# Padding -------------------------------------------------------------------------------------
+
+
+def test_a_layout_pads_each_row_from_its_first_position_and_masks_the_rest() -> None:
+    offsets = torch.tensor([0, 2, 2, 5])
+    vectors = torch.arange(10, dtype=torch.float32).reshape(5, 2).requires_grad_()
+    layout = SequenceLayout.of(offsets, 5, max_len=4)
+
+    padded = layout.pad(vectors)
+
+    assert layout.mask.tolist() == [[True, True, False, False], [False] * 4, [True, True, True, False]]
+    assert padded.tolist() == [
+        [[0, 1], [2, 3], [0, 0], [0, 0]],
+        [[0, 0]] * 4,
+        [[4, 5], [6, 7], [8, 9], [0, 0]],
+    ]
+    assert masked_mean(padded, layout.mask).tolist() == [[1, 2], [0, 0], [6, 7]]
+    padded.sum().backward()
+    assert vectors.grad is not None and vectors.grad.eq(1).all()
+
+
+# The model -----------------------------------------------------------------------------------
+
+
+def test_the_default_config_builds_with_dropout_in_its_deep_mlp() -> None:
+    config = ZOO_MODELS.get("din").default_config()
+    model = build_zoo_model(config, TABLES, FEATURES, NUM_DENSE, FakeGang(), 0, sequence_lengths=SEQUENCE_LENGTHS)
+
+    assert model(MembershipData.make(5, seed=0).batch(torch.arange(5))).shape == (5,)
+    assert any(isinstance(module, nn.Dropout) and module.p == 0.2 for module in model.modules())
+
+
+def test_din_is_target_attention_then_an_mlp_as_plain_torch_over_padded_tensors() -> None:
+    """The paper's model written out with ``nn.Embedding`` lookups and a Python loop over each row's sequence."""
+    model = build("dense", attention_dims=[6, 5], dropout=0.0)
+    assert isinstance(model, DIN)
+    model.eval()
+    data = MembershipData.make(7, seed=1)
+    batch = data.batch(torch.arange(7))
+    tables = model.embeddings.bags  # type: ignore[union-attr]
+
+    expected = []
+    for row in range(7):
+        user = tables["user"].weight[data.user[row]]
+        item = tables["item"].weight[data.item[row]]
+        history = tables["item"].weight[data.history[data.offsets[row] : data.offsets[row + 1]]]
+        unit = model.attention["history"].mlp
+        scores = torch.stack([unit(torch.cat([h, item, h - item, h * item])).squeeze() for h in history])
+        weights = torch.softmax(scores / history.shape[1] ** 0.5, dim=0)
+        interest = (weights[:, None] * history).sum(0)
+        expected.append(model.mlp(torch.cat([data.dense[row], user, item, interest])).squeeze())
+
+    torch.testing.assert_close(model(batch), torch.stack(expected), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["sparse", "dense"])
+def test_din_scores_each_sample_and_trains_every_parameter_and_table(backend: str) -> None:
+    model = build(backend)
+    batch = MembershipData.make(16, seed=0).batch(torch.arange(16))
+    step = optimizer(model)
+    shards = {name: shard for c in find_sparse_tables(model).values() for name, shard in c.shards.items()}
+    before = {name: shard.weight.clone() for name, shard in shards.items()}
+
+    logits = model(batch)
+    nn.functional.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+    step.step()
+
+    assert logits.shape == (16,)
+    for name, param in model.named_parameters():
+        assert param.grad is not None and bool(param.grad.ne(0).any()), f"no gradient for {name}"
+    assert set(before) == ({"user", "item"} if backend == "sparse" else set())
+    assert all(not torch.equal(before[name], shards[name].weight) for name in before)
+
+
+def test_din_scores_a_batch_of_zero_rows() -> None:
+    model = build()
+    empty = CTRBatch(
+        torch.zeros(0, NUM_DENSE),
+        SparseFeatures({name: JaggedIds.from_dense(torch.zeros(0, 1, dtype=torch.int64)) for name in FEATURES}),
+        torch.zeros(0),
+    )
+    for train in (True, False):
+        model.train(train)
+        assert model(empty).shape == (0,)
+
+
+def test_a_sequence_without_a_candidate_in_its_table_is_pooled_by_its_mean() -> None:
+    tables = [
+        TableSpec("user", 50, ("user",)),
+        TableSpec("item", 400, ("item",)),
+        TableSpec("seen", 400, ("history",), "none"),
+    ]
+    model = build_zoo_model(din_config(), tables, FEATURES, NUM_DENSE, FakeGang(), 0, sequence_lengths=SEQUENCE_LENGTHS)
+
+    assert isinstance(model, DIN) and not model.attention
+    assert model(MembershipData.make(4, seed=0).batch(torch.arange(4))).shape == (4,)
+
+
+# Learning ------------------------------------------------------------------------------------
+
+
+def train_and_score(model: nn.Module, steps: int = 400, batch_size: int = 64) -> float:
+    train, test = MembershipData.make(4096, seed=10), MembershipData.make(1024, seed=11)
+    step = optimizer(model, lr=0.03)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        batch = train.batch(torch.randint(0, len(train), (batch_size,), generator=generator))
+        nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels).backward()
+        step.step()
+        step.zero_grad()
+    model.eval()
+    auc = BinaryAUC()
+    with torch.no_grad():
+        batch = test.batch(torch.arange(len(test)))
+        auc.update(torch.sigmoid(model(batch)), batch.labels.long())
+    return float(auc.compute())
+
+
+def test_din_learns_whether_the_candidate_is_in_the_sequence_which_a_pooled_history_cannot() -> None:
+    """The same tables (one of items, for the candidate and the sequence) and MLP, the same steps: attention
+    compares the candidate with each item; a mean of the history dilutes the one item that matches."""
+    pooled_tables = [TABLES[0], TableSpec("item", TABLES[1].num_rows, ("item", "history"), "mean")]
+    section = ZOO_MODELS.get("mlp").config_class(
+        name="mlp", embeddings=ZooEmbeddingSection(dim=16), hidden_dims=[16], dropout=0.0
+    )
+    pooled = build_zoo_model(section, pooled_tables, FEATURES, NUM_DENSE, FakeGang(), 3)
+
+    din_auc, pooled_auc = train_and_score(build(dim=16, dropout=0.0)), train_and_score(pooled)
+
+    assert din_auc > 0.9 and pooled_auc < 0.7, (din_auc, pooled_auc)
