@@ -23,6 +23,7 @@ from importlib.resources import files
 from typing import Annotated, Literal, TypeVar
 
 from recipes import GlobalBatchSize, NonNegativeInt, PositiveInt, Range
+from recsys.click.tasks import Task, TaskKind
 from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
@@ -76,6 +77,37 @@ class LabelColumn:
         overlap = set(self.positive) & set(self.negative)
         if self.threshold is None and overlap:
             raise ValueError(f"`positive` and `negative` must not share values, but share {sorted(overlap)}.")
+
+
+@dataclass
+class LabelTask(LabelColumn):
+    """One task of ``labels``: a label column read as ``label`` reads its one (``positive``/``negative`` or
+    ``threshold``) for ``kind: binary``, or as a number for ``kind: regression``."""
+
+    name: str | None = None
+    """The task's name, the prefix of its metrics (``valid/<name>/auc``) and of its ``predict`` columns
+    (``<name>_score``); ``null``: the column's name."""
+    kind: TaskKind = "binary"
+    """``binary`` (a click: BCE, AUC, log loss, GAUC) or ``regression`` (the column's number: squared error,
+    MSE and MAE; the model's output is the prediction itself, no sigmoid)."""
+    weight: Annotated[float, Range(gt=0)] = 1.0
+    """The weight of the task's per-sample loss in the sum over tasks that training minimises."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.name = self.name or self.column
+        if "/" in self.name:
+            raise ValueError(f"A task's `name` must not hold '/' (it prefixes metric keys), but is '{self.name}'.")
+        if self.kind == "regression" and self.threshold is not None:
+            raise ValueError(
+                f"`threshold` must be null for the regression task '{self.name}', which reads the number itself, but "
+                f"is {self.threshold}."
+            )
+
+    @property
+    def task(self) -> Task:
+        assert self.name is not None
+        return Task(self.name, self.kind, self.weight)
 
 
 @dataclass
@@ -283,6 +315,12 @@ class TabularDataSection:
     ``num_fields``, ``num_buckets``), ``parquet`` (typed columns named by the file; a list column can be a
     multi-hot bag), or one an installed package adds."""
     label: LabelColumn = field(default_factory=LabelColumn)
+    """The one binary label (a click), unless ``labels`` names several tasks."""
+    labels: list[LabelTask] | None = None
+    """Several tasks, each a label column (binary or regression) with a loss ``weight``, for one model with an
+    output per task (``mlp``, ``dcn_v2``, ``wide_deep``, ``dlrm``, ``deepfm``); their metrics are named
+    ``<task>/auc``, ``<task>/mse`` ... Two tasks may read one column (``rating >= 4`` and the rating). Replaces
+    ``label``, which must then stay unset. Not for the libSVM formats, whose label is the line's first token."""
     dense: list[DenseColumns] = field(default_factory=list)
     categorical: list[CategoricalColumns] = field(default_factory=list)
     joins: list[JoinedTable] = field(default_factory=list)
@@ -308,7 +346,12 @@ class TabularDataSection:
 
     def __post_init__(self) -> None:
         self.format.check(self)
-        used = [self.label.column, *self.dense_columns, *self.categorical_columns]
+        self._check_labels()
+        features = [*self.dense_columns, *self.categorical_columns]
+        labelled = sorted({task.column for task in self.label_tasks} & set(features))
+        if labelled:
+            raise ValueError(f"A label column must not be a feature too, but {labelled} are both.")
+        used = [*dict.fromkeys(task.column for task in self.label_tasks), *features]
         repeated = sorted({name for name in used if used.count(name) > 1})
         if repeated:
             raise ValueError(f"A column must have one role, but {repeated} have several.")
@@ -328,6 +371,25 @@ class TabularDataSection:
         if twice:
             raise ValueError(f"A joined or derived column must have a name of its own, but {twice} are added twice.")
 
+    def _check_labels(self) -> None:
+        if self.labels is None:
+            return
+        if not self.labels:
+            raise ValueError("`dataset.labels` must name at least one task, but is an empty list; or leave it unset.")
+        if self.label != LabelColumn():
+            raise ValueError(
+                f"`dataset.label` and `dataset.labels` must not both be set, but `label` names '{self.label.column}' "
+                "beside `labels`; make it a task of `labels`."
+            )
+        names = [task.name for task in self.labels]
+        twice = sorted({name for name in names if name is not None and names.count(name) > 1})
+        if twice:
+            raise ValueError(f"Each task of `labels` must have a name of its own, but {twice} are named twice.")
+        added = set(self.added_columns)
+        derived = sorted({task.column for task in self.labels if task.column in added})
+        if derived:
+            raise ValueError(f"A label must be a column of the files, but {derived} are joined or derived columns.")
+
     def _check_histories(self) -> None:
         """A history is a bag of keys: a multi-hot group hashes it; a dense group or a vocabulary cannot take it."""
         groups = {name: group for group in self.categorical for name in group.columns}
@@ -345,6 +407,19 @@ class TabularDataSection:
                     f"The history '{column.name}' keeps its source's keys, which a `vocabulary` cannot count: its "
                     "group must hash them, but has `vocabulary: true`."
                 )
+
+    @property
+    def label_tasks(self) -> list[LabelTask]:
+        """The label columns a reader reads, as tasks in order: ``labels``, or ``label`` as the one binary task."""
+        if self.labels:
+            return self.labels
+        label = self.label
+        return [LabelTask(label.column, label.positive, label.negative, label.threshold)]
+
+    @property
+    def tasks(self) -> list[Task] | None:
+        """The tasks of ``labels``; ``None`` for the one binary ``label`` (its metrics keep their bare names)."""
+        return [task.task for task in self.labels] if self.labels else None
 
     @property
     def added_columns(self) -> list[str]:
