@@ -223,6 +223,7 @@ CHECKS: dict[str, Callable[[Block, Path, dict[str, str]], list[Outcome]]] = {
     "docs/getting-started.md: ```yaml train_path: ratings.csv                    # userId,movieId,rating,timestamp": (
         doc_checks.dataset_section_of_movielens
     ),
+    "docs/getting-started.md: ```yaml movielens_two_tasks:": doc_checks.two_tasks_train_and_predict,
     "docs/how-to/export-tables.md: ```python import numpy as np, pyarrow.parquet as pq": doc_checks.python_in_folder,
     "docs/how-to/hash-tables.md: ```python FNV_OFFSET, FNV_PRIME, MASK = 0xCBF29CE484222325, 0x100000001B3, "
     "2**64 - 1": doc_checks.ids_as_exported,
