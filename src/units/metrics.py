@@ -1,4 +1,4 @@
-"""Metrics that reduce over a gang: mean, sum, throughput, and the metrics of click prediction.
+"""Metrics that reduce over a gang: mean, sum, throughput, and the metrics of click prediction and regression.
 
 They are torchmetrics metrics whose synchronisation goes through a ``Gang`` rather than the
 world process group, so that a metric of the data-parallel gang is reduced over that gang
@@ -357,3 +357,41 @@ class PositiveRate(WithoutBetterSide, Metric):
 
     def compute(self) -> torch.Tensor:
         return self.target_sum / self.count
+
+
+# Regression ------------------------------------------------------------------------------------
+
+
+class _MeanError(Metric):
+    """The mean of ``|prediction - target| ** power`` over every row: ``update(predictions, targets)``, float64 sums
+    (exact over any number of ranks); NaN over no rows. Lower is better."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = False
+    power = 2
+    error_sum: torch.Tensor
+    count: torch.Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("error_sum", default=_float64_zero(), dist_reduce_fx="sum")
+        self.add_state("count", default=_float64_zero(), dist_reduce_fx="sum")
+
+    def update(self, predictions: torch.Tensor, targets: torch.Tensor) -> None:
+        predictions, targets = _logits_and_targets(predictions, targets)
+        self.error_sum += (predictions - targets).abs().pow(self.power).sum()
+        self.count += targets.numel()
+
+    def compute(self) -> torch.Tensor:
+        return self.error_sum / self.count
+
+
+class MeanSquaredError(_MeanError):
+    """The mean squared error of a regression task's predictions (its model outputs as they are)."""
+
+
+class MeanAbsoluteError(_MeanError):
+    """The mean absolute error of a regression task's predictions, in the target's own unit."""
+
+    power = 1

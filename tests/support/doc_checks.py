@@ -180,6 +180,21 @@ def preset_trains_on_its_files(block: Block, root: Path, env: Mapping[str, str])
     return [outcome]
 
 
+def two_tasks_train_and_predict(block: Block, root: Path, env: Mapping[str, str]) -> list[Outcome]:
+    """A preset of several labels, on the shipped MovieLens ratings: trained a few steps from a ``recipes.yaml`` of a
+    folder of one's own, scored by its task's AUC, and predicted, a label and a score column per task."""
+    folder = root / "two_tasks"
+    folder.mkdir()
+    (folder / "recipes.yaml").write_text(block.text)
+    limit = "trainer.max_num_steps=4 trainer.validate_every_n_steps=4 metrics.recorders.console=false"
+    trained = _run(f"{root}/{RECIPES} train movielens_two_tasks -o out {limit}", folder, env)
+    predicted = _run(f"{root}/{RECIPES} predict out -o predictions.csv", folder, env)
+    header = (folder / "predictions.csv").read_text().split("\n", 1)[0]
+    assert header == '"liked_label","liked_score","rating_label","rating_score"', header
+    assert "valid/liked/auc" in (folder / "out" / "config.yaml").read_text()
+    return [trained, predicted]
+
+
 def _num_buckets(config: dict[str, Any]) -> dict[str, int | None]:
     """Each hashed column's ``num_buckets`` (None: a hash table's full keys), vocabulary columns left out."""
     hashed = config["model"]["embeddings"]["kind"] == "hash"

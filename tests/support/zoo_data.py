@@ -3,20 +3,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import torch
+from torch import nn
 
-from embedding import JaggedIds, SparseFeatures
+from embedding import CombinedOptimizer, JaggedIds, SparseFeatures, SparseOptimizer
 from recipes.config.presets import register_preset, register_recipe
 from recipes.config.sections import RecipeConfig
 from recipes.training.parts import RecipeContext, RecipeParts
+from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
 from recsys.click.units import click_prediction_parts
 from recsys.data.memory import InMemoryReader
 from recsys.models.embeddings import TableSpec
-from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model
+from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, ZooModelConfig, build_zoo_model
+from units import BinaryAUC
 
 NUM_IDS, NUM_TAGS, NUM_DENSE = 20, 6, 2
 TABLES = [
@@ -28,6 +32,52 @@ FEATURES = ["a", "b", "tags"]
 Backend = Literal["sparse", "dense"]
 ZOO_MODEL_NAMES = [name for name in ZOO_MODELS.names() if not ZOO_MODELS.get(name).config_class.reads_sequences]
 """The models that pool every feature, which the data here suits (``support.sequence_data`` has the others')."""
+
+
+def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs: Any) -> ZooModelConfig:
+    """Model ``name``'s config, small: narrow MLPs (where it has them) and dim-4 tables."""
+    config_class = ZOO_MODELS.get(name).config_class
+    options = {"hidden_dims": [16, 8], "bottom_dims": [8], **kwargs}
+    takes = {f.name for f in dataclasses.fields(config_class)}
+    embeddings = ZooEmbeddingSection(dim=dim, backend=backend)
+    config: ZooModelConfig = config_class(
+        name=name, embeddings=embeddings, **{key: value for key, value in options.items() if key in takes}
+    )
+    return config
+
+
+def optimizer(model: nn.Module, lr: float = 0.01) -> CombinedOptimizer | torch.optim.Optimizer:
+    """Adam over the dense parameters, and the fused sparse optimizer over every table of the model."""
+    dense = torch.optim.Adam(model.parameters(), lr=lr)
+    tables = list(find_sparse_tables(model).values())
+    return CombinedOptimizer(dense, SparseOptimizer(tables)) if tables else dense
+
+
+class Rows(Protocol):
+    """Generated rows that a test draws batches of, by row index."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, rows: torch.Tensor) -> CTRBatch: ...
+
+
+def train_and_score(model: nn.Module, train: Rows, test: Rows, steps: int, lr: float = 0.01) -> float:
+    """The test AUC of ``model`` after ``steps`` steps of 64 rows of ``train`` drawn at random (seeded), BCE under
+    ``optimizer``."""
+    step = optimizer(model, lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        batch = train.batch(torch.randint(0, len(train), (64,), generator=generator))
+        nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels).backward()
+        step.step()
+        step.zero_grad()
+    model.eval()
+    auc = BinaryAUC()
+    with torch.no_grad():
+        batch = test.batch(torch.arange(len(test)))
+        auc.update(torch.sigmoid(model(batch)), batch.labels.long())
+    return float(auc.compute())
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ path: ``recipes.cli.export_tables``), so a run of any number of ranks exports in
 ``DIR``::
 
     model.json            format, step, since, num_dense, the pooled inputs in the program's order
-                          (feature -> table, dim, pooling), the tables (file, dim, kind, rows)
+                          (feature -> table, dim, pooling), the tables (file, dim, kind, rows); for a
+                          model of several outputs, their names in the order of the scores' columns
     config.json           the run's resolved config: the data schema (its columns, encodings) among it
     dense.pt2             the dense part: ``torch.export.load(...).module()(dense [B, D], [pooled [B, dim]...])``
-                          gives the scores [B] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``)
+                          gives the scores [B], or [B, outputs] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``)
     tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id
     tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
     tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
@@ -299,6 +300,7 @@ def _model_json(
         "program": program,
         "num_dense": split.num_dense,
         "inputs": [{"feature": p.feature, "table": p.table, "dim": p.dim, "pooling": p.pooling} for p in split.inputs],
+        **({"outputs": list(split.outputs)} if split.outputs else {}),
         "tables": {
             name: {
                 "file": f"tables/{name}.parquet",

@@ -38,12 +38,14 @@ class DenseForServing:
 
     ``module.forward(dense, pooled)`` maps the dense features ``[B, num_dense]`` (float32) and the
     pooled vectors (a list of ``[B, dim]`` float32 tensors, in the order of ``inputs``) to the score
-    of every row, ``[B]``: what ``predict`` writes (a probability for a click model), not a logit.
+    of every row, ``[B]``: what ``predict`` writes (a probability for a click model), not a logit; or, for a
+    model of several outputs (tasks), ``[B, len(outputs)]``, column ``k`` the score named ``outputs[k]``.
     """
 
     module: nn.Module
     num_dense: int
     inputs: tuple[PooledInput, ...]
+    outputs: tuple[str, ...] = ()
 
 
 @runtime_checkable

@@ -125,7 +125,8 @@ def _lower_better(key: str, metric: Metric, configured: bool | None) -> bool:
 def _suggestion(key: str, known: Sequence[str]) -> str:
     """A ' Did you mean ...?' for what fits ``key`` best: the same metric of another eval unit (``test/auc`` for
     ``valid/auc``), the same name spelt otherwise (``AUC``, ``logloss``), or a typo (``scor``); never another metric
-    that only ends like it (``gauc``, ``pr_auc`` for ``auc``), which measures something else."""
+    that only ends like it (``gauc``, ``pr_auc`` for ``auc``), which measures something else; for a metric of a
+    group that is not one (``valid/<group>/auc``), the same metric of a group that is (the first)."""
     metric = key.split("/", 1)[-1]
     metrics = {k.split("/", 1)[1]: k for k in reversed(known)}  # The first unit's key of each metric name.
 
@@ -133,6 +134,10 @@ def _suggestion(key: str, known: Sequence[str]) -> str:
         return "".join(c for c in text.lower() if c not in "_- ")
 
     same = [k for other, k in metrics.items() if spelling(other) == spelling(metric)]
+    if not same and "/" in metric:  # A metric of a group that is not one (a task's: `valid/<task>/auc`).
+        same = [
+            k for other, k in metrics.items() if "/" in other and other.rsplit("/", 1)[1] == metric.rsplit("/", 1)[1]
+        ]
     typos = difflib.get_close_matches(metric, [other for other in metrics if not other.endswith(metric)], n=1)
     suggestion = same[0] if same else metrics[typos[0]] if typos else None
     return "" if suggestion is None else f" Did you mean '{suggestion}'?"

@@ -1,4 +1,5 @@
-"""The batch of click-through-rate prediction: dense features, sparse features, binary labels."""
+"""The batch of click-through-rate prediction: dense features, sparse features, labels (binary, or one column per
+task: ``recsys.click.tasks``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from embedding import JaggedIds, SparseFeatures
 
 @dataclass(frozen=True)
 class CTRBatch:
-    """Dense features ``[B, num_dense]``, sparse features by name, binary labels ``[B]``."""
+    """Dense features ``[B, num_dense]``, sparse features by name, labels ``[B]`` (binary, or one task's), or
+    ``[B, T]`` for T tasks (column ``t`` task ``t``'s label: a click, or a regression target)."""
 
     dense: torch.Tensor
     sparse: SparseFeatures

@@ -19,6 +19,7 @@ from torch import nn
 from embedding import ShardedEmbeddingCollection
 from recipes import DenseForServing, PooledInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
+from recsys.click.tasks import Task
 from recsys.models.embeddings import DenseEmbeddingBags
 from recsys.models.mlp import mlp
 
@@ -40,13 +41,18 @@ class PooledModel(nn.Module):
     """
 
     num_dense: int
+    tasks: tuple[Task, ...] = ()
+    """The tasks of the outputs ``[B, T]``, for serving (a regression task's output is its prediction, a binary
+    one's goes through a sigmoid); set by the recipe that knows them (``click_prediction_parts``). Empty: one click
+    logit ``[B]``."""
 
     def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
         """Each embedding module by its role, with the features the dense part takes from it, in order."""
         raise NotImplementedError
 
     def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
-        """The click logit of every sample, ``[B]``, from the dense features ``[B, num_dense]`` and pooled vectors."""
+        """The click logit of every sample, ``[B]`` (``[B, T]`` with T tasks), from the dense features
+        ``[B, num_dense]`` and pooled vectors."""
         raise NotImplementedError
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
@@ -55,27 +61,35 @@ class PooledModel(nn.Module):
         return self.dense_logits(batch.dense, pooled)
 
     def dense_for_serving(self) -> DenseForServing:
-        """The dense part, scoring (a probability, as ``predict`` writes) from the pooled vectors in a list."""
+        """The dense part, scoring (a probability, as ``predict`` writes; with several tasks ``[B, T]``, a regression
+        task's prediction as it is) from the pooled vectors in a list."""
         keys = [(role, feature) for role, (_, features) in self.lookups().items() for feature in features]
         inputs = tuple(
             pooled_input(module, feature) for module, features in self.lookups().values() for feature in features
         )
-        return DenseForServing(_ServingDense(self, keys), self.num_dense, inputs)
+        outputs = tuple(task.name for task in self.tasks) if len(self.tasks) > 1 else ()
+        return DenseForServing(_ServingDense(self, keys), self.num_dense, inputs, outputs)
 
 
 class _ServingDense(nn.Module):
-    """``model.dense_logits`` over a list of pooled vectors, as a probability: what ``torch.export`` traces."""
+    """``model.dense_logits`` over a list of pooled vectors, as a probability (a regression task's output as it is):
+    what ``torch.export`` traces."""
 
     def __init__(self, model: PooledModel, keys: list[tuple[str, str]]) -> None:
         super().__init__()
         self.model = model
         self.keys = keys
+        self.binary = [task.binary for task in model.tasks] or [True]
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
         by_role: dict[str, dict[str, torch.Tensor]] = {}
         for (role, feature), vectors in zip(self.keys, pooled):
             by_role.setdefault(role, {})[feature] = vectors
-        return torch.sigmoid(self.model.dense_logits(dense, by_role).float())
+        logits = self.model.dense_logits(dense, by_role).float()
+        if logits.dim() == 1:
+            return torch.sigmoid(logits) if self.binary[0] else logits
+        columns = [torch.sigmoid(logits[:, t]) if binary else logits[:, t] for t, binary in enumerate(self.binary)]
+        return torch.stack(columns, dim=1)
 
 
 def pooled_input(module: nn.Module, feature: str) -> PooledInput:
@@ -91,6 +105,17 @@ def pooled_input(module: nn.Module, feature: str) -> PooledInput:
         assert isinstance(bag, nn.EmbeddingBag)
         return PooledInput(name, feature, bag.embedding_dim, "mean" if bag.mode == "mean" else "sum")
     raise TypeError(f"An embedding module must be sparse tables or embedding bags, but is {type(module).__name__}.")
+
+
+def task_logits(head: torch.Tensor) -> torch.Tensor:
+    """A head's ``[B, T]`` outputs as a model's logits: ``[B]`` for one task, as every single-task caller takes
+    them, ``[B, T]`` for several (one column per task, from the same last layer: a shared-bottom model)."""
+    return head.squeeze(1) if head.shape[1] == 1 else head
+
+
+def plus_shared(shared: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (``[B]`` or ``[B, T]``) plus a part ``[B]`` that every task shares (a wide or FM logit)."""
+    return shared.unsqueeze(1) + logits if logits.dim() == 2 else shared + logits
 
 
 def mlp_with_dropout(in_dim: int, hidden_dims: list[int], out_dim: int, dropout: float = 0.0) -> nn.Sequential:
@@ -123,8 +148,10 @@ class CTRModel(PooledModel):
         num_dense: int,
         hidden_dims: list[int],
         dropout: float = 0.0,
+        num_tasks: int = 1,
     ) -> None:
-        """``embedding_dim``: every feature's width, or each feature's in ``feature_names``' order."""
+        """``embedding_dim``: every feature's width, or each feature's in ``feature_names``' order; ``num_tasks``
+        outputs of the last layer, one per task."""
         super().__init__()
         self.embeddings = embeddings
         self.feature_names = feature_names
@@ -134,7 +161,7 @@ class CTRModel(PooledModel):
             raise ValueError(
                 f"`embedding_dim` must give one dim per feature ({len(feature_names)}), but gives {len(dims)}."
             )
-        self.mlp = mlp_with_dropout(num_dense + sum(dims), hidden_dims, 1, dropout)
+        self.mlp = mlp_with_dropout(num_dense + sum(dims), hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
@@ -144,8 +171,7 @@ class CTRModel(PooledModel):
 
     def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
         features = torch.cat([dense, *(pooled[VECTORS][name] for name in self.feature_names)], dim=1)
-        logits: torch.Tensor = self.mlp(features).squeeze(1)
-        return logits
+        return task_logits(self.mlp(features))
 
 
 class DLRM(PooledModel):
@@ -166,6 +192,7 @@ class DLRM(PooledModel):
         bottom_dims: list[int],
         top_dims: list[int],
         dropout: float = 0.0,
+        num_tasks: int = 1,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
@@ -174,7 +201,7 @@ class DLRM(PooledModel):
         self.bottom_mlp = nn.Sequential(mlp(num_dense, bottom_dims, embedding_dim), nn.ReLU())
         num_vectors = len(feature_names) + 1
         num_interactions = num_vectors * (num_vectors - 1) // 2
-        self.top_mlp = mlp_with_dropout(embedding_dim + num_interactions, top_dims, 1, dropout)
+        self.top_mlp = mlp_with_dropout(embedding_dim + num_interactions, top_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.top_mlp, "top_mlp")  # The bottom MLP sees a handful of dense features.
@@ -190,5 +217,4 @@ class DLRM(PooledModel):
         # forward, which waited for every kernel queued before it.
         rows, cols = torch.triu_indices(vectors.size(1), vectors.size(1), offset=1, device=dots.device)
         interactions = dots[:, rows, cols]
-        logits: torch.Tensor = self.top_mlp(torch.cat([dense, interactions], dim=1)).squeeze(1)
-        return logits
+        return task_logits(self.top_mlp(torch.cat([dense, interactions], dim=1)))

@@ -9,11 +9,13 @@ faster. What the kernel accepts is what RFC 4180 says of a CSV line, less newlin
 quotes: fields split by one delimiter byte, a field may be quoted and then holds delimiters and
 doubled quotes, a line may end in CRLF. Surrounding ASCII whitespace of a value is trimmed.
 
-Per line, the kernel writes the label, the dense values, the keys of the categorical values
+Per line, the kernel writes the dense values, the keys of the categorical values
 (``recsys.tabular.hashing``) and the exact (float64) numbers of the columns that split rows or
-derive others into rows of preallocated arrays; a multi-hot field's span is kept
-for a second pass, which splits it into its values. A line that does not fit gets a problem code
-and the column at fault, which the reader turns into a sentence with its file and line number.
+derive others into rows of preallocated arrays; a multi-hot field's span is kept for a second
+pass, which splits it into its values, and a label's too, which a pass over the whole lines reads
+for each task that reads its column (two tasks may read one: a rating and ``rating >= 4``). A line
+that does not fit gets a problem code and the column at fault (the task, for a label), which the
+reader turns into a sentence with its file and line number.
 """
 
 from __future__ import annotations
@@ -43,15 +45,20 @@ class ColumnPlan:
     num_buckets: npt.NDArray[np.uint64]  # per categorical slot: its table's rows, or 0 to keep the key
     fills: npt.NDArray[np.float64]  # per dense slot
     logs: npt.NDArray[np.bool_]  # per dense slot
-    label_texts: npt.NDArray[np.uint8]  # the label's allowed values, concatenated
-    label_offsets: npt.NDArray[np.int64]
+    # Per task (the labels' columns of the output), in task order; a label column's slot indexes ``label_spans``.
+    label_slots: npt.NDArray[np.int64]  # per task: the slot of the column it reads
+    label_texts: npt.NDArray[np.uint8]  # every task's allowed values, concatenated
+    label_offsets: npt.NDArray[np.int64]  # per allowed value: where its text starts (and, last, the end)
+    label_ranges: npt.NDArray[np.int64]  # per task: its first allowed value (and, last, their count)
     label_clicks: npt.NDArray[np.float32]  # per allowed value: 1 for a click, 0 for none
-    threshold: float  # NaN: the label is one of the allowed values; else a number >= threshold is a click
+    thresholds: npt.NDArray[np.float64]  # per task; NaN: the label is one of its allowed values
+    regression: npt.NDArray[np.bool_]  # per task: the label is the number itself
 
 
 @dataclass(frozen=True)
 class TokenizedLines:
-    labels: npt.NDArray[np.float32]
+    labels: npt.NDArray[np.float32]  # [lines, tasks]
+    label_spans: npt.NDArray[np.int64]  # [lines, label columns, (start, end)]
     dense: npt.NDArray[np.float32]  # [lines, dense columns]
     ids: npt.NDArray[np.int64]  # [lines, categorical columns]: ids, or keys (as int64) where num_buckets is 0
     bag_spans: npt.NDArray[np.int64]  # [lines, bag columns, (start, end, quoted with escapes)]
@@ -61,23 +68,45 @@ class TokenizedLines:
 
 
 # Untyped: numba compiles these for the types of their arguments.
-@numba.njit(cache=True)
-def _label(data, start, end, plan_texts, plan_offsets, plan_clicks, threshold):  # type: ignore[no-untyped-def]
-    """The click (0 or 1) of a label field, or -1 if it is not one of the allowed values."""
-    if not np.isnan(threshold):
+@numba.njit(cache=True, nogil=True)
+def _label(data, start, end, texts, offsets, clicks, first, last, threshold, regression):  # type: ignore[no-untyped-def]
+    """A task's label of a (trimmed) field and whether it is one: the number itself for a regression task, the
+    click (0 or 1) of a binary one (a number >= ``threshold``, or one of its allowed values ``first:last``)."""
+    if regression or not np.isnan(threshold):
         value, ok = number(data, start, end)
-        return (1.0 if value >= threshold else 0.0) if ok and np.isfinite(value) else -1.0
-    for k in range(len(plan_clicks)):
-        text = plan_texts[plan_offsets[k] : plan_offsets[k + 1]]
+        if not (ok and np.isfinite(value) and end > start):
+            return 0.0, False
+        return (value if regression else (1.0 if value >= threshold else 0.0)), True
+    for k in range(first, last):
+        text = texts[offsets[k] : offsets[k + 1]]
         if len(text) == end - start and _at(data, start, text):
-            return plan_clicks[k]
-    return -1.0
+            return clicks[k], True
+    return 0.0, False
+
+
+@numba.njit(cache=True, nogil=True)
+def _labels(data, spans, task_slots, texts, offsets, ranges, clicks, thresholds, regression, labels, codes, columns):  # type: ignore[no-untyped-def]
+    """Each task's label of every well-formed line, from its column's field; a field that is no label of its task
+    makes the line NOT_A_LABEL, with the task's index in ``columns``."""
+    for line in range(len(codes)):
+        if codes[line] != OK:
+            continue
+        for task in range(len(task_slots)):
+            first, last = trim(data, spans[line, task_slots[task], 0], spans[line, task_slots[task], 1])
+            value, ok = _label(
+                data, first, last, texts, offsets, clicks, ranges[task], ranges[task + 1], thresholds[task],
+                regression[task],
+            )  # fmt: skip
+            labels[line, task] = value
+            if not ok:
+                codes[line], columns[line] = NOT_A_LABEL, task
+                break
 
 
 @numba.njit(cache=True, nogil=True)
 def _tokenize(  # type: ignore[no-untyped-def]
     data, line_starts, skip, delimiter, quote, roles, slots, bases, buckets, fills, logs, small_count_logs,
-    texts, offsets, clicks, threshold, labels, dense, ids, bag_spans, numbers, codes, columns,
+    label_spans, dense, ids, bag_spans, numbers, codes, columns,
 ):  # fmt: skip
     num_columns = len(roles)
     for line in range(len(line_starts) - 1):
@@ -153,11 +182,8 @@ def _tokenize(  # type: ignore[no-untyped-def]
                         numbers[line, slot] = value
                     else:
                         dense[line, slot] = log_count(value, small_count_logs) if logs[slot] else value
-                else:
-                    first, last = trim(data, start, end)
-                    labels[line] = _label(data, first, last, texts, offsets, clicks, threshold)
-                    if labels[line] < 0 and code == OK:
-                        code, at = NOT_A_LABEL, column
+                else:  # A label's field, read per task once the line is known to be whole.
+                    label_spans[line, slot, 0], label_spans[line, slot, 1] = start, end
             column += 1
             if cursor >= stop:
                 break
@@ -239,8 +265,10 @@ def tokenize(
     ``skip_lines`` of them headers; ``num_slots`` counts the dense, categorical, bag and number columns."""
     num_lines = len(line_starts) - 1
     num_dense, num_categorical, num_bags, num_numbers = num_slots
+    num_label_columns = int(plan.label_slots.max()) + 1 if len(plan.label_slots) else 0
     lines = TokenizedLines(
-        labels=np.zeros(num_lines, np.float32),
+        labels=np.zeros((num_lines, len(plan.label_slots)), np.float32),
+        label_spans=np.zeros((num_lines, num_label_columns, 2), np.int64),
         dense=np.zeros((num_lines, num_dense), np.float32),
         ids=np.zeros((num_lines, num_categorical), np.int64),
         bag_spans=np.zeros((num_lines, num_bags, 3), np.int64),
@@ -251,8 +279,11 @@ def tokenize(
     _tokenize(
         data, line_starts, skip_lines, ord(delimiter), NO_QUOTE if quote is None else ord(quote),
         plan.roles, plan.slots, plan.bases, plan.num_buckets, plan.fills, plan.logs, SMALL_COUNT_LOGS,
-        plan.label_texts, plan.label_offsets, plan.label_clicks, plan.threshold,
-        lines.labels, lines.dense, lines.ids, lines.bag_spans, lines.numbers, lines.codes, lines.columns,
+        lines.label_spans, lines.dense, lines.ids, lines.bag_spans, lines.numbers, lines.codes, lines.columns,
+    )  # fmt: skip
+    _labels(
+        data, lines.label_spans, plan.label_slots, plan.label_texts, plan.label_offsets, plan.label_ranges,
+        plan.label_clicks, plan.thresholds, plan.regression, lines.labels, lines.codes, lines.columns,
     )  # fmt: skip
     return lines
 

@@ -23,7 +23,9 @@ from importlib.resources import files
 from typing import Annotated, Literal, TypeVar
 
 from recipes import GlobalBatchSize, NonNegativeInt, PositiveInt, Range
+from recsys.click.tasks import Task
 from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
+from recsys.tabular.labels import LabelColumn, LabelTask, check_label_tasks
 
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
@@ -60,23 +62,6 @@ def resolve_path(path: str) -> str:
     except ModuleNotFoundError:
         raise ValueError(f"The package of {path} must be installed, but '{package}' is not.") from None
     return str(root.joinpath(relative))
-
-
-@dataclass
-class LabelColumn:
-    column: str = "label"
-    """The column holding the label."""
-    positive: list[str] = field(default_factory=lambda: ["1"])
-    """The values (as written in the file) that mean a click; ignored with ``threshold``."""
-    negative: list[str] = field(default_factory=lambda: ["0"])
-    """The values that mean no click; any other value is a malformed row (e.g. ``[-1]`` for -1/1 labels)."""
-    threshold: Annotated[float, Range()] | None = None
-    """Instead of values: a number >= ``threshold`` is a click (e.g. ``rating >= 4``)."""
-
-    def __post_init__(self) -> None:
-        overlap = set(self.positive) & set(self.negative)
-        if self.threshold is None and overlap:
-            raise ValueError(f"`positive` and `negative` must not share values, but share {sorted(overlap)}.")
 
 
 @dataclass
@@ -305,6 +290,12 @@ class TabularDataSection:
     ``num_fields``, ``num_buckets``), ``parquet`` (typed columns named by the file; a list column can be a
     multi-hot bag), or one an installed package adds."""
     label: LabelColumn = field(default_factory=LabelColumn)
+    """The one binary label (a click), unless ``labels`` names several tasks."""
+    labels: list[LabelTask] | None = None
+    """Several tasks, each a label column (binary or regression) with a loss ``weight``, for one model with an
+    output per task (``mlp``, ``dcn_v2``, ``wide_deep``, ``dlrm``, ``deepfm``); their metrics are named
+    ``<task>/auc``, ``<task>/mse`` ... Two tasks may read one column (``rating >= 4`` and the rating). Replaces
+    ``label``, which must then stay unset. Not for the libSVM formats, whose label is the line's first token."""
     dense: list[DenseColumns] = field(default_factory=list)
     categorical: list[CategoricalColumns] = field(default_factory=list)
     joins: list[JoinedTable] = field(default_factory=list)
@@ -330,7 +321,12 @@ class TabularDataSection:
 
     def __post_init__(self) -> None:
         self.format.check(self)
-        used = [self.label.column, *self.dense_columns, *self.categorical_columns]
+        check_label_tasks(self.label, self.labels, self.added_columns)
+        features = [*self.dense_columns, *self.categorical_columns]
+        labelled = sorted({task.column for task in self.label_tasks} & set(features))
+        if labelled:
+            raise ValueError(f"A label column must not be a feature too, but {labelled} are both.")
+        used = [*dict.fromkeys(task.column for task in self.label_tasks), *features]
         repeated = sorted({name for name in used if used.count(name) > 1})
         if repeated:
             raise ValueError(f"A column must have one role, but {repeated} have several.")
@@ -425,6 +421,19 @@ class TabularDataSection:
         hashed with that column's name, so that the same value of two columns of one kind has one key."""
         group = self.groups_by_column.get(column)
         return column if group is None or group.same_ids_as is None else group.same_ids_as
+
+    @property
+    def label_tasks(self) -> list[LabelTask]:
+        """The label columns a reader reads, as tasks in order: ``labels``, or ``label`` as the one binary task."""
+        if self.labels:
+            return self.labels
+        label = self.label
+        return [LabelTask(label.column, label.positive, label.negative, label.threshold)]
+
+    @property
+    def tasks(self) -> list[Task] | None:
+        """The tasks of ``labels``; ``None`` for the one binary ``label`` (its metrics keep their bare names)."""
+        return [task.task for task in self.labels] if self.labels else None
 
     @property
     def added_columns(self) -> list[str]:

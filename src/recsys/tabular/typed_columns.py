@@ -4,8 +4,8 @@ A columnar file (Parquet) carries types, so unlike a text file's fields its valu
 stays is to check at start-up that each column's type can play its role, and to make sure a value means
 the same as it would in a CSV file:
 
-- the label's ``positive``/``negative`` values are compared with the value's text (an int 1 is "1");
-  with ``threshold`` the column must be numeric;
+- a label's ``positive``/``negative`` values are compared with the value's text (an int 1 is "1");
+  with ``threshold``, or for a regression task (whose label is the number), the column must be numeric;
 - dense columns are numbers (a null is ``fill``; NaN or infinity make the row malformed);
 - a categorical value's *text* is hashed (an int as its decimal text, a string as it is, a null to id
   0), so that the same value gets the same id in a CSV and a Parquet file. A dictionary-encoded column
@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from recsys.tabular.added_columns import AddedColumns, AddedValues, dense_column
 from recsys.tabular.hashing import bucket_ids, hash_ids, text_keys
+from recsys.tabular.labels import LabelTask
 from recsys.tabular.row_arrays import object_array, split_rows
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection
 from recsys.tabular.tokens import SMALL_COUNT_LOGS, log_count
@@ -68,13 +69,15 @@ class TypedRows:
         self._hashers = {
             name: _DictionaryHasher(schema.id_kind(name), self._groups[name].num_buckets) for name in self.single_valued
         }
+        self._tasks = schema.label_tasks
+        self._label_columns = list(dict.fromkeys(task.column for task in self._tasks))
 
     @property
     def columns(self) -> list[str]:
-        """The file columns the schema reads, label first."""
+        """The file columns the schema reads, labels first."""
         added_names = set(self._schema.added_columns)
         used = [
-            self._schema.label.column,
+            *self._label_columns,
             *self._file_dense,
             *(name for name in self._schema.categorical_columns if name not in added_names),
             *self._added.file_keys,
@@ -89,9 +92,11 @@ class TypedRows:
             fits, wanted = _is_number(value_type), "a number (a split column, or the source of a time part)"
         elif name in self._added.file_keys and name not in self._groups:
             fits, wanted = _is_text(value_type), "a string or integer (a join key, or the source of a count)"
-        elif name == self._schema.label.column:
-            if self._schema.label.threshold is not None:
-                fits, wanted = _is_number(value_type), "a number (for `threshold`)"
+        elif name in self._label_columns:
+            numeric = [task for task in self._tasks if task.column == name and task.threshold is not None]
+            numeric += [task for task in self._tasks if task.column == name and task.kind == "regression"]
+            if numeric:
+                fits, wanted = _is_number(value_type), "a number (for `threshold` or `kind: regression`)"
             else:
                 fits, wanted = _is_text(value_type) or pa.types.is_boolean(value_type), "a string, integer or boolean"
         elif name in self._groups and not self._groups[name].multi_hot:
@@ -115,7 +120,8 @@ class TypedRows:
         """The rows of ``batch`` as ``(labels, dense, *categorical)``, the first problem of each malformed row, and
         which rows the split keeps (``None``: all)."""
         problems: dict[int, str] = {}
-        labels = self._labels(batch.column(self._schema.label.column), problems)
+        each = [self._labels(task, batch.column(task.column), problems) for task in self._tasks]
+        labels = each[0] if len(each) == 1 else np.stack(each, axis=1)
         added = self._added_values(batch)
         for row, problem in added.problems.items():
             problems.setdefault(row, problem)
@@ -166,13 +172,17 @@ class TypedRows:
             object_array([]) if name in self.multi_hot else np.zeros(0, np.int64)
             for name in self._schema.categorical_columns
         ]
-        return (np.zeros(0, np.float32), np.zeros((0, len(self._schema.dense_columns)), np.float32), *categorical)
+        labels = np.zeros((0, len(self._tasks)) if len(self._tasks) > 1 else 0, np.float32)
+        return (labels, np.zeros((0, len(self._schema.dense_columns)), np.float32), *categorical)
 
-    def _labels(self, values: pa.Array, problems: dict[int, str]) -> npt.NDArray[np.float32]:
-        spec = self._schema.label
-        if spec.threshold is not None:
+    def _labels(self, spec: LabelTask, values: pa.Array, problems: dict[int, str]) -> npt.NDArray[np.float32]:
+        """One task's labels: a regression task's numbers, or a binary one's clicks."""
+        if spec.threshold is not None or spec.kind == "regression":
             numbers = _floats(values, np.nan)
             _note(problems, ~np.isfinite(numbers), values, f"the label `{spec.column}` must be a finite number")
+            if spec.kind == "regression":
+                return np.where(np.isfinite(numbers), numbers, 0.0).astype(np.float32)
+            assert spec.threshold is not None
             clicks: npt.NDArray[np.float32] = (numbers >= spec.threshold).astype(np.float32)
             return clicks
         values = _decoded(values)

@@ -15,6 +15,7 @@ from recsys.zoo.zoo_model import (
     ZooEmbeddingSection,
     ZooModelConfig,
     build_zoo_model,
+    check_num_tasks,
     check_table_dims,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "ZooEmbeddingSection",
     "ZooModelConfig",
     "build_zoo_model",
+    "check_num_tasks",
     "check_table_dims",
 ]

@@ -12,7 +12,16 @@ from torch import nn
 
 from components import PositiveInt
 from recipes import megatron_mlp_plan
-from recsys.click.models import DLRM, VECTORS, CTRModel, Pooled, PooledModel, mlp_with_dropout
+from recsys.click.models import (
+    DLRM,
+    VECTORS,
+    CTRModel,
+    Pooled,
+    PooledModel,
+    mlp_with_dropout,
+    plus_shared,
+    task_logits,
+)
 from recsys.zoo.linear import LogisticRegression
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables
 
@@ -58,6 +67,7 @@ class DCNv2(PooledModel):
         cross_rank: int | None,
         hidden_dims: list[int],
         dropout: float,
+        num_tasks: int = 1,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
@@ -65,7 +75,7 @@ class DCNv2(PooledModel):
         self.num_dense = num_dense
         in_dim = num_dense + sum(dims)
         self.cross = nn.ModuleList([CrossLayer(in_dim, cross_rank) for _ in range(cross_layers)])
-        self.mlp = mlp_with_dropout(in_dim, hidden_dims, 1, dropout)
+        self.mlp = mlp_with_dropout(in_dim, hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
@@ -78,14 +88,13 @@ class DCNv2(PooledModel):
         x = x0
         for layer in self.cross:
             x = layer(x0, x)
-        logits: torch.Tensor = self.mlp(x).squeeze(1)
-        return logits
+        return task_logits(self.mlp(x))
 
 
 class WideDeep(PooledModel):
     """Wide & Deep (Cheng et al., DLRS 2016): logistic regression's weights (the wide part, which memorises ids
     and dense features' linear effects) and ``mlp``'s tower over the fields' vectors (the deep part, which
-    generalises), trained jointly, their logits summed."""
+    generalises), trained jointly, their logits summed (with several tasks, the wide logit is every task's)."""
 
     def __init__(self, wide: LogisticRegression, deep: CTRModel) -> None:
         super().__init__()
@@ -100,8 +109,7 @@ class WideDeep(PooledModel):
         return {**self.wide.lookups(), **self.deep.lookups()}
 
     def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
-        logits: torch.Tensor = self.wide.dense_logits(dense, pooled) + self.deep.dense_logits(dense, pooled)
-        return logits
+        return plus_shared(self.wide.dense_logits(dense, pooled), self.deep.dense_logits(dense, pooled))
 
 
 @dataclass
@@ -119,14 +127,20 @@ def dcn_v2(config: DCNv2Config, inputs: ModelInputs) -> nn.Module:
     cross = (config.cross_layers, config.cross_rank)
     deep = (config.hidden_dims, config.dropout)
     dims = inputs.feature_dims(section)
-    return DCNv2(inputs.vectors(section), inputs.features, inputs.num_dense, dims, *cross, *deep)
+    return DCNv2(inputs.vectors(section), inputs.features, inputs.num_dense, dims, *cross, *deep, inputs.num_tasks)
 
 
 def _deep_tower(config: DeepModelConfig, inputs: ModelInputs) -> CTRModel:
     section = config.embeddings
     dims = inputs.feature_dims(section)
     return CTRModel(
-        inputs.vectors(section), inputs.features, dims, inputs.num_dense, config.hidden_dims, config.dropout
+        inputs.vectors(section),
+        inputs.features,
+        dims,
+        inputs.num_dense,
+        config.hidden_dims,
+        config.dropout,
+        inputs.num_tasks,
     )
 
 
@@ -164,4 +178,5 @@ def dlrm(config: DLRMConfig, inputs: ModelInputs) -> nn.Module:
             config.bottom_dims,
             config.hidden_dims,
             config.dropout,
+            inputs.num_tasks,
         )

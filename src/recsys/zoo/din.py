@@ -25,7 +25,7 @@ from torch import nn
 from components import PositiveInt
 from recipes import ConfigError, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
-from recsys.click.models import mlp_with_dropout
+from recsys.click.models import mlp_with_dropout, task_logits
 from recsys.models.sequences import SequenceLayout, masked_mean
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
@@ -60,7 +60,7 @@ class ActivationUnit(nn.Module):
 
 class DIN(nn.Module):
     """Target attention of each candidate over its sequence, then a deep MLP over every vector and the dense
-    features: one click logit a sample."""
+    features: one click logit a sample (one a task with several)."""
 
     def __init__(
         self,
@@ -73,6 +73,7 @@ class DIN(nn.Module):
         attention_dims: list[int],
         hidden_dims: list[int],
         dropout: float,
+        num_tasks: int = 1,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
@@ -88,7 +89,7 @@ class DIN(nn.Module):
             }
         )
         width = num_dense + sum(dims[name] for name in features)
-        self.mlp = mlp_with_dropout(width, hidden_dims, 1, dropout)
+        self.mlp = mlp_with_dropout(width, hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")  # The activation units are narrow, and run per item.
@@ -105,8 +106,7 @@ class DIN(nn.Module):
                 parts.append(masked_mean(items, layout.mask))
             else:
                 parts.append(self.attention[name](items, looked_up[candidate], layout.mask))
-        logits: torch.Tensor = self.mlp(torch.cat(parts, dim=1)).squeeze(1)
-        return logits
+        return task_logits(self.mlp(torch.cat(parts, dim=1)))
 
 
 @dataclass
@@ -150,4 +150,5 @@ def din(config: DINConfig, inputs: ModelInputs) -> nn.Module:
         config.attention_dims,
         config.hidden_dims,
         config.dropout,
+        inputs.num_tasks,
     )

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from recipes import megatron_mlp_plan
-from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout
+from recsys.click.models import FIRST_ORDER, VECTORS, Pooled, PooledModel, mlp_with_dropout, plus_shared, task_logits
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs, OneDimTables, ZooModelConfig, stack_fields
 
 if TYPE_CHECKING:
@@ -110,7 +110,8 @@ class DeepFM(FM):
     """An FM and an MLP over the same field vectors, their logits summed (Guo et al., DeepFM, IJCAI 2017).
 
     The FM catches the second-order interactions that an MLP learns poorly from products, the MLP
-    the higher-order ones; sharing the vectors means no separate pre-training, unlike FNN.
+    the higher-order ones; sharing the vectors means no separate pre-training, unlike FNN. With several tasks,
+    the MLP has an output per task and the FM's logit is every task's.
     """
 
     def __init__(
@@ -122,17 +123,17 @@ class DeepFM(FM):
         dim: int,
         hidden_dims: list[int],
         dropout: float,
+        num_tasks: int = 1,
     ) -> None:
         super().__init__(first_order, embeddings, features, num_dense, dim)
-        self.mlp = mlp_with_dropout(num_dense + dim * len(features), hidden_dims, 1, dropout)
+        self.mlp = mlp_with_dropout(num_dense + dim * len(features), hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return megatron_mlp_plan(self.mlp, "mlp")
 
     def dense_logits(self, dense: torch.Tensor, pooled: Pooled) -> torch.Tensor:
         fm, fields = self.fm_logits(dense, pooled)
-        deep: torch.Tensor = self.mlp(torch.cat([dense, fields.flatten(1)], dim=1)).squeeze(1)
-        return fm + deep
+        return plus_shared(fm, task_logits(self.mlp(torch.cat([dense, fields.flatten(1)], dim=1))))
 
 
 @dataclass
@@ -161,4 +162,4 @@ def deepfm(config: DeepFMConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
     first_order, vectors = inputs.first_order(section), inputs.vectors(section)
     deep = (config.hidden_dims, config.dropout)
-    return DeepFM(first_order, vectors, inputs.features, inputs.num_dense, section.dim, *deep)
+    return DeepFM(first_order, vectors, inputs.features, inputs.num_dense, section.dim, *deep, inputs.num_tasks)

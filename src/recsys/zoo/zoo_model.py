@@ -5,7 +5,7 @@ key, on the same tables and data path: a new model is then a one-word change, no
 package adds its own model by registering it in ``ZOO_MODELS`` (by decorator, or through the
 ``recipes.zoo_models`` entry points).
 
-Every model maps a ``CTRBatch`` to one logit per sample, ``[B]``, with either backend of
+Every model maps a ``CTRBatch`` to one logit per sample, ``[B]`` (``[B, T]`` for T tasks), with either backend of
 ``recsys.models.embeddings``; the framework finds and steps the sparse tables at any depth. A
 model with MLPs says how they split over tensor-parallel ranks (``tensor_parallel_plan``). Most
 models pool every feature; a model whose config says it ``reads_sequences`` (``din``) takes the
@@ -94,6 +94,10 @@ class ZooModelConfig:
     reads_sequences: ClassVar[bool] = False
     """Whether the model reads behaviour sequences (tables that do not pool), which every other model refuses."""
 
+    multi_task: ClassVar[bool] = False
+    """Whether the model gives one output per task (``num_tasks`` of ``ModelInputs``) for several tasks: a model
+    whose last layer is a linear head, shared by the tasks up to it."""
+
     name: str = "dcn_v2"
     """Which model; DCN-v2 by default, among the strongest on public CTR benchmarks (BARS, SIGIR 2022)."""
     embeddings: ZooEmbeddingSection = field(default_factory=ZooEmbeddingSection)
@@ -123,7 +127,10 @@ class OneDimTables:
 
 @dataclass
 class DeepModelConfig(ZooModelConfig):
-    """A model with a deep MLP: ``mlp``, the deep part of ``deepfm``, ``dcn_v2`` and ``wide_deep``, DLRM's top MLP."""
+    """A model with a deep MLP: ``mlp``, the deep part of ``deepfm``, ``dcn_v2`` and ``wide_deep``, DLRM's top MLP,
+    whose last linear layer gives one output per task."""
+
+    multi_task: ClassVar[bool] = True
 
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [256, 128])
     """The deep MLP's hidden layers."""
@@ -135,14 +142,16 @@ class DeepModelConfig(ZooModelConfig):
 @dataclass(frozen=True)
 class ModelInputs:
     """What a zoo model is built over: the tables, the features in model order, the dense features' count,
-    the gang its sparse tables are sharded over, the seed of its initial values, and the sequence features with
-    the most ids a row of each holds (their tables do not pool)."""
+    the gang its sparse tables are sharded over, the seed of its initial values, its number of tasks (one logit per
+    sample ``[B]`` for one, one per task ``[B, num_tasks]`` for several), and the sequence features with the most
+    ids a row of each holds (their tables do not pool)."""
 
     tables: Sequence[TableSpec]
     features: list[str]
     num_dense: int
     gang: Gang
     seed: int
+    num_tasks: int = 1
     sequence_lengths: Mapping[str, int] = field(default_factory=dict)
 
     def vectors(self, section: EmbeddingSection) -> nn.Module:
@@ -175,13 +184,15 @@ def build_zoo_model(
     gang: Gang,
     seed: int,
     cardinalities: Mapping[str, int] | None = None,
+    num_tasks: int = 1,
     sequence_lengths: Mapping[str, int] | None = None,
 ) -> nn.Module:
     """The model ``config.name`` over ``features`` (in this order, each looked up by one of ``tables``) and
     ``num_dense`` dense features, on ``gang.device``; its sparse tables are sharded over ``gang``, each of the
     dim ``config.embeddings`` gives it (``cardinalities``: the distinct ids the training files look up in each
-    table, which ``dim_by_cardinality`` needs). ``sequence_lengths``: the features that are sequences, with the
-    most ids a row of each holds, which the tables that look them up do not pool.
+    table, which ``dim_by_cardinality`` needs), with an output per task for ``num_tasks`` > 1. ``sequence_lengths``:
+    the features that are sequences, with the most ids a row of each holds, which the tables that look them up do
+    not pool.
 
     The dense layers are initialised from ``seed`` alone, as the tables are, so that a model is the
     same whatever ran before it.
@@ -191,12 +202,24 @@ def build_zoo_model(
     _check_sequences(config, tables, sequence_lengths)
     if num_dense < 0:
         raise ValueError(f"`num_dense` must be >= 0, but is {num_dense} instead.")
+    check_num_tasks(config, num_tasks)
     factory = ZOO_MODELS.get(config.name).value
     with torch.random.fork_rng(devices=[]):  # The dense layers are built on the CPU; CUDA's stream stays.
         torch.default_generator.manual_seed(seed)
         sized = sized_tables(config.embeddings, tables, cardinalities)
-        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed, sequence_lengths))
+        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed, num_tasks, sequence_lengths))
     return model.to(gang.device)
+
+
+def check_num_tasks(config: ZooModelConfig, num_tasks: int) -> None:
+    """Refuses several tasks for a model with one output (its config's ``multi_task`` is false): a recipe calls it
+    before its first pass over the data."""
+    if num_tasks > 1 and not type(config).multi_task:
+        able = [name for name in ZOO_MODELS.registered_by("recsys") if ZOO_MODELS.get(name).config_class.multi_task]
+        raise ConfigError(
+            f"`dataset.labels` names {num_tasks} tasks, so the model must give an output per task ({', '.join(able)}), "
+            f"but '{config.name}' gives one."
+        )
 
 
 def _check_features(tables: Sequence[TableSpec], features: list[str]) -> None:

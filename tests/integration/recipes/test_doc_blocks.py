@@ -228,6 +228,7 @@ CHECKS: dict[str, Callable[[Block, Path, dict[str, str]], list[Outcome]]] = {
     "docs/getting-started.md: ```yaml train_path: ratings.csv                    # userId,movieId,rating,timestamp": (
         doc_checks.dataset_section_of_movielens
     ),
+    "docs/getting-started.md: ```yaml movielens_two_tasks:": doc_checks.two_tasks_train_and_predict,
     "docs/how-to/export-tables.md: ```python import numpy as np, pyarrow.parquet as pq": doc_checks.python_in_folder,
     "docs/tutorials/sequence-model.md: ```yaml derived:": doc_checks.dataset_section_of_movielens,
     "docs/tutorials/sequence-model.md: ```yaml categorical:": doc_checks.dataset_section_of_movielens,

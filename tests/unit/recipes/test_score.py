@@ -16,7 +16,7 @@ from recipes.errors import ConfigError
 from recipes.recorders import CompositeRecorder
 from recipes.training.data_reader import DataError
 from recipes.training.protocols import Validation
-from recipes.training.score import ScoreMetric, resolve_score
+from recipes.training.score import Score, ScoreMetric, resolve_score
 from recipes.training.validator import make_validator
 from support.linear_regression import Batch, reader
 from units import (
@@ -26,6 +26,7 @@ from units import (
     GroupedAUC,
     LogLoss,
     Mean,
+    MeanSquaredError,
     MetricBag,
     NormalizedEntropy,
     SlicedNormalizedEntropy,
@@ -100,6 +101,15 @@ def test_a_missing_metric_suggests_the_same_metric_elsewhere_never_another_that_
         resolve_score(ScoreMetric("auc"), two_units)
     with pytest.raises(ConfigError, match=r"Did you mean 'valid/log_loss'\?$"):
         resolve_score(ScoreMetric("LogLoss"), gauc_only)
+
+
+def test_a_task_metric_of_no_task_suggests_that_of_a_task_and_a_tasks_loss_ranks_lower_first() -> None:
+    tasks = validations(MetricsUnit({"click/auc": BinaryAUC(), "rating/mse": MeanSquaredError()}))
+    with pytest.raises(ConfigError, match=r"but is 'valid/clicks/auc' instead\. Did you mean 'valid/click/auc'\?$"):
+        resolve_score(ScoreMetric("valid/clicks/auc"), tasks)
+
+    assert resolve_score(ScoreMetric("valid/rating/mse"), tasks) == Score("valid/rating/mse", lower_better=True)
+    assert resolve_score(ScoreMetric("valid/click/auc"), tasks) == Score("valid/click/auc", lower_better=False)
 
 
 def refusal_at_validation(units: list[Validation[Any]], score: str, error: type[Exception]) -> str:

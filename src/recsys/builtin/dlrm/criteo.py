@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recsys.tabular.formats.delimited_text import TsvConfig
-from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DenseColumns, TabularDataSection
 
 NUM_DENSE_FEATURES = 13
 NUM_SPARSE_FEATURES = 26

@@ -30,7 +30,7 @@ from recsys.tabular.schema_metric_columns import single_valued_columns, value_na
 from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.window_sources import windowed_train_reader
-from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_table_dims
+from recsys.zoo import ZOO_MODELS, ZooModelConfig, build_zoo_model, check_num_tasks, check_table_dims
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
+    tasks = data.tasks
+    check_num_tasks(config.model, len(tasks or ()))
     features = data_format(data)
     tables = features.tables()
     check_table_dims(config.model.embeddings, tables)
@@ -107,13 +109,14 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         gangs.dp,
         config.seed,
         cardinalities,
-        features.sequence_lengths(),
+        num_tasks=len(tasks or ()) or 1,
+        sequence_lengths=features.sequence_lengths(),
     )
     # Any single-valued categorical column of the schema may group or slice the validation metrics.
     slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
     names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
     columns = single_valued_columns(data, encodings)
-    parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names)
+    parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names, tasks)
     if not isinstance(files, ColumnFormat):
         return parts
 

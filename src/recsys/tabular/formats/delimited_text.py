@@ -65,7 +65,8 @@ class CsvConfig(DataFormatConfig):
         if self.column_names is None:
             return
         added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
-        read = [schema.label.column, *schema.dense_columns, *schema.categorical_columns, schema.split.column]
+        labels = [task.column for task in schema.label_tasks]
+        read = [*labels, *schema.dense_columns, *schema.categorical_columns, schema.split.column]
         missing = [name for name in read if name is not None and name not in added and name not in self.column_names]
         if missing:
             raise ValueError(
@@ -114,11 +115,12 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         self._split = split
         super().__init__(paths, paths_key=paths_key(split), **kwargs)
         self._names = self._column_names()
-        if schema.label.column not in self._names:
-            raise DataError(
-                f"The schema's column '{schema.label.column}' must be a column of {self.file_name(0)}, but the "
-                f"file's columns are {self._names} instead."
-            )
+        for task in schema.label_tasks:
+            if task.column not in self._names:
+                raise DataError(
+                    f"The schema's column '{task.column}' must be a column of {self.file_name(0)}, but the "
+                    f"file's columns are {self._names} instead."
+                )
         try:
             self._added = AddedColumns(
                 schema,
@@ -203,7 +205,8 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             if name in self._keyed:
                 ids[:, k] = self._ids(name, ids[:, k].view(np.uint64))
         bags = [self._bag_ids(name, *chunk.bags[name]) for name in self._bags]
-        columns: tuple[npt.NDArray[Any], ...] = (chunk.lines.labels, chunk.lines.dense, ids, *bags)
+        labels = chunk.lines.labels if len(self._schema.label_tasks) > 1 else chunk.lines.labels[:, 0]
+        columns: tuple[npt.NDArray[Any], ...] = (labels, chunk.lines.dense, ids, *bags)
         return ParsedLines(chunk.line_ends, chunk.valid, columns, chunk.problems)
 
     def _keys_of(self, buffer: bytes, file_index: int, at_file_start: bool) -> _Chunk:
@@ -268,8 +271,9 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         return make_ctr_batch(dense, ordered, labels)
 
     def empty_columns(self) -> tuple[npt.NDArray[Any], ...]:
+        num_tasks = len(self._schema.label_tasks)
         return (
-            np.zeros(0, np.float32),
+            np.zeros((0, num_tasks) if num_tasks > 1 else 0, np.float32),
             np.zeros((0, len(self._schema.dense_columns)), np.float32),
             np.zeros((0, len(self._single)), np.int64),
             *(object_array([]) for _ in self._bags),
@@ -297,6 +301,8 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
 
     def _column_plan(self) -> ColumnPlan:
         schema = self._schema
+        tasks = schema.label_tasks
+        label_slots = {name: slot for slot, name in enumerate(dict.fromkeys(task.column for task in tasks))}
         roles = np.full(len(self._names), delimited.SKIP, dtype=np.int64)
         slots = np.zeros(len(self._names), dtype=np.int64)
         position = {name: index for index, name in enumerate(self._names)}
@@ -305,7 +311,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             (delimited.CATEGORICAL, self._key_slots),
             (delimited.BAG, {name: slot for slot, name in enumerate(self._file_bags)}),
             (delimited.NUMBER, self._number_slots),
-            (delimited.LABEL, {schema.label.column: 0}),
+            (delimited.LABEL, label_slots),
         ):
             for name, slot in slot_of.items():
                 if name not in position:
@@ -313,9 +319,8 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
                 if roles[position[name]] not in (delimited.SKIP, delimited.DENSE):
                     raise DataError(f"The column '{name}' of {self.file_name(0)} must have one role, but has several.")
                 roles[position[name]], slots[position[name]] = role, slot
-        label = schema.label
-        values = [*label.positive, *label.negative]
-        encoded = [value.strip().encode() for value in values]
+        values = [[] if task.kind == "regression" else [*task.positive, *task.negative] for task in tasks]
+        encoded = [value.strip().encode() for task_values in values for value in task_values]
         key_columns = [*self._single, *self._hidden_keys]
         return ColumnPlan(
             roles=roles,
@@ -326,10 +331,16 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             ),
             fills=np.array([fill for _, fill, _ in self._dense_specs()], np.float64),
             logs=np.array([log for _, _, log in self._dense_specs()], np.bool_),
+            label_slots=np.array([label_slots[task.column] for task in tasks], np.int64),
             label_texts=np.frombuffer(b"".join(encoded), dtype=np.uint8),
             label_offsets=np.cumsum([0, *(len(text) for text in encoded)], dtype=np.int64),
-            label_clicks=np.array([1.0] * len(label.positive) + [0.0] * len(label.negative), np.float32),
-            threshold=float("nan") if label.threshold is None else label.threshold,
+            label_ranges=np.cumsum([0, *(len(task_values) for task_values in values)], dtype=np.int64),
+            label_clicks=np.array(
+                [float(k < len(task.positive)) for task, texts in zip(tasks, values) for k in range(len(texts))],
+                np.float32,
+            ),
+            thresholds=np.array([np.nan if task.threshold is None else task.threshold for task in tasks], np.float64),
+            regression=np.array([task.kind == "regression" for task in tasks], np.bool_),
         )
 
     def _column_names(self) -> list[str]:
@@ -371,14 +382,16 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
         if code == delimited.QUOTE:
             return "a quoted field must end with a quote, followed by the delimiter or the line's end"
         fields = self._split_line(text.decode(errors="replace"))
+        task = self._schema.label_tasks[column] if code == delimited.NOT_A_LABEL else None
+        if task is not None:  # The kernel names the task whose label is wrong.
+            column = self._names.index(task.column)
         value = fields[column] if column < len(fields) else ""
         name = self._names[column]
-        if code == delimited.NOT_A_NUMBER:
+        if task is None:
             return f"`{name}` must be a finite number or empty, but is {value!r} instead"
-        label = self._schema.label
-        if label.threshold is not None:
+        if task.threshold is not None or task.kind == "regression":
             return f"the label `{name}` must be a finite number, but is {value!r} instead"
-        allowed = ", ".join(repr(v) for v in [*label.positive, *label.negative])
+        allowed = ", ".join(repr(v) for v in [*task.positive, *task.negative])
         return f"the label `{name}` must be one of {allowed}, but is {value!r} instead"
 
 

@@ -54,6 +54,11 @@ class LibSVMConfig(DataFormatConfig):
                 f"`format: {self.name}` takes its features from the tokens: `dense`, `categorical`, `joins`, "
                 "`derived` and `split` must be empty, but are not."
             )
+        if schema.labels is not None:
+            raise ValueError(
+                f"`format: {self.name}` has one label, the first token of a line: `dataset.labels` must be unset, but "
+                f"names {len(schema.labels)} tasks; use `label`, or a CSV/TSV or Parquet file for several."
+            )
 
     def with_full_keys(self) -> LibSVMConfig:
         return replace(self, num_buckets=0)

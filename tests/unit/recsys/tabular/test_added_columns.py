@@ -21,12 +21,12 @@ from recsys.tabular.formats.arrow import ArrowFormatConfig
 from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
 from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
+from recsys.tabular.labels import LabelColumn
 from recsys.tabular.schema import (
     CategoricalColumns,
     DenseColumns,
     DerivedColumn,
     JoinedTable,
-    LabelColumn,
     SplitByValue,
     TabularDataSection,
     resolve_path,

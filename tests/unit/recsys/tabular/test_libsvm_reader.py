@@ -9,7 +9,8 @@ import pytest
 from recipes.training.data_reader import DataError
 from recsys.tabular.formats.libsvm import LibFFMConfig, LibSVMConfig, LibSVMReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.schema import LabelColumn, TabularDataSection
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import TabularDataSection
 
 MINUS_ONE_ONE = LabelColumn(positive=["1"], negative=["-1"])
 

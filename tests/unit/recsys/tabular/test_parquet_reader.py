@@ -22,7 +22,8 @@ from recsys.tabular.formats.arrow import ArrowFormatConfig
 from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
 from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DenseColumns, TabularDataSection
 from recsys.tabular.typed_columns import TypedRows
 
 ROWS = {

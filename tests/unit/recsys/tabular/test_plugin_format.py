@@ -24,13 +24,8 @@ from recsys.click.batch import CTRBatch
 from recsys.tabular.formats import DATA_FORMATS
 from recsys.tabular.formats.arrow import ArrowFormatConfig
 from recsys.tabular.formats.data_format import data_format
-from recsys.tabular.schema import (
-    CategoricalColumns,
-    DenseColumns,
-    LabelColumn,
-    SplitByValue,
-    TabularDataSection,
-)
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DenseColumns, SplitByValue, TabularDataSection
 from support.paths import PLUGIN_PACKAGE
 from support.plugin_format import write_lines
 

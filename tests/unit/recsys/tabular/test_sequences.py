@@ -20,14 +20,8 @@ from recsys.tabular.formats.data_format import data_format
 from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
 from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.schema import (
-    CategoricalColumns,
-    DerivedColumn,
-    LabelColumn,
-    SplitByValue,
-    TabularDataSection,
-    with_full_keys,
-)
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DerivedColumn, SplitByValue, TabularDataSection, with_full_keys
 from recsys.tabular.vocabulary import Encodings
 from recsys.zoo import ZOO_MODELS, build_zoo_model
 

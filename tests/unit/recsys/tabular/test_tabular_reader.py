@@ -15,7 +15,8 @@ import torch
 from recipes.training.data_reader import DataError
 from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader, TsvConfig
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.schema import CategoricalColumns, DenseColumns, LabelColumn, TabularDataSection, expand_names
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DenseColumns, TabularDataSection, expand_names
 
 
 def schema(**overrides: object) -> TabularDataSection:

@@ -12,7 +12,8 @@ from recsys.tabular.formats.arrow import ArrowFormatConfig
 from recsys.tabular.formats.delimited_text import CsvConfig, TabularReader
 from recsys.tabular.formats.parquet import ParquetReader
 from recsys.tabular.hashing import hash_value
-from recsys.tabular.schema import CategoricalColumns, LabelColumn, TabularDataSection
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, TabularDataSection
 from recsys.tabular.value_texts import feature_value_texts
 
 BUCKETS = 1000

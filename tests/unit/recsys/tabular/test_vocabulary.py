@@ -12,7 +12,8 @@ import pytest
 from recipes.training.data_reader import DataError
 from recsys.tabular.formats.delimited_text import TabularReader
 from recsys.tabular.hashing import text_keys
-from recsys.tabular.schema import CategoricalColumns, DenseColumns, DerivedColumn, LabelColumn, TabularDataSection
+from recsys.tabular.labels import LabelColumn
+from recsys.tabular.schema import CategoricalColumns, DenseColumns, DerivedColumn, TabularDataSection
 from recsys.tabular.vocabulary import Encodings, KeyCounter, Vocabulary, load_or_build_encodings
 
 

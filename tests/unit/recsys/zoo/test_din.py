@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from embedding import CombinedOptimizer, JaggedIds, SparseFeatures, SparseOptimizer
+from embedding import JaggedIds, SparseFeatures
 from gang import FakeGang
 from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
@@ -18,7 +18,7 @@ from recsys.models.sequences import SequenceLayout, masked_mean
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.din import DIN
 from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, MembershipData
-from units import BinaryAUC
+from support.zoo_data import optimizer, train_and_score
 
 
 def din_config(backend: str = "sparse", dim: int = 8, **options: Any) -> Any:
@@ -32,12 +32,6 @@ def build(backend: str = "sparse", **options: Any) -> nn.Module:
     return build_zoo_model(
         din_config(backend, **options), TABLES, FEATURES, NUM_DENSE, FakeGang(), 3, sequence_lengths=SEQUENCE_LENGTHS
     )
-
-
-def optimizer(model: nn.Module, lr: float = 0.01) -> CombinedOptimizer | torch.optim.Optimizer:
-    dense = torch.optim.Adam(model.parameters(), lr=lr)
-    tables = list(find_sparse_tables(model).values())
-    return CombinedOptimizer(dense, SparseOptimizer(tables)) if tables else dense
 
 
 # Padding -------------------------------------------------------------------------------------
@@ -114,6 +108,14 @@ def test_din_scores_each_sample_and_trains_every_parameter_and_table(backend: st
     assert all(not torch.equal(before[name], shards[name].weight) for name in before)
 
 
+def test_din_gives_an_output_per_task_from_its_last_layer() -> None:
+    model = build_zoo_model(
+        din_config(), TABLES, FEATURES, NUM_DENSE, FakeGang(), 0, num_tasks=3, sequence_lengths=SEQUENCE_LENGTHS
+    )
+
+    assert model(MembershipData.make(5, seed=0).batch(torch.arange(5))).shape == (5, 3)
+
+
 def test_din_scores_a_batch_of_zero_rows() -> None:
     model = build()
     empty = CTRBatch(
@@ -141,24 +143,6 @@ def test_a_sequence_without_a_candidate_in_its_table_is_pooled_by_its_mean() -> 
 # Learning ------------------------------------------------------------------------------------
 
 
-def train_and_score(model: nn.Module, steps: int = 400, batch_size: int = 64) -> float:
-    train, test = MembershipData.make(4096, seed=10), MembershipData.make(1024, seed=11)
-    step = optimizer(model, lr=0.03)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        batch = train.batch(torch.randint(0, len(train), (batch_size,), generator=generator))
-        nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels).backward()
-        step.step()
-        step.zero_grad()
-    model.eval()
-    auc = BinaryAUC()
-    with torch.no_grad():
-        batch = test.batch(torch.arange(len(test)))
-        auc.update(torch.sigmoid(model(batch)), batch.labels.long())
-    return float(auc.compute())
-
-
 def test_din_learns_whether_the_candidate_is_in_the_sequence_which_a_pooled_history_cannot() -> None:
     """The same tables (one of items, for the candidate and the sequence) and MLP, the same steps: attention
     compares the candidate with each item; a mean of the history dilutes the one item that matches."""
@@ -168,6 +152,9 @@ def test_din_learns_whether_the_candidate_is_in_the_sequence_which_a_pooled_hist
     )
     pooled = build_zoo_model(section, pooled_tables, FEATURES, NUM_DENSE, FakeGang(), 3)
 
-    din_auc, pooled_auc = train_and_score(build(dim=16, dropout=0.0)), train_and_score(pooled)
+    train, test = MembershipData.make(4096, seed=10), MembershipData.make(1024, seed=11)
+
+    din_auc = train_and_score(build(dim=16, dropout=0.0), train, test, steps=400, lr=0.03)
+    pooled_auc = train_and_score(pooled, train, test, steps=400, lr=0.03)
 
     assert din_auc > 0.9 and pooled_auc < 0.7, (din_auc, pooled_auc)

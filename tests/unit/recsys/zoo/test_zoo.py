@@ -3,7 +3,6 @@ and its config refuses values out of range."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from embedding import CombinedOptimizer, JaggedIds, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizer
+from embedding import JaggedIds, ShardedEmbeddingCollection, SparseFeatures
 from gang import FakeGang
 from recipes.cli.main import main
 from recipes.config.resolution import ConfigError, resolve_config
@@ -35,31 +34,14 @@ from support.zoo_data import (
     ZOO_MODEL_NAMES,
     Backend,
     XorData,
+    optimizer,
+    small_section,
+    train_and_score,
 )
-from units import BinaryAUC
-
-
-def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs: Any) -> ZooModelConfig:
-    """Model ``name``'s config, small: narrow MLPs (where it has them) and dim-4 tables."""
-    config_class = ZOO_MODELS.get(name).config_class
-    options = {"hidden_dims": [16, 8], "bottom_dims": [8], **kwargs}
-    takes = {f.name for f in dataclasses.fields(config_class)}
-    embeddings = ZooEmbeddingSection(dim=dim, backend=backend)
-    config: ZooModelConfig = config_class(
-        name=name, embeddings=embeddings, **{key: value for key, value in options.items() if key in takes}
-    )
-    return config
 
 
 def build(name: str, backend: Backend = "sparse", num_dense: int = NUM_DENSE, **kwargs: Any) -> nn.Module:
     return build_zoo_model(small_section(name, backend, **kwargs), TABLES, FEATURES, num_dense, FakeGang(), seed=3)
-
-
-def optimizer(model: nn.Module, lr: float = 0.01) -> CombinedOptimizer | torch.optim.Optimizer:
-    """Adam over the dense parameters, and the fused sparse optimizer over every table of the model."""
-    dense = torch.optim.Adam(model.parameters(), lr=lr)
-    tables = list(find_sparse_tables(model).values())
-    return CombinedOptimizer(dense, SparseOptimizer(tables)) if tables else dense
 
 
 def table_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -237,23 +219,6 @@ def test_cross_layer_equals_x0_times_wx_plus_b_plus_x(rank: int | None) -> None:
 
 
 # Learning ------------------------------------------------------------------------------------
-
-
-def train_and_score(model: nn.Module, train: XorData, test: XorData, steps: int, batch_size: int = 64) -> float:
-    step = optimizer(model, lr=0.01)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        batch = train.batch(torch.randint(0, len(train), (batch_size,), generator=generator))
-        nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels).backward()
-        step.step()
-        step.zero_grad()
-    model.eval()
-    auc = BinaryAUC()
-    with torch.no_grad():
-        batch = test.batch(torch.arange(len(test)))
-        auc.update(torch.sigmoid(model(batch)), batch.labels.long())
-    return float(auc.compute())
 
 
 @pytest.mark.parametrize("name", ZOO_MODEL_NAMES)
