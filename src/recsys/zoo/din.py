@@ -114,6 +114,7 @@ class DINConfig(DeepModelConfig):
     """DIN's options; the deep MLP's defaults are the paper's (200, 80)."""
 
     reads_sequences: ClassVar[bool] = True
+    needs_sequence: ClassVar[bool] = True
 
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [200, 80])
     attention_dims: list[PositiveInt] = field(default_factory=lambda: [80, 40])

@@ -93,6 +93,8 @@ class ZooModelConfig:
 
     reads_sequences: ClassVar[bool] = False
     """Whether the model reads behaviour sequences (tables that do not pool), which every other model refuses."""
+    needs_sequence: ClassVar[bool] = False
+    """Whether the model reads nothing without a behaviour sequence (``din``, ``sasrec``)."""
 
     multi_task: ClassVar[bool] = False
     """Whether the model gives one output per task (``num_tasks`` of ``ModelInputs``) for several tasks: a model
@@ -249,7 +251,7 @@ def _check_sequences(config: ZooModelConfig, tables: Sequence[TableSpec], sequen
             f"{', '.join(sorted(sequence_lengths))}: choose a model that reads sequences ({', '.join(readers)}), or "
             "declare its group `multi_hot: true` instead of `sequence: true`."
         )
-    if config.reads_sequences and not sequence_lengths:
+    if config.needs_sequence and not sequence_lengths:
         raise ConfigError(
             f"The model '{config.name}' reads behaviour sequences, so a categorical group must be a `sequence`, but "
             "none is."

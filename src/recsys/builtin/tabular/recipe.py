@@ -19,6 +19,7 @@ from recipes import (
     reader_options,
     register_recipe,
 )
+from recsys.builtin.tabular.retrieval import check_retrieval_config, is_retrieval, tabular_retrieval_parts
 from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
@@ -55,6 +56,8 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
     check_num_tasks(config.model, len(tasks or ()))
+    if is_retrieval(config.model):
+        check_retrieval_config(context)
     features = data_format(data)
     tables = features.tables()
     check_table_dims(config.model.embeddings, tables)
@@ -112,11 +115,14 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         num_tasks=len(tasks or ()) or 1,
         sequence_lengths=features.sequence_lengths(),
     )
-    # Any single-valued categorical column of the schema may group or slice the validation metrics.
-    slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
-    names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
-    columns = single_valued_columns(data, encodings)
-    parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names, tasks)
+    if is_retrieval(config.model):
+        readers = (train_reader, valid_reader, splits)
+        parts = tabular_retrieval_parts(context, model, files, encodings, options, readers)
+    else:  # Any single-valued categorical column of the schema may group or slice the validation metrics.
+        slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
+        names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
+        columns = single_valued_columns(data, encodings)
+        parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names, tasks)
     if not isinstance(files, ColumnFormat):
         return parts
 
