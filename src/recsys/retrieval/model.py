@@ -23,11 +23,17 @@ class RetrievalModel(nn.Module):
     query vector and its own item's vector, ``[B, dim]`` each; their dot product over ``temperature`` is the
     row's logit. ``temperature`` sharpens the softmax over vectors of norm 1, whose dot products are cosines."""
 
-    item_feature: str
-    temperature: float
     mode_changes = 0
     """How often ``train``/``eval`` switched the model: a validation starts with one, so item vectors computed for
     a validation are stale once it changes."""
+
+    def __init__(self, embeddings: nn.Module, features: Sequence[str], item_feature: str, temperature: float) -> None:
+        """``embeddings``: the tables that look up ``features``, the item's among them."""
+        super().__init__()
+        self.embeddings = embeddings
+        self.features = list(features)
+        self.item_feature = item_feature
+        self.temperature = temperature
 
     def train(self, mode: bool = True) -> RetrievalModel:
         self.mode_changes += 1
@@ -40,6 +46,10 @@ class RetrievalModel(nn.Module):
     def items(self, ids: torch.Tensor) -> torch.Tensor:
         """The vectors of the items ``ids`` (``[N]``), from their ids alone: ``[N, dim]``."""
         raise NotImplementedError
+
+    def item_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The item table's rows of ``ids``, looked up as values of the item feature (the others' get no id)."""
+        return lookup_ids(self.embeddings, self.features, self.item_feature, ids)
 
 
 def lookup_ids(embeddings: nn.Module, features: Sequence[str], feature: str, ids: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from recipes import ConfigError, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
 from recsys.models.sequences import SequenceLayout, masked_mean
-from recsys.retrieval.model import RetrievalModel, lookup_ids
+from recsys.retrieval.model import RetrievalModel
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
 
 if TYPE_CHECKING:
@@ -80,11 +80,7 @@ class TwoTower(RetrievalModel):
         dropout: float,
         temperature: float,
     ) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-        self.features = features
-        self.item_feature = item_feature
-        self.temperature = temperature
+        super().__init__(embeddings, features, item_feature, temperature)
         self.sequence_lengths = dict(sequence_lengths)
         self.query_features = [name for name in features if name != item_feature]
         width = num_dense + sum(dims[name] for name in self.query_features)
@@ -106,7 +102,7 @@ class TwoTower(RetrievalModel):
         return queries, normalize(self.item_mlp(vectors[self.item_feature]), dim=-1)
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
-        return normalize(self.item_mlp(lookup_ids(self.embeddings, self.features, self.item_feature, ids)), dim=-1)
+        return normalize(self.item_mlp(self.item_rows(ids)), dim=-1)
 
 
 @dataclass
@@ -155,13 +151,9 @@ class SASRec(RetrievalModel):
         dropout: float,
         temperature: float,
     ) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-        self.features = features
-        self.item_feature = item_feature
+        super().__init__(embeddings, features, item_feature, temperature)
         self.sequence = sequence
         self.max_len = max_len
-        self.temperature = temperature
         self.positions = nn.Embedding(max_len, dim)
         self.dropout = nn.Dropout(dropout)
         block = nn.TransformerEncoderLayer(dim, num_heads, dim, dropout, batch_first=True, norm_first=True)
@@ -190,7 +182,7 @@ class SASRec(RetrievalModel):
         return queries, vectors[self.item_feature]
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
-        return lookup_ids(self.embeddings, self.features, self.item_feature, ids)
+        return self.item_rows(ids)
 
 
 @dataclass

@@ -56,8 +56,7 @@ class FixedVectors(RetrievalModel):
     """Queries and items given, for the units' arithmetic alone."""
 
     def __init__(self, queries: torch.Tensor, items: torch.Tensor, corpus: torch.Tensor) -> None:
-        super().__init__()
-        self.item_feature, self.temperature = "item", 0.5
+        super().__init__(nn.Identity(), ["item"], "item", 0.5)
         self.given, self.corpus = (queries, items), corpus
         self.weight = nn.Parameter(torch.ones(()))
 
