@@ -106,3 +106,34 @@ class NextItemData:
             }
         )
         return CTRBatch(torch.zeros(len(rows), 0), sparse, torch.ones(len(rows)))
+
+
+@dataclass(frozen=True)
+class OrderData:
+    """``MembershipData``'s columns, but each candidate is one item of the history: its last item (label 1) or
+    another (label 0), half the time each, as a user comes back to what they saw last. Every candidate is in the
+    history alike; only the order of the history tells the labels apart."""
+
+    user: torch.Tensor
+    item: torch.Tensor
+    history: torch.Tensor
+    offsets: torch.Tensor
+    dense: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def make(cls, num_rows: int, seed: int) -> OrderData:
+        generator = torch.Generator().manual_seed(seed)
+        walks = NextItemData.make(num_rows, seed)
+        lengths = torch.diff(walks.offsets)
+        labels = torch.randint(0, 2, (num_rows,), generator=generator)
+        other = (torch.rand(num_rows, generator=generator) * (lengths - 1)).long()  # any position but the last
+        chosen = walks.offsets[:-1] + torch.where(labels == 1, lengths - 1, other)
+        user = torch.randint(0, NUM_USERS, (num_rows,), generator=generator)
+        dense = torch.randn(num_rows, NUM_DENSE, generator=generator)
+        return cls(user, walks.history[chosen], walks.history, walks.offsets, dense, labels.float())
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    batch = MembershipData.batch

@@ -135,7 +135,8 @@ def two_tower(config: TwoTowerConfig, inputs: ModelInputs) -> nn.Module:
 
 class SASRec(RetrievalModel):
     """Self-attention over the user's latest items: each item's vector (times ``sqrt(dim)``) plus a learnt vector
-    of its position, through causal transformer blocks; the query is the output at the sequence's last item, scored
+    of its recency (0 for the latest: the paper pads sequences at the front, so that a position counts from the
+    end), through causal transformer blocks; the query is the output at the sequence's last item, scored
     against the item table's own rows."""
 
     def __init__(
@@ -175,8 +176,9 @@ class SASRec(RetrievalModel):
         vectors = self.embeddings(batch.sparse)
         rows, offsets = vectors[self.sequence], batch.sparse[self.sequence].offsets
         layout = SequenceLayout.of(offsets, rows.shape[0], self.max_len)
-        items = layout.pad(rows) * rows.shape[-1] ** 0.5 + self.positions.weight
-        hidden = self.blocks(self.dropout(items), mask=self.causal_mask, is_causal=True)
+        items = layout.pad(rows * rows.shape[-1] ** 0.5 + self.positions(layout.recency()))
+        # torch's attention cannot reshape a batch of no row (a rank's empty last batch): there is nothing to attend.
+        hidden = self.blocks(self.dropout(items), mask=self.causal_mask, is_causal=True) if len(items) else items
         last = (layout.lengths - 1).clamp(min=0)
         queries = self.norm(hidden[torch.arange(len(last), device=last.device), last])
         return queries, vectors[self.item_feature]

@@ -129,7 +129,7 @@ def test_sasrec_over_a_padded_batch_equals_each_sequence_run_alone() -> None:
     table = model.embeddings.bags["item"]  # type: ignore[union-attr,index]
     for row in range(5):
         history = data.history[data.offsets[row] : data.offsets[row + 1]]
-        inputs = table(history) * 16**0.5 + model.positions.weight[: len(history)]
+        inputs = table(history) * 16**0.5 + model.positions.weight[: len(history)].flip(0)
         mask = torch.triu(torch.ones(len(history), len(history), dtype=torch.bool), diagonal=1)
         alone = model.norm(model.blocks(inputs[None], mask=mask, is_causal=True)[0, -1])
         torch.testing.assert_close(queries[row], alone, rtol=1e-5, atol=1e-5)
