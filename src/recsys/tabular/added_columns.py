@@ -20,7 +20,7 @@ from recipes import ConfigError
 from recsys.tabular.hashing import integer_keys
 from recsys.tabular.history import History, HistoryBuilder
 from recsys.tabular.joins import Bags, ColumnUse, SideTable, gather_bags
-from recsys.tabular.leave_one_out import EventRanks, EventRanksBuilder
+from recsys.tabular.leave_one_out import UNKNOWN, EventRanks, EventRanksBuilder, keeps
 from recsys.tabular.schema import COUNTS, HISTORY, TIME_PARTS, DerivedColumn, TabularDataSection
 from recsys.tabular.vocabulary import KeyCounter, ValueCounts
 
@@ -123,7 +123,8 @@ class AddedColumns:
         if clash:
             raise ConfigError(
                 f"A column must be read as a number or as a value, but '{clash[0]}' is both a number (the source of a "
-                "time part, or the split column) and a value (a join key, or the source of a count)."
+                "time part, or the split column) and a value (a join key, the source of a count, or `split.last_of` or "
+                "`tie_break`)."
             )
         self._categorical = {name for name in schema.categorical_columns if name not in file_columns}
         self._dense = {name for name in schema.dense_columns if name not in file_columns}
@@ -187,7 +188,13 @@ class AddedColumns:
             values.problems.setdefault(
                 int(row), f"`{split.last_of}`, the key of the leave-one-out split (`split.last_of`), must hold a value"
             )
-        values.keep = self._ranks.keeps(self._split, owners, split_values, self._ties(keys, len(owners)))
+        ranks = self._ranks.lookup(owners, split_values, self._ties(keys, len(owners)))
+        unseen = (ranks == UNKNOWN) & (owners != 0) & ~np.isnan(split_values)
+        for row in np.flatnonzero(unseen):  # A file that changed after the pass at start-up, say.
+            values.problems.setdefault(
+                int(row), "it was not in the files when the pass at start-up ordered each key's rows (`split.last_of`)"
+            )
+        values.keep = keeps(self._split, ranks)
 
     def _ties(self, keys: Mapping[str, npt.NDArray[np.uint64]], num_rows: int) -> npt.NDArray[np.uint64]:
         """The rows' ties under leave-one-out: the keys of ``split.tie_break``'s values, or 0."""

@@ -46,13 +46,11 @@ class EventRanks:
         ranks: npt.NDArray[np.int64] = _ranks_from_end(self.starts, self.times, self.ties, at, times, ties)
         return ranks
 
-    def keeps(
-        self, split: str, keys: npt.NDArray[np.uint64], times: npt.NDArray[np.float64], ties: npt.NDArray[np.uint64]
-    ) -> npt.NDArray[np.bool_]:
-        """Which rows ``split`` (``train``, ``valid`` or ``test``) keeps."""
-        ranks = self.lookup(keys, times, ties)
-        kept: npt.NDArray[np.bool_] = ranks == SPLIT_RANKS[split] if split in SPLIT_RANKS else ranks >= 2
-        return kept
+
+def keeps(split: str, ranks: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which rows of these ranks (``EventRanks.lookup``) ``split`` (``train``, ``valid`` or ``test``) keeps."""
+    kept: npt.NDArray[np.bool_] = ranks == SPLIT_RANKS[split] if split in SPLIT_RANKS else ranks >= 2
+    return kept
 
 
 class EventRanksBuilder:

@@ -91,7 +91,10 @@ class TypedRows:
         if name in self._added.file_numbers:
             fits, wanted = _is_number(value_type), "a number (a split column, or the source of a time part)"
         elif name in self._added.file_keys and name not in self._groups:
-            fits, wanted = _is_text(value_type), "a string or integer (a join key, or the source of a count)"
+            fits, wanted = (
+                _is_text(value_type),
+                "a string or integer (a join key, the source of a count, or a key of the split)",
+            )
         elif name in self._label_columns:
             numeric = [task for task in self._tasks if task.column == name and task.threshold is not None]
             numeric += [task for task in self._tasks if task.column == name and task.kind == "regression"]

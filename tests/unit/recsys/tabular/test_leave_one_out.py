@@ -307,3 +307,12 @@ def test_an_empty_user_under_leave_one_out_is_a_malformed_row(tmp_path: Path) ->
     with pytest.raises(DataError, match=r"Line 5 of .*ratings.csv is malformed: `user`, the key of the leave-one-out"):
         split_rows(path, data, "train", encodings)
     assert np.isin(["u1"], [u for u, _, _ in split_rows(path, data, "test", encodings, max_malformed_rows=1)])
+
+
+def test_a_row_the_pass_at_start_up_did_not_order_is_a_malformed_row(tmp_path: Path) -> None:
+    _, data, encodings = prepared(tmp_path, "csv")
+    (tmp_path / "later").mkdir()
+    grown = write_ratings(tmp_path / "later", "csv", [*RATINGS, ("u1", "99", "4", "900")])  # Appended since.
+
+    with pytest.raises(DataError, match=r"Line 14 of .*ratings.csv is malformed: it was not in the files when the"):
+        split_rows(grown, data, "test", encodings)
