@@ -316,3 +316,26 @@ def test_a_row_the_pass_at_start_up_did_not_order_is_a_malformed_row(tmp_path: P
 
     with pytest.raises(DataError, match=r"Line 14 of .*ratings.csv is malformed: it was not in the files when the"):
         split_rows(grown, data, "test", encodings)
+
+
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+def test_a_malformed_row_is_named_by_its_own_fault_and_its_user_tests_on_the_row_before(
+    tmp_path: Path, file_format: str
+) -> None:
+    columns = {"user": ["u1"] * 3, "movie": [10, 20, 30], "rating": [5.0, 3.0, 4.0], "time": [100, 200, 300]}
+    ages = [30.0, 31.0, float("nan")]  # The last row's dense value is not a finite number.
+    path = str(tmp_path / f"ratings.{file_format}")
+    if file_format == "parquet":
+        pq.write_table(pa.table({**columns, "age": ages}), path)
+    else:
+        with open(path, "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow([*columns, "age"])
+            writer.writerows(zip(*columns.values(), ["30", "31", "x"]))
+    data = schema(file_format, dense=[DenseColumns(columns=["age"])])
+    encodings = gathered(path, data)
+
+    with pytest.raises(DataError, match=r"(Line 4|Row 3) of .*ratings.* is malformed: `age` must be a finite number"):
+        split_rows(path, data, "test", encodings)
+    test = split_rows(path, data, "test", encodings, max_malformed_rows=1)
+    assert [(user, movie) for user, movie, _ in test] == [("u1", "20")]  # The malformed row is no event.
