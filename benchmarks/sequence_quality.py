@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
@@ -58,7 +57,11 @@ class Setting:
 DIN_SETTINGS = [
     Setting("din", "movielens_din"),
     Setting("mlp, history pooled", "movielens_din", ("model.name=mlp", "model.hidden_dims=[200,80]", POOLED_HISTORY)),
-    Setting("wide_deep, history pooled", "movielens_din", ("model.name=wide_deep", "model.hidden_dims=[512,256]", POOLED_HISTORY)),
+    Setting(
+        "wide_deep, history pooled",
+        "movielens_din",
+        ("model.name=wide_deep", "model.hidden_dims=[512,256]", POOLED_HISTORY),
+    ),
 ]
 RETRIEVAL_SETTINGS = [Setting("sasrec", "movielens_sasrec"), Setting("two_tower", "movielens_two_tower")]
 
@@ -107,8 +110,12 @@ def most_popular(preset: str, top_k: list[int]) -> dict[str, float]:
     paths = list(dict.fromkeys(resolve_path(p) for p in (data.train_path, data.valid_path)))
     encodings = Encodings({}, {}, files.reader(paths, split="all", encodings=None, batch_size=1).histories())
     item = "movieId"
-    ids, counts = count_feature_ids(files.reader(resolve_path(data.train_path), split="train", encodings=encodings, **options), item)
-    valid_ids, valid_counts = count_feature_ids(files.reader(resolve_path(data.valid_path), split="valid", encodings=encodings, **options), item)
+    ids, counts = count_feature_ids(
+        files.reader(resolve_path(data.train_path), split="train", encodings=encodings, **options), item
+    )
+    valid_ids, valid_counts = count_feature_ids(
+        files.reader(resolve_path(data.valid_path), split="valid", encodings=encodings, **options), item
+    )
     at = np.searchsorted(ids, valid_ids).clip(max=len(ids) - 1)
     own = np.where(ids[at] == valid_ids, counts[at], 0)
     sorted_counts = np.sort(counts)

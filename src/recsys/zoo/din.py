@@ -45,7 +45,7 @@ class ActivationUnit(nn.Module):
         for hidden in hidden_dims:
             layers += [nn.Linear(in_dim, hidden), nn.Sigmoid()]
             in_dim = hidden
-        layers.append(nn.Linear(in_dim, 1))
+        layers.append(nn.Linear(in_dim, 1, bias=False))  # A bias would add the same to every score: softmax drops it.
         self.mlp = nn.Sequential(*layers)
 
     def forward(self, items: torch.Tensor, candidate: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
