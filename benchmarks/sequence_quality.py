@@ -36,7 +36,7 @@ from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
 from recsys.tabular.cardinality import count_feature_ids
 from recsys.tabular.formats.data_format import data_format
-from recsys.tabular.schema import TabularDataSection, resolve_path
+from recsys.tabular.schema import TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.vocabulary import Encodings
 
 POOLED_HISTORY = (
@@ -104,11 +104,12 @@ def most_popular(preset: str, top_k: list[int]) -> dict[str, float]:
     """HR@K and NDCG@K of ranking every movie by its number of training ratings, over the preset's validation
     rows (the rank: how many other movies have more training ratings)."""
     data: TabularDataSection = resolve_job(JobSpec(preset)).config.dataset  # type: ignore[attr-defined]
-    files = data_format(data)
+    files = data_format(with_full_keys(data))  # Every movie its own id, as the presets' hash tables have them.
     assert data.train_path is not None and data.valid_path is not None
     options = {"batch_size": 65_536, "shuffle": False, "drop_last": False}
-    paths = list(dict.fromkeys(resolve_path(p) for p in (data.train_path, data.valid_path)))
-    encodings = Encodings({}, {}, files.reader(paths, split="all", encodings=None, batch_size=1).histories())
+    paths = list(dict.fromkeys(resolve_path(p) for p in (data.train_path, data.valid_path, data.test_path) if p))
+    orders = files.reader(paths, split="all", encodings=None, batch_size=1).row_orders()
+    encodings = Encodings({}, {}, orders.histories, ranks=orders.ranks)
     item = "movieId"
     ids, counts = count_feature_ids(
         files.reader(resolve_path(data.train_path), split="train", encodings=encodings, **options), item
