@@ -19,9 +19,11 @@ from torch import nn
 from torch.nn.functional import normalize
 
 from components import PositiveInt, Range
-from recipes import ConfigError, megatron_mlp_plan
+from embedding import ShardedEmbeddingCollection
+from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
+from recsys.models.embeddings import DenseEmbeddingBags
 from recsys.models.sequences import SequenceLayout, masked_mean
 from recsys.retrieval.model import RetrievalModel
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
@@ -82,6 +84,7 @@ class TwoTower(RetrievalModel):
     ) -> None:
         super().__init__(embeddings, features, item_feature, temperature)
         self.sequence_lengths = dict(sequence_lengths)
+        self.num_dense, self.out_dim = num_dense, out_dim
         self.query_features = [name for name in features if name != item_feature]
         width = num_dense + sum(dims[name] for name in self.query_features)
         self.query_mlp = mlp_with_dropout(width, hidden_dims, out_dim, dropout)
@@ -103,6 +106,54 @@ class TwoTower(RetrievalModel):
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
         return normalize(self.item_mlp(self.item_rows(ids)), dim=-1)
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The query tower over pooled inputs (a sequence pooled by its mean, as the tower pools it), and the item
+        tower, which ``export`` runs over every row of the item table."""
+        inputs = tuple(
+            PooledInput(*table_of(self.embeddings, name), "mean" if name in self.sequence_lengths else "sum")
+            for name in self.query_features
+        )
+        table, _, _ = table_of(self.embeddings, self.item_feature)
+        items = ItemVectors(table, self.item_feature, _Normalized(self.item_mlp), self.out_dim)
+        return DenseForServing(_QueryTower(self), self.num_dense, inputs, items=items, temperature=self.temperature)
+
+
+class _Normalized(nn.Module):
+    """``module``'s output at norm 1."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return normalize(self.module(x), dim=-1)
+
+
+class _QueryTower(nn.Module):
+    """The two-tower model's query tower over the dense features and a list of pooled vectors: what ``torch.export``
+    traces."""
+
+    def __init__(self, model: TwoTower) -> None:
+        super().__init__()
+        self.mlp = _Normalized(model.query_mlp)
+
+    def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        queries: torch.Tensor = self.mlp(torch.cat([dense, *pooled], dim=1))
+        return queries
+
+
+def table_of(embeddings: nn.Module, feature: str) -> tuple[str, str, int]:
+    """The table that looks up ``feature`` in ``embeddings``, the feature, and the table's dim."""
+    if isinstance(embeddings, ShardedEmbeddingCollection):
+        table = next(table for table in embeddings.tables if feature in table.features)
+        return table.name, feature, table.dim
+    if isinstance(embeddings, DenseEmbeddingBags):
+        name = embeddings.table_of[feature]
+        bag = embeddings.bags[name]
+        assert isinstance(bag, (nn.Embedding, nn.EmbeddingBag))
+        return name, feature, bag.embedding_dim
+    raise TypeError(f"Embeddings must be sparse tables or embedding bags, but are {type(embeddings).__name__}.")
 
 
 @dataclass

@@ -208,3 +208,22 @@ def test_sasrec_retrieves_the_successor_of_the_last_item_which_a_pooled_history_
     sasrec, pooled = hit_rate(build("sasrec", dropout=0.0), 300), hit_rate(build("two_tower", dropout=0.0), 300)
 
     assert sasrec > 0.9 and pooled < 0.3, (sasrec, pooled)
+
+
+# Serving -------------------------------------------------------------------------------------
+
+
+def test_two_towers_serve_as_a_query_program_over_pooled_inputs_and_item_vectors_of_the_table_rows() -> None:
+    model = build("two_tower", "dense", dropout=0.0)
+    model.eval()
+    data = NextItemData.make(5, seed=0)
+    queries, items = model(data.batch(torch.arange(5)))
+    serving = model.dense_for_serving()  # type: ignore[operator]
+    table = model.embeddings.bags["item"]  # type: ignore[union-attr,index]
+
+    pooled = [torch.stack([table(data.history[data.offsets[r] : data.offsets[r + 1]]).mean(0) for r in range(5)])]
+    assert [(p.table, p.feature, p.pooling) for p in serving.inputs] == [("item", "history", "mean")]
+    torch.testing.assert_close(serving.module(torch.zeros(5, 0), pooled), queries)
+    assert serving.items is not None and (serving.items.table, serving.items.dim) == ("item", 64)
+    torch.testing.assert_close(serving.items.tower(table(data.item)), items)
+    assert serving.temperature == model.temperature

@@ -3,10 +3,14 @@ figures on 1 and 2 ranks; ``movielens_sasrec`` on MovieLens-1M's own ``ratings.d
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pa_parquet
 import pytest
+import torch
 
 from support.cli_runs import assert_one_line_error, run_main
 from support.resume_helpers import check_ok, metric_history, run_recipes
@@ -31,6 +35,30 @@ def test_two_tower_ranks_every_movie_and_two_ranks_give_the_figures_of_one(tmp_p
     for key in ("hr@10", "ndcg@10", "hr@50", "ndcg@50"):
         assert one[key] == pytest.approx(last[key], abs=1e-6)
         assert two[key] == pytest.approx(one[key], abs=1e-6)
+
+
+def test_two_tower_exports_its_query_tower_and_every_item_vector(tmp_path: Path) -> None:
+    check_ok(run_recipes(tmp_path, "train", "movielens_two_tower", "-o", "out", *SHORT, timeout=600))
+
+    check_ok(run_recipes(tmp_path, "export", "out", "-o", "served"))
+
+    model = json.loads((tmp_path / "served/model.json").read_text())
+    items = pa_parquet.read_table(tmp_path / "served/items.parquet")
+    movies = pa_parquet.read_table(tmp_path / "served/tables/movieId.parquet")
+    assert model["items"] == {
+        "file": "items.parquet",
+        "table": "movieId",
+        "feature": "movieId",
+        "dim": 64,
+        "rows": movies.num_rows,
+        "temperature": 0.05,
+    }
+    assert items.column("id").to_pylist() == movies.column("id").to_pylist()
+    vectors = np.array(items.column("embedding").to_pylist())
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)  # the item tower's output
+    program = torch.export.load(str(tmp_path / "served" / model["program"])).module()
+    queries = program(torch.zeros(3, 0), [torch.randn(3, 64)])
+    assert queries.shape == (3, 64)
 
 
 def write_ratings_dat(path: Path, num_users: int = 40, per_user: int = 15) -> None:
