@@ -137,3 +137,17 @@ class OrderData:
         return len(self.labels)
 
     batch = MembershipData.batch
+
+
+def cluster_rows(num_rows: int, seed: int, num_clusters: int = 10) -> NextItemData:
+    """Histories of items of one cluster each (items ``c, c + 10, c + 20 ...`` for cluster ``c``), the row's item
+    another of the same cluster: what the history is about predicts it, not which item came last."""
+    generator = torch.Generator().manual_seed(seed)
+    size = (NUM_ITEMS - 1) // num_clusters
+    lengths = torch.randint(MIN_LEN, min(MAX_LEN, size) + 1, (num_rows,), generator=generator)
+    clusters = torch.randint(1, num_clusters + 1, (num_rows,), generator=generator)
+    members = [cluster + num_clusters * torch.randperm(size, generator=generator) for cluster in clusters]
+    histories = [items[: int(n)] for items, n in zip(members, lengths)]
+    targets = torch.stack([items[torch.randint(0, size, (1,), generator=generator)][0] for items in members])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    return NextItemData(targets, torch.cat(histories), offsets)

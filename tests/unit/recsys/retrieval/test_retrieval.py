@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from recsys.retrieval.model import RetrievalModel
 from recsys.retrieval.units import ItemCorpus, RetrievalEvalUnit, RetrievalTrainUnit
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.retrieval_models import SASRec
-from support.sequence_data import MAX_LEN, NEXT_FEATURES, NEXT_TABLES, NUM_ITEMS, NextItemData
+from support.sequence_data import MAX_LEN, NEXT_FEATURES, NEXT_TABLES, NUM_ITEMS, NextItemData, cluster_rows
 from support.zoo_data import optimizer
 from units import MetricBag
 
@@ -186,9 +187,9 @@ def test_a_retrieval_model_names_its_item_and_sasrec_reads_its_sequence_alone() 
 # Learning ------------------------------------------------------------------------------------
 
 
-def hit_rate(model: RetrievalModel, steps: int) -> float:
+def hit_rate(model: RetrievalModel, steps: int, make: Callable[[int, int], NextItemData] = NextItemData.make) -> float:
     """HR@10 over held-out rows after ``steps`` steps of in-batch softmax on 64 rows."""
-    train, test = NextItemData.make(4096, seed=10), NextItemData.make(512, seed=11)
+    train, test = make(4096, 10), make(512, 11)
     corpus = corpus_of(train)
     unit, step = RetrievalTrainUnit(model, MetricBag(FakeGang()), CPU, corpus), optimizer(model, lr=0.01)
     generator = torch.Generator().manual_seed(0)
@@ -208,6 +209,10 @@ def test_sasrec_retrieves_the_successor_of_the_last_item_which_a_pooled_history_
     sasrec, pooled = hit_rate(build("sasrec", dropout=0.0), 300), hit_rate(build("two_tower", dropout=0.0), 300)
 
     assert sasrec > 0.9 and pooled < 0.3, (sasrec, pooled)
+
+
+def test_two_towers_retrieve_the_items_of_the_historys_cluster_where_the_most_popular_hit_one_in_ten() -> None:
+    assert hit_rate(build("two_tower", dropout=0.0), 300, cluster_rows) > 0.8
 
 
 # Serving -------------------------------------------------------------------------------------
