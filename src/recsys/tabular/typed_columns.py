@@ -102,6 +102,10 @@ class TypedRows:
                 fits, wanted = _is_number(value_type), "a number (for `threshold` or `kind: regression`)"
             else:
                 fits, wanted = _is_text(value_type) or pa.types.is_boolean(value_type), "a string, integer or boolean"
+        elif name in self._groups and self._groups[name].sequence and not self._groups[name].separator:
+            is_list = pa.types.is_list(type_) or pa.types.is_large_list(type_)
+            fits = is_list and _is_text(type_.value_type)
+            wanted = "a list of strings or integers (a sequence), or a string holding `separator`"
         elif name in self._groups and not self._groups[name].multi_hot:
             fits, wanted = _is_text(value_type), "a string or integer (a list needs `multi_hot: true`)"
         elif name in self._groups:

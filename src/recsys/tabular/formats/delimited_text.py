@@ -59,11 +59,18 @@ class CsvConfig(DataFormatConfig):
             raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
 
     def check(self, schema: TabularDataSection) -> None:
-        """Named columns must hold every column the schema reads from the file, so that ``show`` and the config
-        check refuse a short list before any file is opened."""
+        """Named columns must hold every column the schema reads from the file, and a sequence of the file's must be
+        split by a separator, so that ``show`` and the config check refuse them before any file is opened."""
+        added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
+        for group in schema.categorical:
+            unsplit = [name for name in group.columns if name not in added]
+            if group.sequence and group.separator is None and unsplit:
+                raise ValueError(
+                    f"A sequence column of a {self.name} file must hold its values split by `separator`, but "
+                    f"{unsplit} have none: a field of one value is no sequence."
+                )
         if self.column_names is None:
             return
-        added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
         labels = [task.column for task in schema.label_tasks]
         read = [*labels, *schema.dense_columns, *schema.categorical_columns, schema.split.column]
         missing = [name for name in read if name is not None and name not in added and name not in self.column_names]
