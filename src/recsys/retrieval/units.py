@@ -10,7 +10,10 @@ rating >= 4, a click); every row's item is a negative for the others.
 
 Validation ranks each positive row's item among every item of the corpus, exactly: the queries are scored
 against the corpus in chunks, in float64 (so that an item's rank does not depend on how the scores were cut into
-chunks), and the rank is the number of other items scored higher. HR@K is the share of rows ranked below K (with
+chunks), and the rank is the number of other items scored higher. On several data-parallel ranks the corpus is
+split between them: each looks up the vectors of its share of the items only, scores every rank's queries of a
+batch against them, and the ranks' counts are summed, so that each rank holds ``1 / size`` of the corpus and
+the ranks are those of one process. HR@K is the share of rows ranked below K (with
 one held-out item a row, recall@K equals it), NDCG@K adds ``1 / log2(rank + 2)`` for those.
 """
 
@@ -24,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.functional import cross_entropy
 
+from gang import Gang, ReduceOperation
 from recipes import DataReader, RecipeContext, RecipeParts, Validation
 from recsys.click.batch import CTRBatch
 from recsys.retrieval.model import RetrievalModel
@@ -139,27 +143,54 @@ class RetrievalEvalUnit(EvalUnit[CTRBatch]):
         return {"label": batch.labels, "score": score, "rank": ranks}
 
     def _ranks(self, queries: torch.Tensor, items: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """How many corpus items other than each row's own score higher for its query."""
-        corpus = self._vectors()
+        """How many corpus items other than each row's own score higher for its query: every rank's rows counted
+        against this rank's share of the corpus, the counts summed over the ranks."""
+        gang = self.metric_bag.gang
         queries = queries.to(torch.float64)
-        own = (queries * items.to(torch.float64)).sum(-1, keepdim=True)
-        ranks = torch.zeros(len(ids), dtype=torch.int64, device=queries.device)
-        for start in range(0, corpus.shape[0], CORPUS_CHUNK):
-            chunk_ids = self._corpus.ids[start : start + CORPUS_CHUNK]
-            higher = (queries @ corpus[start : start + CORPUS_CHUNK].T) > own
-            ranks += (higher & (chunk_ids.unsqueeze(0) != ids.unsqueeze(1))).sum(1)
-        return ranks
+        own = (queries * items.to(torch.float64)).sum(-1)
+        rows = torch.tensor([len(ids)], device=queries.device)
+        sizes = torch.empty(gang.size, 1, dtype=rows.dtype, device=rows.device)
+        gang.all_gather(sizes, rows)
+        widest = int(sizes.max())
+        gathered = [_gathered(gang, _padded(tensor, widest)) for tensor in (queries, own, ids)]
+        counts = self._count_higher(*gathered)
+        gang.all_reduce(counts, ReduceOperation.SUM)
+        return counts.reshape(gang.size, widest)[gang.rank, : len(ids)]
 
-    def _vectors(self) -> torch.Tensor:
-        """The corpus's item vectors, looked up at the first batch after the model was last switched to ``eval``
-        (each validation's first): every rank looks them up in the same batch, as sharded tables need."""
-        model = unwrapped(self.model)
+    def _count_higher(self, queries: torch.Tensor, own: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Per query, the items of this rank's share of the corpus, other than its own, that score higher."""
+        vectors, share = self._vectors()
+        counts = torch.zeros(len(ids), dtype=torch.int64, device=queries.device)
+        for start in range(0, len(share), CORPUS_CHUNK):
+            higher = (queries @ vectors[start : start + CORPUS_CHUNK].T) > own.unsqueeze(1)
+            counts += (higher & (share[start : start + CORPUS_CHUNK].unsqueeze(0) != ids.unsqueeze(1))).sum(1)
+        return counts
+
+    def _vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of the corpus (every ``size``-th item from its rank) and the items' vectors, looked up
+        at the first batch after the model was last switched to ``eval`` (each validation's first): every rank
+        looks up its share in the same batch, as sharded tables need."""
+        model, gang = unwrapped(self.model), self.metric_bag.gang
+        share = self._corpus.ids[gang.rank :: gang.size]
         if self._corpus_vectors is None or model.mode_changes != self._vectors_at:
-            ids = self._corpus.ids
-            parts = [model.items(ids[start : start + CORPUS_CHUNK]) for start in range(0, len(ids), CORPUS_CHUNK)]
-            self._corpus_vectors = torch.cat(parts).to(torch.float64)
+            parts = [model.items(share[start : start + CORPUS_CHUNK]) for start in range(0, len(share), CORPUS_CHUNK)]
+            self._corpus_vectors = torch.cat(parts).to(torch.float64) if parts else torch.zeros(0, 0)
             self._vectors_at = model.mode_changes
-        return self._corpus_vectors
+        return self._corpus_vectors, share
+
+
+def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows``, so that every rank gathers the same shape."""
+    return torch.cat([tensor, tensor.new_zeros(rows - len(tensor), *tensor.shape[1:])])
+
+
+def _gathered(gang: Gang, tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor``, one after the other."""
+    if gang.size == 1:
+        return tensor
+    output = tensor.new_empty(gang.size, *tensor.shape)
+    gang.all_gather(output, tensor)
+    return output.reshape(gang.size * tensor.shape[0], *tensor.shape[1:])
 
 
 def retrieval_parts(
