@@ -27,7 +27,10 @@ method, taken per round, its median over the rounds (the first ``--warmup`` step
     python benchmarks/sequence_step.py [--rounds 15] [--steps 1] [--warmup 2] [--threads N] [--device cpu|cuda]
         [--baselines SparseAdam Adagrad Adam]
 
-The last line reads ``ours=S torch=T (<fastest torch method>) ratio_vs_torch=R``.
+Without ``--threads``, torch and numba take the threads a training run would (``recipes.runtime.threads``: the
+cores other work leaves free at start-up): on the 2-core machine beside another developer's tests, two threads
+ran every method 3-5x slower than one, each parallel region waiting for the other work's time slice. The last
+line reads ``ours=S torch=T (<fastest torch method>) ratio_vs_torch=R``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from torch import nn
 from embedding import CombinedOptimizer, JaggedIds, SparseFeatures, SparseOptimizer
 from gang import FakeGang
 from recipes.runtime.host_memory import keep_freed_memory
+from recipes.runtime.threads import use_threads
 from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
@@ -269,7 +273,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="steps of each method in a round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batches", type=int, default=4, help="distinct batches the steps go through in turn")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch's and numba's (default: as training chooses, the free cores)"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
         "--baselines",
@@ -279,15 +285,13 @@ def main() -> None:
         help="how the torch model trains its tables (Adam: dense tables, at about half Adagrad's samples/s)",
     )
     args = parser.parse_args()
-    # numba first: its first call starts its thread pool, which under the OpenMP layer sets the OpenMP thread
-    # count that torch shares, undoing an earlier torch.set_num_threads.
-    numba.set_num_threads(args.threads)
-    torch.set_num_threads(args.threads)
+    threads_line = use_threads(args.threads)  # as training chooses them
     memory_line = keep_freed_memory()  # as training runs the step
     device = torch.device(args.device)
     warnings.filterwarnings("ignore", message="Sparse invariant checks")  # torch's Adagrad, at every step
 
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(threads_line.replace("gang.threads_per_rank", "--threads"))
     print(memory_line)
     rng = np.random.default_rng(0)
     rows = [Rows.make(rng) for _ in range(args.batches)]

@@ -42,7 +42,7 @@ class ActivationUnit(nn.Module):
     ``candidate @ (W_c - W_d) + b``, once a row (``W_i, W_c, W_d, W_p``: its weight's four blocks): the same
     function of the same parameters (``mlp`` keeps the paper's layout, and checkpoints with it), with half the
     multiplications at every item and no ``[ids, 4 * dim]`` input written and read back. It runs on the jagged
-    items, never on padding. The two took DIN's training step from 1.1x to 1.6x plain torch's samples/s
+    items, never on padding. The two took DIN's training step from 1.0-1.1x to 1.5-1.7x plain torch's samples/s
     (``benchmarks/sequence_step.py``, docs/benchmarks.md)."""
 
     def __init__(self, dim: int, hidden_dims: list[int]) -> None:
