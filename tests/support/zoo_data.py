@@ -30,8 +30,14 @@ TABLES = [
 ]
 FEATURES = ["a", "b", "tags"]
 Backend = Literal["sparse", "dense"]
-ZOO_MODEL_NAMES = [name for name in ZOO_MODELS.names() if not ZOO_MODELS.get(name).config_class.reads_sequences]
-"""The models that pool every feature, which the data here suits (``support.sequence_data`` has the others')."""
+ZOO_MODEL_NAMES = [
+    name
+    for name in ZOO_MODELS.names()
+    if not ZOO_MODELS.get(name).config_class.reads_sequences
+    and not getattr(ZOO_MODELS.get(name).config_class, "retrieval", False)
+]
+"""The click models that pool every feature, which the data here suits (``support.sequence_data`` has the
+others')."""
 
 
 def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs: Any) -> ZooModelConfig:

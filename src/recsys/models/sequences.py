@@ -39,6 +39,11 @@ class SequenceLayout:
         mask[rows, positions] = True
         return cls(rows, positions, mask, lengths)
 
+    def recency(self) -> torch.Tensor:
+        """Each id's distance from the end of its row: 0 for a row's latest, the index of a position embedding that
+        means the same in every row, whatever its length."""
+        return self.lengths[self.rows] - 1 - self.positions
+
     def pad(self, vectors: torch.Tensor) -> torch.Tensor:
         """The ids' vectors ``[ids, dim]`` as ``[B, max_len, dim]``, zeros where a row has no id (gradients flow
         back to the vectors)."""

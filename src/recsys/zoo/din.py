@@ -52,7 +52,7 @@ class ActivationUnit(nn.Module):
         for hidden in hidden_dims:
             layers += [nn.Linear(in_dim, hidden), nn.Sigmoid()]
             in_dim = hidden
-        layers.append(nn.Linear(in_dim, 1))
+        layers.append(nn.Linear(in_dim, 1, bias=False))  # A bias would add the same to every score: softmax drops it.
         self.mlp = nn.Sequential(*layers)
 
     def forward(self, items: torch.Tensor, candidate: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
@@ -126,6 +126,7 @@ class DINConfig(DeepModelConfig):
     """DIN's options; the deep MLP's defaults are the paper's (200, 80)."""
 
     reads_sequences: ClassVar[bool] = True
+    needs_sequence: ClassVar[bool] = True
 
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [200, 80])
     attention_dims: list[PositiveInt] = field(default_factory=lambda: [80, 40])
