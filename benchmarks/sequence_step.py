@@ -142,14 +142,20 @@ def mlp(in_dim: int, hidden_dims: list[int], activation: Callable[[], nn.Module]
 
 
 class TorchDIN(nn.Module):
-    """DIN as a plain-torch user writes it, over padded sequences (item row 0 is the padding)."""
+    """DIN as a plain-torch user writes it, over padded sequences (item row 0 is the padding, ``padding_idx``: the
+    padded positions add no row to the sparse gradient)."""
 
     def __init__(self, sparse: bool) -> None:
         super().__init__()
         rows = {"user": NUM_USERS, "item": NUM_ITEMS + 1, **SMALL}
-        self.tables = nn.ModuleDict({name: nn.Embedding(num, DIM, sparse=sparse) for name, num in rows.items()})
+        self.tables = nn.ModuleDict(
+            {
+                name: nn.Embedding(num, DIM, sparse=sparse, padding_idx=0 if name == "item" else None)
+                for name, num in rows.items()
+            }
+        )
         for table in self.tables.values():
-            nn.init.uniform_(table.weight, -0.05, 0.05)
+            nn.init.uniform_(table.weight, -0.05, 0.05)  # The padding row too, which attention masks.
         self.attention = mlp(4 * DIM, ATTENTION_DIMS, nn.Sigmoid, 0.0)
         self.mlp = mlp(NUM_DENSE + DIM * (len(rows) + 1), HIDDEN_DIMS, nn.ReLU, DROPOUT)
 
