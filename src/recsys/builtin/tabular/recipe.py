@@ -54,7 +54,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
-    check_num_tasks(config.model, len(tasks or ()))
+    check_num_tasks(config.model, len(tasks or ()) or 1, tasks or ())
     features = data_format(data)
     tables = features.tables()
     check_table_dims(config.model.embeddings, tables)
@@ -111,6 +111,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         cardinalities,
         num_tasks=len(tasks or ()) or 1,
         sequence_lengths=features.sequence_lengths(),
+        tasks=tasks or (),
     )
     # Any single-valued categorical column of the schema may group or slice the validation metrics.
     slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"

@@ -102,7 +102,10 @@ def test_export_names_the_tasks_and_its_program_returns_each_tasks_score(
 @pytest.mark.parametrize(
     ("override", "fragments"),
     [
-        ("model.name=fm", ["`dataset.labels` names 2 tasks", "(deepfm, dcn_v2, mlp, wide_deep, dlrm)", "'fm'"]),
+        (
+            "model.name=fm",
+            ["`dataset.labels` names 2 tasks", "(deepfm, dcn_v2, mlp, wide_deep, dlrm, din, mmoe, esmm, ple)", "'fm'"],
+        ),
         ("trainer.score_metric=valid/clicked/auc", ["'valid/clicked/auc'", "Did you mean 'valid/liked/auc'?"]),
         ("dataset.labels=[{column: rating}, {column: rating}]", ["['rating'] are named twice"]),
     ],
