@@ -308,19 +308,20 @@ def independent_bits(data: XorData) -> torch.Tensor:
     ("name", "options"),
     [
         ("mmoe", {"num_experts": BITS}),
-        ("ple", {"num_levels": 1, "num_task_experts": 1, "num_shared_experts": 1}),
+        ("ple", {"num_levels": 1, "num_task_experts": 2, "num_shared_experts": 1}),
     ],
 )
-def test_gated_experts_learn_unrelated_tasks_that_a_shared_bottom_of_the_same_width_and_size_cannot(
+def test_gated_experts_learn_unrelated_tasks_that_a_shared_bottom_of_the_same_width_and_more_weights_cannot(
     name: str, options: dict[str, Any]
 ) -> None:
     """Each task reads a representation 2 wide: the shared bottom's last hidden layer, which 4 unrelated bits
-    cannot all be linear in (4 lines cut a plane into 11 regions, not 16), or a mixture of experts 2 wide, which
-    each task's gate can make its own. The shared bottom has the most parameters (558 against 532 and 482)."""
+        cannot all be linear in (4 lines cut a plane into 11 regions, not 16), or a mixture of experts 2 wide, which
+        each task's gate can make its own. The shared bottom has the most parameters (1,102 against 532 and 822). (Seeds
+    0-4 of the models and two draws of the data: the experts' every AUC 1.0, the shared bottom's mean 0.67 to 0.88.)"""
     tasks = tuple(Task(f"bit{i}") for i in range(BITS))
     train, test = XorData.make(4096, seed=10), XorData.make(1024, seed=11)
     experts = build(config(name, dropout=0.0, expert_dims=[4, 2], tower_dims=[], **options), tasks, seed=0)
-    shared_bottom = build(config("mlp", dropout=0.0, hidden_dims=[32, 2]), tasks, seed=0)
+    shared_bottom = build(config("mlp", dropout=0.0, hidden_dims=[64, 2]), tasks, seed=0)
 
     scores = {}
     for label, model in (("experts", experts), ("shared", shared_bottom)):
@@ -351,7 +352,9 @@ def test_esmm_predicts_click_and_conversion_over_every_impression_where_a_cvr_mo
     """A CVR model trained on the clicked rows alone learns ``P(conversion | click)``: over every impression it ranks
     the rows that convert once clicked first, which are the rows clicked least, and its mean is the clicked rows'
     conversion rate, far above the impressions'. ESMM, trained on every impression, gives ``P(click AND
-    conversion)``: ranked and calibrated over the impression space."""
+    conversion)``: ranked and calibrated over the impression space. (Seeds 0-3 of the models and two draws of the
+    data: ESMM's AUC 0.63 to 0.67 against 0.47 to 0.51, its mean within 0.015 of the rate, the CVR model's 0.39 to
+    0.46 above it.)"""
     train, test = XorData.make(4096, seed=10), XorData.make(2048, seed=11)
     click, conversion = clicks_and_conversions(train, seed=110)
     esmm = build(config("esmm", dim=8, dropout=0.0, tower_dims=[16]), seed=0)
