@@ -16,6 +16,7 @@ from gang import FakeGang
 from recipes import ConfigError
 from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
+from recsys.click.models import PooledModel
 from recsys.click.tasks import Task
 from recsys.click.units import task_losses
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
@@ -150,6 +151,30 @@ def test_the_tensor_parallel_plan_splits_pairs_of_linear_layers_column_then_row(
     pairs = list(plan)
     for column, row in zip(pairs[0::2], pairs[1::2]):
         assert modules[column].out_features == modules[row].in_features  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_exported_dense_part_scores_each_task_as_the_model(name: str) -> None:
+    """``export``'s program: each binary task's probability (ESMM's pCTR and pCTCVR), a regression's number."""
+    tasks = CLICKS if name == "esmm" else (Task("liked"), Task("rating", "regression"))
+    model = build(small(name), tasks).eval()
+    assert isinstance(model, PooledModel)
+    model.tasks = tasks
+    batch = XorData.make(16, seed=2).batch(torch.arange(16))
+    with torch.no_grad():
+        logits = model(batch)
+        expected = (
+            torch.sigmoid(logits) if name == "esmm" else torch.stack([torch.sigmoid(logits[:, 0]), logits[:, 1]], 1)
+        )
+        split = model.dense_for_serving()
+        pooled_by_role = {role: module(batch.sparse) for role, (module, _) in model.lookups().items()}
+        pooled = [
+            pooled_by_role[role][feature] for role, (_, features) in model.lookups().items() for feature in features
+        ]
+        program = torch.export.export(split.module, (batch.dense, pooled), strict=False).module()
+
+        assert split.outputs == tuple(task.name for task in tasks)
+        torch.testing.assert_close(program(batch.dense, pooled), expected, rtol=1e-6, atol=1e-6)
 
 
 # Refusals ------------------------------------------------------------------------------------
