@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from recipes.config.sections import RecipeConfig, Seed
     from recipes.errors import UserError
     from recipes.runtime.threads import parse_threads
-    from recipes.serving.servable import DenseForServing, PooledInput, ServableModel
+    from recipes.serving.servable import DenseForServing, ItemVectors, PooledInput, ServableModel
     from recipes.training.batch_size import GlobalBatchSize
     from recipes.training.data_reader import DataError, DataReader
     from recipes.training.parallel import TensorParallelModel, megatron_mlp_plan
@@ -43,6 +43,7 @@ _EXPORTS = {
     "DataReader": "recipes.training.data_reader",
     "UserError": "recipes.errors",
     "DenseForServing": "recipes.serving.servable",
+    "ItemVectors": "recipes.serving.servable",
     "PooledInput": "recipes.serving.servable",
     "ServableModel": "recipes.serving.servable",
     "TensorParallelModel": "recipes.training.parallel",
@@ -67,6 +68,7 @@ __all__ = [
     "DataReader",
     "DenseForServing",
     "GlobalBatchSize",
+    "ItemVectors",
     "NonNegativeFloat",
     "NonNegativeInt",
     "PooledInput",

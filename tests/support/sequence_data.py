@@ -62,3 +62,92 @@ class MembershipData:
             }
         )
         return CTRBatch(self.dense[rows], sparse, self.labels[rows])
+
+
+NEXT_TABLES = [TableSpec("item", NUM_ITEMS, ("item", "history"), "none")]
+NEXT_FEATURES = ["item", "history"]
+
+
+def successor(items: torch.Tensor) -> torch.Tensor:
+    """The item that follows each of ``items`` (a fixed permutation of 1 .. NUM_ITEMS - 1)."""
+    return (items * 37 + 11) % (NUM_ITEMS - 1) + 1
+
+
+@dataclass(frozen=True)
+class NextItemData:
+    """Each row: a history of ``MIN_LEN`` to ``MAX_LEN`` distinct items in random order, and as the row's item the
+    successor of the history's last one. Which item comes last is all that predicts it: a mean of the history
+    holds every item alike, whatever their order."""
+
+    item: torch.Tensor
+    history: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def make(cls, num_rows: int, seed: int) -> NextItemData:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(MIN_LEN, MAX_LEN + 1, (num_rows,), generator=generator)
+        histories = [torch.randperm(NUM_ITEMS - 1, generator=generator)[: int(n)] + 1 for n in lengths]
+        last = torch.stack([history[-1] for history in histories])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        return cls(successor(last), torch.cat(histories), offsets)
+
+    def __len__(self) -> int:
+        return len(self.item)
+
+    def batch(self, rows: torch.Tensor) -> CTRBatch:
+        starts, lengths = self.offsets[rows], torch.diff(self.offsets)[rows]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        positions = torch.repeat_interleave(starts - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
+        sparse = SparseFeatures(
+            {
+                "item": JaggedIds.from_dense(self.item[rows, None]),
+                "history": JaggedIds(self.history[positions], offsets),
+            }
+        )
+        return CTRBatch(torch.zeros(len(rows), 0), sparse, torch.ones(len(rows)))
+
+
+@dataclass(frozen=True)
+class OrderData:
+    """``MembershipData``'s columns, but each candidate is one item of the history: its last item (label 1) or
+    another (label 0), half the time each, as a user comes back to what they saw last. Every candidate is in the
+    history alike; only the order of the history tells the labels apart."""
+
+    user: torch.Tensor
+    item: torch.Tensor
+    history: torch.Tensor
+    offsets: torch.Tensor
+    dense: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def make(cls, num_rows: int, seed: int) -> OrderData:
+        generator = torch.Generator().manual_seed(seed)
+        walks = NextItemData.make(num_rows, seed)
+        lengths = torch.diff(walks.offsets)
+        labels = torch.randint(0, 2, (num_rows,), generator=generator)
+        other = (torch.rand(num_rows, generator=generator) * (lengths - 1)).long()  # any position but the last
+        chosen = walks.offsets[:-1] + torch.where(labels == 1, lengths - 1, other)
+        user = torch.randint(0, NUM_USERS, (num_rows,), generator=generator)
+        dense = torch.randn(num_rows, NUM_DENSE, generator=generator)
+        return cls(user, walks.history[chosen], walks.history, walks.offsets, dense, labels.float())
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    batch = MembershipData.batch
+
+
+def cluster_rows(num_rows: int, seed: int, num_clusters: int = 10) -> NextItemData:
+    """Histories of items of one cluster each (items ``c, c + 10, c + 20 ...`` for cluster ``c``), the row's item
+    another of the same cluster: what the history is about predicts it, not which item came last."""
+    generator = torch.Generator().manual_seed(seed)
+    size = (NUM_ITEMS - 1) // num_clusters
+    lengths = torch.randint(MIN_LEN, min(MAX_LEN, size) + 1, (num_rows,), generator=generator)
+    clusters = torch.randint(1, num_clusters + 1, (num_rows,), generator=generator)
+    members = [cluster + num_clusters * torch.randperm(size, generator=generator) for cluster in clusters]
+    histories = [items[: int(n)] for items, n in zip(members, lengths)]
+    targets = torch.stack([items[torch.randint(0, size, (1,), generator=generator)][0] for items in members])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    return NextItemData(targets, torch.cat(histories), offsets)

@@ -106,6 +106,8 @@ def export(
         rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables)
         value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
         model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
+        if read.split.items is not None:
+            model["items"] = _write_item_vectors(fs, temp, read.split, read.tables, names)
         _write_json(fs, f"{temp}/model.json", model)
         with open(config_path) as file:
             _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
@@ -243,6 +245,37 @@ def _write_tables(
         write_rows(fs, f"{folder}/tables/{name}.parquet", ids, rows, dim)
         rows_written[name] = len(ids)
     return rows_written, evicted_written
+
+
+def _write_item_vectors(
+    fs: Any,
+    folder: str,
+    split: DenseForServing,
+    tables: dict[tuple[str, str], TableRows],
+    names: dict[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """``items.parquet``: ``(id, vector)`` of every id of the retrieval model's item table, by its item tower; what
+    ``model.json`` says of it."""
+    items = split.items
+    assert items is not None
+    if items.table not in names:
+        raise UserError(
+            f"The item table '{items.table}' must be a sparse table of the checkpoint to be exported, but the "
+            f"checkpoint holds only {sorted(names)}."
+        )
+    ids, rows = ids_and_rows(items.table, tables[names[items.table]])
+    device = next((p.device for p in items.tower.parameters()), torch.device("cpu"))
+    with torch.no_grad():
+        vectors = items.tower.eval()(torch.from_numpy(rows).to(device)).float().cpu().numpy()
+    write_rows(fs, f"{folder}/items.parquet", ids, vectors, items.dim)
+    return {
+        "file": "items.parquet",
+        "table": items.table,
+        "feature": items.feature,
+        "dim": items.dim,
+        "rows": len(ids),
+        "temperature": split.temperature,
+    }
 
 
 def _write_values(

@@ -33,19 +33,35 @@ class PooledInput:
 
 
 @dataclass(frozen=True)
+class ItemVectors:
+    """A retrieval model's item tower: ``tower`` maps the rows of ``table`` (the ids of ``feature``, the items) to
+    the vectors that the query vectors are scored against, ``[N, dim]``. ``export`` writes every item's vector
+    (``items.parquet``), which a serving system puts in its nearest-neighbour index."""
+
+    table: str
+    feature: str
+    tower: nn.Module
+    dim: int
+
+
+@dataclass(frozen=True)
 class DenseForServing:
     """The dense part of a model and what it takes.
 
     ``module.forward(dense, pooled)`` maps the dense features ``[B, num_dense]`` (float32) and the
     pooled vectors (a list of ``[B, dim]`` float32 tensors, in the order of ``inputs``) to the score
     of every row, ``[B]``: what ``predict`` writes (a probability for a click model), not a logit; or, for a
-    model of several outputs (tasks), ``[B, len(outputs)]``, column ``k`` the score named ``outputs[k]``.
+    model of several outputs (tasks), ``[B, len(outputs)]``, column ``k`` the score named ``outputs[k]``; or, for a
+    retrieval model (``items``), each row's query vector ``[B, items.dim]``, whose dot product with an item's
+    vector, over ``temperature``, is the logit of that item.
     """
 
     module: nn.Module
     num_dense: int
     inputs: tuple[PooledInput, ...]
     outputs: tuple[str, ...] = ()
+    items: ItemVectors | None = None
+    temperature: float = 1.0
 
 
 @runtime_checkable

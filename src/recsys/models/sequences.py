@@ -4,7 +4,9 @@ A table that does not pool (a ``sequence`` column's) gives a batch's sequences a
 one after the other, ``[ids, dim]``, with the feature's row offsets: no padding travels through the reader, the
 lookup or the tables' update. A model that attends over a sequence pads it once per batch (``SequenceLayout``,
 computed from the offsets and shared by every feature of that layout), entirely on the device and without
-reading a length back to the host.
+reading a length back to the host. A model whose costly part is per id (DIN's MLP at every item) runs it on the
+jagged ids instead and pads one score an id at most: the layout's ``softmax`` and ``row_sums`` take and give jagged
+values, so no time goes to padded positions or to copying every vector into a padded tensor and its gradient back.
 """
 
 from __future__ import annotations
@@ -37,11 +39,26 @@ class SequenceLayout:
         mask[rows, positions] = True
         return cls(rows, positions, mask, lengths)
 
+    def recency(self) -> torch.Tensor:
+        """Each id's distance from the end of its row: 0 for a row's latest, the index of a position embedding that
+        means the same in every row, whatever its length."""
+        return self.lengths[self.rows] - 1 - self.positions
+
     def pad(self, vectors: torch.Tensor) -> torch.Tensor:
         """The ids' vectors ``[ids, dim]`` as ``[B, max_len, dim]``, zeros where a row has no id (gradients flow
         back to the vectors)."""
         padded = vectors.new_zeros(*self.mask.shape, vectors.shape[-1])
         return padded.index_put((self.rows, self.positions), vectors)
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        """The softmax of the ids' ``scores`` ``[ids]`` over each row's ids, ``[ids]`` (padded as scalars only)."""
+        padded = scores.new_full(self.mask.shape, float("-inf")).index_put((self.rows, self.positions), scores)
+        # A row of no id is all -inf, whose softmax is NaN: no id reads it.
+        return torch.softmax(padded, dim=1)[self.rows, self.positions]
+
+    def row_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of each row's ``values`` ``[ids, dim]``: ``[B, dim]``, zeros for a row of no id."""
+        return values.new_zeros(self.mask.shape[0], values.shape[-1]).index_add(0, self.rows, values)
 
 
 def masked_mean(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from recipes import ConfigError
 from recsys.tabular.hashing import integer_keys
 from recsys.tabular.history import History, HistoryBuilder
 from recsys.tabular.joins import Bags, ColumnUse, SideTable, gather_bags
+from recsys.tabular.leave_one_out import UNKNOWN, EventRanks, EventRanksBuilder, keeps
 from recsys.tabular.schema import COUNTS, HISTORY, TIME_PARTS, DerivedColumn, TabularDataSection
 from recsys.tabular.vocabulary import KeyCounter, ValueCounts
 
@@ -45,13 +46,24 @@ class AddedValues:
     bags: dict[str, Bags] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RowOrders:
+    """What one pass over every configured file gathers: the rows of each ``history`` column, and with
+    ``split.last_of`` the events of every key (``None`` without)."""
+
+    histories: dict[str, History]
+    ranks: EventRanks | None = None
+
+
 class AddedColumns:
     """The joined and derived columns of ``schema`` and its split, for a reader of split ``split``
     (``train``, ``valid`` or ``test``) over files with the columns ``file_columns``.
 
     ``counts`` holds, per ``count`` or ``count_before`` column, the value counts of its source over the training
     rows; without them (the pass that counts them) such a column is missing in every row. ``histories`` holds
-    the rows of each ``history`` column (``gather_histories``), without which it is missing in every row.
+    the rows of each ``history`` column (``gather_orders``), without which it is missing in every row; ``ranks``
+    the events of every key of ``split.last_of`` (``gather_orders``), without which a leave-one-out split (not
+    ``all``) cannot be read.
     """
 
     def __init__(
@@ -62,14 +74,20 @@ class AddedColumns:
         counts: Mapping[str, ValueCounts] | None = None,
         *,
         histories: Mapping[str, History] | None = None,
+        ranks: EventRanks | None = None,
         file_name: str = "the files",
     ) -> None:
         self._schema = schema
         self._bounds = schema.split.bounds(split)
+        self._split = split
+        self._leave_one_out = schema.split.last_of is not None and split != "all"
+        self._ranks = ranks
         self._counts = dict(counts or {})
         self._histories = dict(histories or {})
         self._history_columns = [d for d in schema.derived if d.transform == HISTORY]
         self._check_names(file_columns, file_name)
+        if self._leave_one_out and ranks is None:
+            raise ValueError(f"A reader of the `{split}` rows of a leave-one-out split needs the keys' `ranks`.")
         groups = {name: group for group in schema.categorical for name in group.columns}
         dense = set(schema.dense_columns)
         joined_bags = {
@@ -78,6 +96,7 @@ class AddedColumns:
         keyed = {join.on for join in schema.joins} | {d.source for d in schema.derived if d.transform in COUNTS}
         keyed |= {d.key for d in self._history_columns if d.key is not None}
         keyed |= {d.source for d in self._history_columns if d.source not in joined_bags}
+        keyed |= {name for name in (schema.split.last_of, schema.split.tie_break) if name is not None}
         numbered = {d.source for d in schema.derived if d.transform in TIME_PARTS}
         if schema.split.column is not None:
             numbered.add(schema.split.column)
@@ -104,7 +123,8 @@ class AddedColumns:
         if clash:
             raise ConfigError(
                 f"A column must be read as a number or as a value, but '{clash[0]}' is both a number (the source of a "
-                "time part, or the split column) and a value (a join key, or the source of a count)."
+                "time part, or the split column) and a value (a join key, the source of a count, or `split.last_of` or "
+                "`tie_break`)."
             )
         self._categorical = {name for name in schema.categorical_columns if name not in file_columns}
         self._dense = {name for name in schema.dense_columns if name not in file_columns}
@@ -118,7 +138,7 @@ class AddedColumns:
     @property
     def empty(self) -> bool:
         """Whether the schema adds nothing and keeps every row: the reader's fast path."""
-        return not self.tables and not self._schema.derived and self._bounds is None
+        return not self.tables and not self._schema.derived and self._bounds is None and not self._leave_one_out
 
     def apply(
         self, keys: Mapping[str, npt.NDArray[np.uint64]], numbers: Mapping[str, npt.NDArray[np.float64]]
@@ -126,13 +146,8 @@ class AddedColumns:
         """The split's rows and the added columns' values, from the ``file_keys`` and ``file_numbers`` of a chunk."""
         keys, numbers, bags = self._join(keys, numbers)
         values = AddedValues(bags=bags)
-        if self._bounds is not None:
-            assert self._schema.split.column is not None
-            column = self._schema.split.column
-            split_values = numbers[column]
-            values.keep = (split_values >= self._bounds[0]) & (split_values < self._bounds[1])
-            for row in np.flatnonzero(np.isnan(split_values)):
-                values.problems[int(row)] = f"the split column `{column}` must hold a number, but is empty"
+        if self._bounds is not None or self._leave_one_out:
+            self._keep_split(keys, numbers, values)
         for derived in self._schema.derived:
             if derived.transform == HISTORY:
                 if derived.name in self._categorical:
@@ -150,6 +165,41 @@ class AddedColumns:
         for name in self._categorical - set(values.bags):
             values.keys[name] = keys[name] if name in keys else integer_keys(numbers[name], self._schema.id_kind(name))
         return values
+
+    def _keep_split(
+        self,
+        keys: Mapping[str, npt.NDArray[np.uint64]],
+        numbers: Mapping[str, npt.NDArray[np.float64]],
+        values: AddedValues,
+    ) -> None:
+        """Which rows the split keeps: by the split column's range, or (leave-one-out) by the row's rank among its
+        key's events; a row without a split value (or key) is malformed."""
+        split = self._schema.split
+        assert split.column is not None
+        split_values = numbers[split.column]
+        for row in np.flatnonzero(np.isnan(split_values)):
+            values.problems[int(row)] = f"the split column `{split.column}` must hold a number, but is empty"
+        if self._bounds is not None:
+            values.keep = (split_values >= self._bounds[0]) & (split_values < self._bounds[1])
+            return
+        assert split.last_of is not None and self._ranks is not None
+        owners = keys[split.last_of]
+        for row in np.flatnonzero(owners == 0):
+            values.problems.setdefault(
+                int(row), f"`{split.last_of}`, the key of the leave-one-out split (`split.last_of`), must hold a value"
+            )
+        ranks = self._ranks.lookup(owners, split_values, self._ties(keys, len(owners)))
+        unseen = (ranks == UNKNOWN) & (owners != 0) & ~np.isnan(split_values)
+        for row in np.flatnonzero(unseen):  # A file that changed after the pass at start-up, say.
+            values.problems.setdefault(
+                int(row), "it was not in the files when the pass at start-up ordered each key's rows (`split.last_of`)"
+            )
+        values.keep = keeps(self._split, ranks)
+
+    def _ties(self, keys: Mapping[str, npt.NDArray[np.uint64]], num_rows: int) -> npt.NDArray[np.uint64]:
+        """The rows' ties under leave-one-out: the keys of ``split.tie_break``'s values, or 0."""
+        tie_break = self._schema.split.tie_break
+        return keys[tie_break] if tie_break is not None else np.zeros(num_rows, np.uint64)
 
     @staticmethod
     def _mark_times_out_of_range(derived: DerivedColumn, seconds: npt.NDArray[np.float64], values: AddedValues) -> None:
@@ -192,27 +242,43 @@ class AddedColumns:
         history = self._histories.get(derived.name)
         if history is None:  # The pass that gathers the histories: every row's is missing.
             return np.zeros(len(owners), np.uint64), np.arange(len(owners) + 1, dtype=np.int64)
-        return history.lookup(owners, numbers[self._schema.split.column], derived.length)
+        ties = self._ties(keys, len(owners)) if self._tied_histories else None
+        return history.lookup(owners, numbers[self._schema.split.column], derived.length, ties)
 
-    def gather_histories(
+    @property
+    def _tied_histories(self) -> bool:
+        """Whether histories order a key's rows of one moment by ``split.tie_break``, as leave-one-out does."""
+        split = self._schema.split
+        return split.last_of is not None and split.tie_break is not None
+
+    def gather_orders(
         self,
         chunks: Iterable[
             tuple[Mapping[str, npt.NDArray[np.uint64]], Mapping[str, npt.NDArray[np.float64]], npt.NDArray[np.bool_]]
         ],
-    ) -> dict[str, History]:
-        """The rows of each ``history`` column, from the ``file_keys``, ``file_numbers`` and well-formed rows of
-        every chunk of the files (a reader of the split ``all``)."""
-        builders = {d.name: HistoryBuilder() for d in self._history_columns}
-        split_column = self._schema.split.column
+    ) -> RowOrders:
+        """The rows of each ``history`` column and the events of each key of ``split.last_of``, from the
+        ``file_keys``, ``file_numbers`` and well-formed rows of every chunk of the files (a reader of the split
+        ``all``), in one pass."""
+        builders = {d.name: HistoryBuilder(self._tied_histories) for d in self._history_columns}
+        split = self._schema.split
+        events = EventRanksBuilder(split.tie_break is not None) if split.last_of is not None else None
         for file_keys, file_numbers, valid in chunks:
             keys, numbers, bags = self._join(file_keys, file_numbers)
+            if split.column is None:
+                continue  # Nothing to order (a schema without histories or leave-one-out).
+            times, ties = numbers[split.column], self._ties(keys, len(valid))
+            if events is not None:
+                assert split.last_of is not None
+                events.add(keys[split.last_of], times, ties, valid)
             for derived in self._history_columns:
-                assert derived.key is not None and split_column is not None
+                assert derived.key is not None
                 source = bags.get(derived.source)
                 if source is None:
                     source = keys[derived.source], np.arange(len(valid) + 1, dtype=np.int64)
-                builders[derived.name].add(keys[derived.key], numbers[split_column], source, valid)
-        return {name: builder.build() for name, builder in builders.items()}
+                builders[derived.name].add(keys[derived.key], times, source, valid, ties)
+        histories = {name: builder.build() for name, builder in builders.items()}
+        return RowOrders(histories, None if events is None else events.build())
 
     def counters(self) -> dict[str, KeyCounter]:
         """An empty counter per ``count`` and ``count_before`` column, for the pass that counts them."""
@@ -254,6 +320,10 @@ class AddedColumns:
 
         if schema.split.column is not None:
             require(schema.split.column, "The split column")
+        if schema.split.last_of is not None:
+            require(schema.split.last_of, "The key column of the leave-one-out split, `split.last_of`,")
+        if schema.split.tie_break is not None:
+            require(schema.split.tie_break, "The column `split.tie_break`")
         for join in schema.joins:
             assert join.on is not None
             require(join.on, f"The key column `on` of the join of {join.path}")

@@ -37,6 +37,17 @@ def count_table_ids(steps: Iterable[list[CTRBatch]], tables: Sequence[TableSpec]
     return {name: len(counter.totals().keys) for name, counter in counters.items()}
 
 
+def count_feature_ids(steps: Iterable[list[CTRBatch]], feature: str) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ids of ``feature`` over the batches of ``steps``, sorted, and how many rows hold each."""
+    counter = KeyCounter()
+    for step in steps:
+        for batch in step:
+            counter.add(batch.sparse[feature].ids.numpy().view(np.uint64))
+    totals = counter.totals()
+    order = np.argsort(totals.keys.view(np.int64), kind="stable")
+    return totals.keys.view(np.int64)[order], totals.counts[order]
+
+
 def load_or_count_cardinalities(
     path: str, tables: Sequence[TableSpec], count: Callable[[], Mapping[str, int]]
 ) -> dict[str, int]:

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 
 from recipes import DataError
 from recsys.tabular.hashing import text_keys
-from recsys.tabular.schema import JoinedTable, SplitByValue, resolve_path
+from recsys.tabular.schema import JoinedTable, resolve_path
+from recsys.tabular.split_by_value import SplitByValue
 
 Bags = tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]
 """Value keys and the offsets of each row's values in them."""

@@ -26,6 +26,7 @@ from recipes import GlobalBatchSize, NonNegativeInt, PositiveInt, Range
 from recsys.click.tasks import Task
 from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 from recsys.tabular.labels import LabelColumn, LabelTask, check_label_tasks
+from recsys.tabular.split_by_value import SplitByValue as SplitByValue  # Re-exported: part of the schema.
 
 TIME_PARTS = ("hour", "weekday", "day", "month", "year")
 COUNTS = ("count", "count_before")
@@ -131,40 +132,6 @@ class CategoricalColumns:
 
 
 @dataclass
-class SplitByValue:
-    """Training, validation and test rows told apart by the value of a numeric column, such as a timestamp:
-    the latest rows validate, as a recommender is used (trained on the past, asked about the future)."""
-
-    column: str | None = None
-    """The numeric column; ``null``: every row of a split's files belongs to it."""
-    valid_from: Annotated[float, Range()] | None = None
-    """Rows whose value is at least this are validation rows (up to ``test_from``); smaller values train."""
-    test_from: Annotated[float, Range()] | None = None
-    """Rows whose value is at least this are test rows (optional)."""
-
-    def __post_init__(self) -> None:
-        if self.column is not None and self.valid_from is None:
-            raise ValueError(f"`split.valid_from` must be set to split by `{self.column}`, but is not.")
-        if self.column is None and (self.valid_from is not None or self.test_from is not None):
-            raise ValueError("`split.column` must name the column that `valid_from`/`test_from` cut, but is not set.")
-        if self.test_from is not None and self.valid_from is not None and self.test_from < self.valid_from:
-            raise ValueError(
-                f"`split.test_from` must be at least `valid_from` ({self.valid_from}), but is {self.test_from} instead."
-            )
-
-    def bounds(self, split: str) -> tuple[float, float] | None:
-        """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row (so for
-        ``all``: the rows of every split, which a ``history`` gathers)."""
-        if self.column is None or split == "all":
-            return None
-        assert self.valid_from is not None
-        test_from = float("inf") if self.test_from is None else self.test_from
-        return {"train": (-float("inf"), self.valid_from), "valid": (self.valid_from, test_from)}.get(
-            split, (test_from, float("inf"))
-        )
-
-
-@dataclass
 class WindowsSection:
     """The training data as a sequence of time windows, trained on one after the other
     (``recsys.tabular.window_sources``)."""
@@ -226,15 +193,17 @@ class DerivedColumn:
     ``hour`` (0-23), ``weekday`` (Monday is 0), ``day`` (of the month), ``month`` (1-12) and ``year`` read the
     source as seconds since 1970; ``count`` is the number of training rows holding the source's value (the
     popularity of an item, say); ``count_before`` the number of those that come before the row in the order of
-    ``split.column`` (for a validation or test row: all of them), so that a training row's feature holds nothing
-    from its future, as a validation row's cannot: a user's first training rows count 0, 1, 2..., and a user
+    ``split.column`` (for a validation or test row of a split by time: all of them; under leave-one-out, where
+    training rows of other keys may come later, only the earlier ones), so that a training row's feature holds
+    nothing from its future, as a validation row's cannot: a user's first training rows count 0, 1, 2..., and a user
     first seen in validation counts 0 there, as every user's first training row does. Counts are taken in one
     pass at the first start and saved in the output directory (``count_before`` keeps one split value per
     training row). A derived column is a number: a dense group takes it as is, a categorical group takes its
     decimal text.
 
     ``history`` is a bag instead (a multi-hot categorical group takes it): the values of the source in the latest
-    ``length`` rows of the row's ``key`` (the user) that come before it in the order of ``split.column``, in every
+    ``length`` rows of the row's ``key`` (the user) that come before it in the order of ``split.column`` (then of
+    ``split.tie_break``, under leave-one-out with one: a test row's history holds its validation row), in every
     configured file (training, validation and test rows alike: a deployed model knows what a user did before a
     request, never how they rated it; no label is read). The source is a file column or a joined one (the genres
     of the movies a user rated before), and its values keep the source's keys, so that a ``shared_table`` with the
@@ -340,6 +309,11 @@ class TabularDataSection:
             )
         self._check_histories()
         self._check_same_ids()
+        if self.split.last_of is not None and self.windows.by != "none":
+            raise ValueError(
+                f"Leave-one-out (`split.last_of`) keeps each key's earlier rows for training, which no window of time "
+                f"holds, so `windows.by` must be `none`, but is `{self.windows.by}`."
+            )
         if self.follow and self.windows.by != "path":
             raise ValueError(
                 f"`follow` waits for new windows of files, so `windows.by` must be `path`, but is `{self.windows.by}`."

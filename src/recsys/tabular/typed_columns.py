@@ -91,7 +91,10 @@ class TypedRows:
         if name in self._added.file_numbers:
             fits, wanted = _is_number(value_type), "a number (a split column, or the source of a time part)"
         elif name in self._added.file_keys and name not in self._groups:
-            fits, wanted = _is_text(value_type), "a string or integer (a join key, or the source of a count)"
+            fits, wanted = (
+                _is_text(value_type),
+                "a string or integer (a join key, the source of a count, or a key of the split)",
+            )
         elif name in self._label_columns:
             numeric = [task for task in self._tasks if task.column == name and task.threshold is not None]
             numeric += [task for task in self._tasks if task.column == name and task.kind == "regression"]
@@ -99,6 +102,10 @@ class TypedRows:
                 fits, wanted = _is_number(value_type), "a number (for `threshold` or `kind: regression`)"
             else:
                 fits, wanted = _is_text(value_type) or pa.types.is_boolean(value_type), "a string, integer or boolean"
+        elif name in self._groups and self._groups[name].sequence and not self._groups[name].separator:
+            is_list = pa.types.is_list(type_) or pa.types.is_large_list(type_)
+            fits = is_list and _is_text(type_.value_type)
+            wanted = "a list of strings or integers (a sequence), or a string holding `separator`"
         elif name in self._groups and not self._groups[name].multi_hot:
             fits, wanted = _is_text(value_type), "a string or integer (a list needs `multi_hot: true`)"
         elif name in self._groups:
@@ -123,8 +130,6 @@ class TypedRows:
         each = [self._labels(task, batch.column(task.column), problems) for task in self._tasks]
         labels = each[0] if len(each) == 1 else np.stack(each, axis=1)
         added = self._added_values(batch)
-        for row, problem in added.problems.items():
-            problems.setdefault(row, problem)
         dense = pooled_array((batch.num_rows, len(self._schema.dense_columns)), np.float32)
         index = 0
         for spec in self._schema.dense:
@@ -139,6 +144,10 @@ class TypedRows:
                     )
                     _note(problems, bad, values, f"`{name}` must be a finite number or null")
                 index += 1
+        # The file's own values first: a row they make malformed was left out of the pass over every row, and the
+        # split would call it one that pass did not see.
+        for row, problem in added.problems.items():
+            problems.setdefault(row, problem)
         categorical = [self._categorical(name, batch, added) for name in self._schema.categorical_columns]
         return (labels, dense, *categorical), problems, added.keep
 

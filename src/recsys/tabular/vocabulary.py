@@ -30,6 +30,7 @@ import numpy.typing as npt
 from recipes import DataError
 from recsys.tabular.hashing import bucket_ids
 from recsys.tabular.history import History
+from recsys.tabular.leave_one_out import EventRanks
 from recsys.tabular.schema import COUNTS, TabularDataSection
 
 logger = logging.getLogger(__name__)
@@ -112,11 +113,13 @@ def _counts_before(sorted_orders, starts, ends, at, found, orders):  # type: ign
 @dataclass(frozen=True)
 class Encodings:
     """What the first start counts over the training files: vocabularies and value counts, by column; and the
-    histories, gathered at each start over every configured file (``recsys.tabular.history``)."""
+    histories (``recsys.tabular.history``) and a leave-one-out split's events (``recsys.tabular.leave_one_out``),
+    gathered at each start over every configured file."""
 
     vocabularies: dict[str, Vocabulary]
     counts: dict[str, ValueCounts]
     histories: dict[str, History] = field(default_factory=dict)
+    ranks: EventRanks | None = None
 
 
 class KeyCounter:

@@ -94,6 +94,8 @@ class ZooModelConfig:
 
     reads_sequences: ClassVar[bool] = False
     """Whether the model reads behaviour sequences (tables that do not pool), which every other model refuses."""
+    needs_sequence: ClassVar[bool] = False
+    """Whether the model reads nothing without a behaviour sequence (``din``, ``sasrec``)."""
 
     multi_task: ClassVar[bool] = False
     """Whether the model gives one output per task (``num_tasks`` of ``ModelInputs``) for several tasks: a model
@@ -238,7 +240,7 @@ def check_num_tasks(config: ZooModelConfig, num_tasks: int, tasks: Sequence[Task
     if tasks:
         config.check_tasks(tasks)
     if num_tasks > 1 and not type(config).multi_task:
-        able = [name for name in ZOO_MODELS.registered_by("recsys") if ZOO_MODELS.get(name).config_class.multi_task]
+        able = sorted(name for name in ZOO_MODELS.names() if ZOO_MODELS.get(name).config_class.multi_task)
         raise ConfigError(
             f"`dataset.labels` names {num_tasks} tasks, so the model must give an output per task ({', '.join(able)}), "
             f"but '{config.name}' gives one."
@@ -266,13 +268,13 @@ def _check_sequences(config: ZooModelConfig, tables: Sequence[TableSpec], sequen
     if pooled:
         raise ValueError(f"The sequences must be looked up by tables that do not pool, but {pooled} are not.")
     if sequence_lengths and not config.reads_sequences:
-        readers = [name for name in ZOO_MODELS.names() if ZOO_MODELS.get(name).config_class.reads_sequences]
+        readers = sorted(name for name in ZOO_MODELS.names() if ZOO_MODELS.get(name).config_class.reads_sequences)
         raise ConfigError(
             f"The model '{config.name}' pools every feature, so it cannot read the sequence "
             f"{', '.join(sorted(sequence_lengths))}: choose a model that reads sequences ({', '.join(readers)}), or "
             "declare its group `multi_hot: true` instead of `sequence: true`."
         )
-    if config.reads_sequences and not sequence_lengths:
+    if config.needs_sequence and not sequence_lengths:
         raise ConfigError(
             f"The model '{config.name}' reads behaviour sequences, so a categorical group must be a `sequence`, but "
             "none is."

@@ -99,6 +99,11 @@ SUBSTITUTIONS = (
         "two epochs are 312 steps: 20, validated twice, show it trains",
     ),
     Substitution(
+        "train movielens_sasrec -o runs/sasrec",
+        "train movielens_sasrec -o runs/sasrec trainer.max_num_steps=10 trainer.validate_every_n_steps=10",
+        "two epochs are 780 steps: 10, validated once, show it trains and ranks",
+    ),
+    Substitution(
         "train movielens_online ",
         "train movielens_online trainer.max_num_steps=30 ",
         "the first window alone (the history) takes 1,250 steps",

@@ -19,12 +19,14 @@ from recipes import (
     reader_options,
     register_recipe,
 )
+from recsys.builtin.tabular.retrieval import check_retrieval_config, is_retrieval, tabular_retrieval_parts
 from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import metric_columns
 from recsys.click.units import click_prediction_parts
 from recsys.data.stream import StreamingReader
+from recsys.tabular.added_columns import RowOrders
 from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalities
-from recsys.tabular.formats.data_format import ColumnFormat, ColumnReader, DataFormat, data_format
+from recsys.tabular.formats.data_format import ColumnFormat, DataFormat, data_format
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.schema_metric_columns import single_valued_columns, value_names
 from recsys.tabular.value_texts import feature_value_texts
@@ -55,6 +57,8 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
     check_num_tasks(config.model, len(tasks or ()) or 1, tasks or ())
+    if is_retrieval(config.model):
+        check_retrieval_config(context)
     features = data_format(data)
     tables = features.tables()
     check_table_dims(config.model.embeddings, tables)
@@ -113,11 +117,14 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         sequence_lengths=features.sequence_lengths(),
         tasks=tasks or (),
     )
-    # Any single-valued categorical column of the schema may group or slice the validation metrics.
-    slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
-    names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
-    columns = single_valued_columns(data, encodings)
-    parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names, tasks)
+    if is_retrieval(config.model):
+        readers = (train_reader, valid_reader, splits)
+        parts = tabular_retrieval_parts(context, model, files, encodings, options, readers)
+    else:  # Any single-valued categorical column of the schema may group or slice the validation metrics.
+        slice_by, full_keys = config.metrics.slice_by, config.model.embeddings.kind == "hash"
+        names = {} if slice_by is None else value_names(data, slice_by, encodings, full_keys)
+        columns = single_valued_columns(data, encodings)
+        parts = click_prediction_parts(context, model, train_reader, valid_reader, splits, columns, names, tasks)
     if not isinstance(files, ColumnFormat):
         return parts
 
@@ -138,20 +145,20 @@ def _encodings(
     context: RecipeContext[TabularConfig], files: ColumnFormat, train_path: str, options: dict[str, Any]
 ) -> Encodings:
     """The vocabularies and value counts of the schema's columns (counted in one pass over the training files at the
-    first start, and saved in the output directory), and their histories (gathered at every start)."""
+    first start, and saved in the output directory), and their histories and a leave-one-out split's events
+    (gathered at every start, before the counts, which count the training rows that the events tell)."""
     data = context.config.dataset
-
-    def one_pass(paths: str | list[str], split: str) -> ColumnReader:
-        return files.reader(paths, split=split, encodings=None, batch_size=1, **options)
-
+    orders = RowOrders({})
+    if any(derived.transform == HISTORY for derived in data.derived) or data.split.last_of is not None:
+        # Every configured file, each once, every row: a validation row's history holds its earlier
+        # validation rows too, as a deployed model's would; a user's last rows may be in any file.
+        paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
+        every_row = files.reader(list(dict.fromkeys(paths)), split="all", encodings=None, batch_size=1, **options)
+        orders = every_row.row_orders()
+    ranked = Encodings({}, {}, ranks=orders.ranks)
     encodings = load_or_build_encodings(
         os.path.join(context.output_dir, ENCODINGS_FILE),
         files.schema,
-        lambda: one_pass(train_path, "train").count_values(),
+        lambda: files.reader(train_path, split="train", encodings=ranked, batch_size=1, **options).count_values(),
     )
-    if any(derived.transform == HISTORY for derived in data.derived):
-        # Every configured file, each once, every row: a validation row's history holds its earlier
-        # validation rows too, as a deployed model's would.
-        paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
-        encodings = replace(encodings, histories=one_pass(list(dict.fromkeys(paths)), "all").histories())
-    return encodings
+    return replace(encodings, histories=orders.histories, ranks=orders.ranks)

@@ -28,10 +28,9 @@ from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.parse_ahead import parsed_ahead
 from recsys.data.stream import START, ParsedLines, Position
-from recsys.tabular.added_columns import AddedColumns
+from recsys.tabular.added_columns import AddedColumns, RowOrders
 from recsys.tabular.formats.data_format import ColumnReader
 from recsys.tabular.formats.format_config import DataFormatConfig
-from recsys.tabular.history import History
 from recsys.tabular.schema import TabularDataSection
 from recsys.tabular.split_files import paths_key
 from recsys.tabular.typed_columns import TypedRows
@@ -82,7 +81,13 @@ class ArrowReader(ColumnReader):
         encodings = encodings or Encodings({}, {})
         try:
             self._added = AddedColumns(
-                schema, names, split, encodings.counts, histories=encodings.histories, file_name=self.file_name(0)
+                schema,
+                names,
+                split,
+                encodings.counts,
+                histories=encodings.histories,
+                ranks=encodings.ranks,
+                file_name=self.file_name(0),
             )
         except ConfigError as error:
             raise DataError(str(error)) from None
@@ -206,11 +211,11 @@ class ArrowReader(ColumnReader):
                 counters[name].add(source[parsed.valid], None if orders is None else orders[parsed.valid])
         return {name: counter.totals() for name, counter in counters.items()}
 
-    def histories(self) -> dict[str, History]:
+    def row_orders(self) -> RowOrders:
         chunks = (
             (*self._rows.file_keys_and_numbers(batch), parsed.valid) for _, parsed, batch in self._parsed_batches()
         )
-        return self._added.gather_histories(chunks)
+        return self._added.gather_orders(chunks)
 
     def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
         for _, batch in self._record_batches(START):

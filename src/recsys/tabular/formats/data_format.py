@@ -29,6 +29,7 @@ from embedding import Pooling
 from recsys.click.batch import CTRBatch
 from recsys.data.stream import StreamingReader
 from recsys.models.embeddings import TableSpec
+from recsys.tabular.added_columns import RowOrders
 from recsys.tabular.formats.format_config import DATA_FORMATS
 from recsys.tabular.history import History
 from recsys.tabular.schema import CategoricalColumns, TabularDataSection
@@ -75,9 +76,14 @@ class ColumnReader(StreamingReader[CTRBatch]):
         columns in the kept, well-formed rows of every file, for ``recsys.tabular.vocabulary``."""
 
     @abstractmethod
+    def row_orders(self) -> RowOrders:
+        """The rows of each ``history`` column, and with ``split.last_of`` the events of every key, in the
+        well-formed rows of every file (a reader of the split ``all``), in one pass: for ``recsys.tabular.history``
+        and ``recsys.tabular.leave_one_out``."""
+
     def histories(self) -> dict[str, History]:
-        """The rows of each ``history`` column in the well-formed rows of every file (a reader of the split
-        ``all``), for ``recsys.tabular.history``."""
+        """The rows of each ``history`` column, as ``row_orders`` gathers them."""
+        return self.row_orders().histories
 
     def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
         """The values of the file columns ``columns`` in every row of every file, a chunk of rows at a time, as the

@@ -24,12 +24,11 @@ from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch, make_ctr_batch
 from recsys.data.stream import START, ParsedLines, StreamingLineReader, reading
 from recsys.tabular import delimited
-from recsys.tabular.added_columns import AddedColumns, dense_column
+from recsys.tabular.added_columns import AddedColumns, RowOrders, dense_column
 from recsys.tabular.delimited import ColumnPlan, TokenizedLines
 from recsys.tabular.formats.data_format import ColumnFormat, ColumnReader
 from recsys.tabular.formats.format_config import DATA_FORMATS, DataFormatConfig
 from recsys.tabular.hashing import bucket_ids, column_basis
-from recsys.tabular.history import History
 from recsys.tabular.joins import Bags
 from recsys.tabular.row_arrays import object_array, split_rows
 from recsys.tabular.schema import TabularDataSection, expand_names
@@ -60,11 +59,18 @@ class CsvConfig(DataFormatConfig):
             raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
 
     def check(self, schema: TabularDataSection) -> None:
-        """Named columns must hold every column the schema reads from the file, so that ``show`` and the config
-        check refuse a short list before any file is opened."""
+        """Named columns must hold every column the schema reads from the file, and a sequence of the file's must be
+        split by a separator, so that ``show`` and the config check refuse them before any file is opened."""
+        added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
+        for group in schema.categorical:
+            unsplit = [name for name in group.columns if name not in added]
+            if group.sequence and group.separator is None and unsplit:
+                raise ValueError(
+                    f"A sequence column of a {self.name} file must hold its values split by `separator`, but "
+                    f"{unsplit} have none: a field of one value is no sequence."
+                )
         if self.column_names is None:
             return
-        added = {*(name for join in schema.joins for name in join.columns), *(column.name for column in schema.derived)}
         labels = [task.column for task in schema.label_tasks]
         read = [*labels, *schema.dense_columns, *schema.categorical_columns, schema.split.column]
         missing = [name for name in read if name is not None and name not in added and name not in self.column_names]
@@ -128,6 +134,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
                 split,
                 self._encodings.counts,
                 histories=self._encodings.histories,
+                ranks=self._encodings.ranks,
                 file_name=self.file_name(0),
             )
         except ConfigError as error:
@@ -169,14 +176,14 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
                 counters[name].add(keys[chunk.valid], None if orders is None else orders[chunk.valid])
         return {name: counter.totals() for name, counter in counters.items()}
 
-    def histories(self) -> dict[str, History]:
+    def row_orders(self) -> RowOrders:
         chunks = (
             (chunk.file_keys, chunk.file_numbers, chunk.valid)
             for chunk in (
                 self._keys_of(buffer, start.file_index, start.offset == 0) for start, buffer in self.line_chunks(START)
             )
         )
-        return self._added.gather_histories(chunks)
+        return self._added.gather_orders(chunks)
 
     def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
         """Each chunk of lines parsed by pyarrow's CSV parser with the format's delimiter and quoting, every column
@@ -247,7 +254,8 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             if added.keep is not None:
                 valid &= added.keep
             for line, problem in added.problems.items():
-                problems.setdefault(line, problem)
+                if lines.codes[line] != delimited.HEADER:  # The header holds no values (no key, say) to fault.
+                    problems.setdefault(line, problem)
             for name, values in added.keys.items():
                 keys[:, self._key_slots[name]] = values
             bags.update(added.bags)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gang import FakeGang
-from recipes import ConfigError
+from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
 from recsys.tabular.formats.arrow import ArrowFormatConfig
@@ -179,3 +179,16 @@ def test_a_model_that_pools_refuses_a_sequence_and_a_sequence_model_needs_one() 
         build_zoo_model(pooled, tables, features, 0, FakeGang(), 0, sequence_lengths={"recent": 3})
     with pytest.raises(ConfigError, match=r"The model 'din' reads behaviour sequences, so a categorical group must"):
         build_zoo_model(din, tables[:1], ["user"], 0, FakeGang(), 0)
+
+
+def test_a_sequence_column_that_is_not_a_list_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"A sequence column of a csv file must hold its values split by `separator`"):
+        schema("csv", recent(separator=None))
+    pq.write_table(
+        pa.table({"user": ["u1"], "movie": ["10"], "recent": ["1 2"], "click": ["1"], "time": [1]}),
+        tmp_path / "flat.parquet",
+    )
+    with pytest.raises(
+        DataError, match=r"The column 'recent' of .* must be a list of strings or integers \(a sequence\)"
+    ):
+        read(str(tmp_path / "flat.parquet"), schema("parquet", recent(separator=None)))

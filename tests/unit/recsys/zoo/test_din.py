@@ -55,6 +55,18 @@ def test_a_layout_pads_each_row_from_its_first_position_and_masks_the_rest() -> 
     assert vectors.grad is not None and vectors.grad.eq(1).all()
 
 
+def test_a_layout_takes_the_softmax_and_the_sums_of_each_rows_jagged_values() -> None:
+    layout = SequenceLayout.of(torch.tensor([0, 2, 2, 5]), 5, max_len=4)
+    scores = torch.tensor([0.0, 1.0, 2.0, 2.0, -1.0])
+    vectors = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+
+    weights = layout.softmax(scores)
+
+    torch.testing.assert_close(weights[:2], torch.softmax(scores[:2], 0))
+    torch.testing.assert_close(weights[2:], torch.softmax(scores[2:], 0))
+    assert layout.row_sums(vectors).tolist() == [[2, 4], [0, 0], [18, 21]]
+
+
 # The model -----------------------------------------------------------------------------------
 
 
@@ -91,7 +103,7 @@ def test_din_is_target_attention_then_an_mlp_as_plain_torch_over_padded_tensors(
 
 @pytest.mark.parametrize("backend", ["sparse", "dense"])
 def test_din_scores_each_sample_and_trains_every_parameter_and_table(backend: str) -> None:
-    model = build(backend)
+    model = build(backend, dropout=0.0)  # Dropout's masks would come from the generator other tests left.
     batch = MembershipData.make(16, seed=0).batch(torch.arange(16))
     step = optimizer(model)
     shards = {name: shard for c in find_sparse_tables(model).values() for name, shard in c.shards.items()}
@@ -126,6 +138,21 @@ def test_din_scores_a_batch_of_zero_rows() -> None:
     for train in (True, False):
         model.train(train)
         assert model(empty).shape == (0,)
+
+
+def test_a_row_of_no_item_attends_to_nothing_and_leaves_every_gradient_finite() -> None:
+    model = build(dropout=0.0)
+    batch = MembershipData.make(4, seed=0).batch(torch.arange(4))
+    history = batch.sparse["history"]
+    first = int(history.offsets[1])  # Row 0's items dropped: its sequence is empty.
+    sparse = SparseFeatures(
+        {**batch.sparse, "history": JaggedIds(history.ids[first:], history.offsets.clamp_min(first) - first)}
+    )
+    logits = model(CTRBatch(batch.dense, sparse, batch.labels))
+    logits.sum().backward()
+
+    assert bool(logits.isfinite().all())
+    assert all(bool(param.grad.isfinite().all()) for param in model.parameters() if param.grad is not None)
 
 
 def test_a_sequence_without_a_candidate_in_its_table_is_pooled_by_its_mean() -> None:

@@ -104,7 +104,11 @@ def test_export_names_the_tasks_and_its_program_returns_each_tasks_score(
     [
         (
             "model.name=fm",
-            ["`dataset.labels` names 2 tasks", "(deepfm, dcn_v2, mlp, wide_deep, dlrm, din, mmoe, esmm, ple)", "'fm'"],
+            [
+                "`dataset.labels` names 2 tasks",
+                "an output per task (bst, dcn_v2, deepfm",
+                "'fm'",
+            ],
         ),
         ("trainer.score_metric=valid/clicked/auc", ["'valid/clicked/auc'", "Did you mean 'valid/liked/auc'?"]),
         ("dataset.labels=[{column: rating}, {column: rating}]", ["['rating'] are named twice"]),

@@ -1,0 +1,101 @@
+"""The retrieval presets as a user runs them: ``movielens_two_tower`` validated by ranking every movie, the same
+figures on 1 and 2 ranks; ``movielens_sasrec`` on MovieLens-1M's own ``ratings.dat``; misuse in one line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pa_parquet
+import pytest
+import torch
+
+from support.cli_runs import assert_one_line_error, run_main
+from support.resume_helpers import check_ok, metric_history, run_recipes
+
+SHORT = ["trainer.max_num_steps=6", "trainer.validate_every_n_steps=6", "metrics.recorders.console=false"]
+
+
+def eval_values(stdout: str) -> dict[str, float]:
+    line = next(line for line in stdout.splitlines() if line.startswith("valid: "))
+    return {key: float(value) for key, value in (pair.split("=") for pair in line.split()[1:])}
+
+
+def test_two_tower_ranks_every_movie_and_two_ranks_give_the_figures_of_one(tmp_path: Path) -> None:
+    check_ok(run_recipes(tmp_path, "train", "movielens_two_tower", "-o", "out", *SHORT, timeout=600))
+    last = metric_history(tmp_path / "out")["valid"][-1]
+
+    one = eval_values(check_ok(run_recipes(tmp_path, "eval", "out")).stdout)
+    two = eval_values(check_ok(run_recipes(tmp_path, "eval", "out", "--nproc", "2", timeout=600)).stdout)
+
+    assert {"hr@10", "ndcg@10", "hr@50", "ndcg@50"} <= set(last)
+    assert 0 < last["hr@50"] < 1 and last["ndcg@10"] <= last["hr@10"] <= last["hr@50"]
+    for key in ("hr@10", "ndcg@10", "hr@50", "ndcg@50"):
+        assert one[key] == pytest.approx(last[key], abs=1e-6)
+        assert two[key] == pytest.approx(one[key], abs=1e-6)
+
+
+def test_two_tower_exports_its_query_tower_and_every_item_vector(tmp_path: Path) -> None:
+    check_ok(run_recipes(tmp_path, "train", "movielens_two_tower", "-o", "out", *SHORT, timeout=600))
+
+    check_ok(run_recipes(tmp_path, "export", "out", "-o", "served"))
+
+    model = json.loads((tmp_path / "served/model.json").read_text())
+    items = pa_parquet.read_table(tmp_path / "served/items.parquet")
+    movies = pa_parquet.read_table(tmp_path / "served/tables/movieId.parquet")
+    assert model["items"] == {
+        "file": "items.parquet",
+        "table": "movieId",
+        "feature": "movieId",
+        "dim": 64,
+        "rows": movies.num_rows,
+        "temperature": 0.05,
+    }
+    assert items.column("id").to_pylist() == movies.column("id").to_pylist()
+    vectors = np.array(items.column("embedding").to_pylist())
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)  # the item tower's output
+    program = torch.export.load(str(tmp_path / "served" / model["program"])).module()
+    queries = program(torch.zeros(3, 0), [torch.randn(3, 64)])
+    assert queries.shape == (3, 64)
+
+
+def write_ratings_dat(path: Path, num_users: int = 40, per_user: int = 15) -> None:
+    """Lines as MovieLens-1M's ``ratings.dat`` has them: ``UserID::MovieID::Rating::Timestamp``, no header."""
+    rng = random.Random(0)
+    lines = []
+    for user in range(1, num_users + 1):
+        for index, movie in enumerate(rng.sample(range(1, 300), per_user)):
+            lines.append(f"{user}::{movie}::{rng.randint(1, 5)}::{978300000 + 60 * index}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_sasrec_reads_movielens_1m_ratings_dat_given_its_path(tmp_path: Path) -> None:
+    write_ratings_dat(tmp_path / "ratings.dat")
+    paths = [f"dataset.{split}_path=ratings.dat" for split in ("train", "valid", "test")]
+    # "::" read as ":" with an empty field between: the columns named _1, _2, _3 are never read.
+    names = "[userId, _1, movieId, _2, rating, _3, timestamp]"
+    dat = f"dataset.format={{name: csv, delimiter: ':', header: false, column_names: {names}}}"
+
+    check_ok(run_recipes(tmp_path, "train", "movielens_sasrec", "-o", "out", *paths, dat, *SHORT, timeout=600))
+
+    assert metric_history(tmp_path / "out")["valid"][-1]["hr@50"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["model.item_feature=genres"], ["`model.item_feature` must name a single-valued categorical column"]),
+        (["metrics.group_by=movieId"], ["is validated by ranking the corpus, so `metrics.group_by` must be null"]),
+        (["model.name=mlp"], ["The model 'mlp' pools every feature, so it cannot read the sequence movie_history"]),
+        (["trainer.score_metric=auc"], ["`trainer.score_metric` must name a validation metric"]),
+    ],
+)
+def test_a_misused_retrieval_preset_stops_in_one_line_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], fragments: list[str]
+) -> None:
+    code, _, err = run_main(capsys, "train", "movielens_two_tower", "-o", str(tmp_path / "out"), *overrides)
+
+    assert code == 2
+    assert_one_line_error(err, *fragments)
