@@ -89,13 +89,18 @@ def train_command(overrides: list[str], seed: int, output_dir: str) -> list[str]
     return [sys.executable, "-m", "recipes", "train", PRESET, "-o", output_dir, f"seed={seed}", *overrides]
 
 
-def final_auc(output_dir: str) -> float:
-    """The valid AUC of the run's last validation."""
+def last_validation(output_dir: str) -> dict[str, float]:
+    """The metrics of the run's last validation, by name."""
     with open(os.path.join(output_dir, "metrics", "valid.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     if not records:
         raise RuntimeError(f"The run in {output_dir} recorded no validation.")
-    return float(records[-1]["auc"])
+    return {key: float(value) for key, value in records[-1].items()}
+
+
+def final_auc(output_dir: str) -> float:
+    """The valid AUC of the run's last validation."""
+    return last_validation(output_dir)["auc"]
 
 
 def train_row(name: str, overrides: list[str], seeds: list[int], root: str) -> Row:

@@ -35,9 +35,10 @@ ZOO_MODEL_NAMES = [
     for name in ZOO_MODELS.names()
     if not ZOO_MODELS.get(name).config_class.reads_sequences
     and not getattr(ZOO_MODELS.get(name).config_class, "retrieval", False)
+    and ZOO_MODELS.get(name).config_class.min_tasks == 1
 ]
-"""The click models that pool every feature, which the data here suits (``support.sequence_data`` has the
-others')."""
+"""The click models that pool every feature and learn one label, which the data here suit (``support.sequence_data``
+has the sequence models' data, ``tests/unit/recsys/zoo/test_multitask_models.py`` the multi-task models' tests)."""
 
 
 def small_section(name: str, backend: Backend = "sparse", dim: int = 4, **kwargs: Any) -> ZooModelConfig:

@@ -59,18 +59,14 @@ class LabelTask(LabelColumn):
         return Task(self.name, self.kind, self.weight)
 
 
-def check_label_tasks(label: LabelColumn, labels: list[LabelTask] | None, added_columns: Sequence[str]) -> None:
+def check_label_tasks(labels: list[LabelTask] | None, added_columns: Sequence[str]) -> None:
     """``labels``: at least one task, each named once and read from a column of the files (``added_columns`` are
-    the joined and derived ones), and not beside a ``label`` of its own."""
+    the joined and derived ones). ``label`` is then not read: a preset based on one with a ``label`` (or an override
+    of ``labels``) names its tasks without unsetting it."""
     if labels is None:
         return
     if not labels:
         raise ValueError("`dataset.labels` must name at least one task, but is an empty list; or leave it unset.")
-    if label != LabelColumn():
-        raise ValueError(
-            f"`dataset.label` and `dataset.labels` must not both be set, but `label` names '{label.column}' "
-            "beside `labels`; make it a task of `labels`."
-        )
     names = [task.name for task in labels]
     twice = sorted({name for name in names if name is not None and names.count(name) > 1})
     if twice:

@@ -262,9 +262,10 @@ class TabularDataSection:
     """The one binary label (a click), unless ``labels`` names several tasks."""
     labels: list[LabelTask] | None = None
     """Several tasks, each a label column (binary or regression) with a loss ``weight``, for one model with an
-    output per task (``mlp``, ``dcn_v2``, ``wide_deep``, ``dlrm``, ``deepfm``); their metrics are named
-    ``<task>/auc``, ``<task>/mse`` ... Two tasks may read one column (``rating >= 4`` and the rating). Replaces
-    ``label``, which must then stay unset. Not for the libSVM formats, whose label is the line's first token."""
+    output per task (``mlp``, ``dcn_v2``, ``wide_deep``, ``dlrm``, ``deepfm``, ``din``, ``bst``, and the multi-task
+    models ``mmoe``, ``ple``, ``esmm``); their metrics are named ``<task>/auc``, ``<task>/mse`` ... Two tasks may read
+    one column (``rating >= 4`` and the rating). Replaces ``label``, which is then not read, so that a preset based on
+    one with a ``label`` names its tasks instead. Not for the libSVM formats, whose label is the line's first token."""
     dense: list[DenseColumns] = field(default_factory=list)
     categorical: list[CategoricalColumns] = field(default_factory=list)
     joins: list[JoinedTable] = field(default_factory=list)
@@ -290,7 +291,7 @@ class TabularDataSection:
 
     def __post_init__(self) -> None:
         self.format.check(self)
-        check_label_tasks(self.label, self.labels, self.added_columns)
+        check_label_tasks(self.labels, self.added_columns)
         features = [*self.dense_columns, *self.categorical_columns]
         labelled = sorted({task.column for task in self.label_tasks} & set(features))
         if labelled:

@@ -25,6 +25,7 @@ from torch import nn
 from components import PositiveInt, Range, Registry
 from gang import Gang
 from recipes import ConfigError
+from recsys.click.tasks import Task
 from recsys.models.embeddings import EmbeddingSection, TableSpec, build_embeddings
 
 FIRST_ORDER_PREFIX = "first_order_"
@@ -98,7 +99,11 @@ class ZooModelConfig:
 
     multi_task: ClassVar[bool] = False
     """Whether the model gives one output per task (``num_tasks`` of ``ModelInputs``) for several tasks: a model
-    whose last layer is a linear head, shared by the tasks up to it."""
+    whose last layer is a linear head, shared by the tasks up to it, or one built for several tasks (``mmoe``)."""
+
+    min_tasks: ClassVar[int] = 1
+    """The fewest tasks the model learns: 2 for the models whose parts are the tasks' (experts and gates shared by
+    task towers, ESMM's two towers), which one label would leave without a reason to be."""
 
     name: str = "dcn_v2"
     """Which model; DCN-v2 by default, among the strongest on public CTR benchmarks (BARS, SIGIR 2022)."""
@@ -109,6 +114,9 @@ class ZooModelConfig:
     that reaches the rare ids that overfit crushes the frequent ones (on MovieLens, 1e-4 moved valid AUC < 0.001,
     1e-3 cost 0.008), unless ``weight_decay_by_frequency`` divides it by each row's steps, as the public-format
     presets do. With ``backend: dense`` the tables are dense parameters, which the ``optimizer`` section decays."""
+
+    def check_tasks(self, tasks: Sequence[Task]) -> None:
+        """Refuses tasks the model cannot learn (a ``ConfigError`` of one line); every task, unless a model says."""
 
 
 class OneDimTables:
@@ -155,6 +163,9 @@ class ModelInputs:
     seed: int
     num_tasks: int = 1
     sequence_lengths: Mapping[str, int] = field(default_factory=dict)
+    tasks: tuple[Task, ...] = ()
+    """The tasks by name and kind, in output order, where the caller knows them (a model that must tell its tasks
+    apart, ``esmm``, needs them); empty: ``num_tasks`` alone."""
 
     def vectors(self, section: EmbeddingSection) -> nn.Module:
         """The features' vectors: one table per ``TableSpec``, of its own dim."""
@@ -188,13 +199,14 @@ def build_zoo_model(
     cardinalities: Mapping[str, int] | None = None,
     num_tasks: int = 1,
     sequence_lengths: Mapping[str, int] | None = None,
+    tasks: Sequence[Task] = (),
 ) -> nn.Module:
     """The model ``config.name`` over ``features`` (in this order, each looked up by one of ``tables``) and
     ``num_dense`` dense features, on ``gang.device``; its sparse tables are sharded over ``gang``, each of the
     dim ``config.embeddings`` gives it (``cardinalities``: the distinct ids the training files look up in each
     table, which ``dim_by_cardinality`` needs), with an output per task for ``num_tasks`` > 1. ``sequence_lengths``:
     the features that are sequences, with the most ids a row of each holds, which the tables that look them up do
-    not pool.
+    not pool. ``tasks``: the tasks themselves, where known (``num_tasks`` is then their number).
 
     The dense layers are initialised from ``seed`` alone, as the tables are, so that a model is the
     same whatever ran before it.
@@ -204,18 +216,29 @@ def build_zoo_model(
     _check_sequences(config, tables, sequence_lengths)
     if num_dense < 0:
         raise ValueError(f"`num_dense` must be >= 0, but is {num_dense} instead.")
-    check_num_tasks(config, num_tasks)
+    if tasks and len(tasks) != num_tasks:
+        raise ValueError(f"`num_tasks` must be the number of `tasks` ({len(tasks)}), but is {num_tasks} instead.")
+    check_num_tasks(config, num_tasks, tasks)
     factory = ZOO_MODELS.get(config.name).value
     with torch.random.fork_rng(devices=[]):  # The dense layers are built on the CPU; CUDA's stream stays.
         torch.default_generator.manual_seed(seed)
         sized = sized_tables(config.embeddings, tables, cardinalities)
-        model = factory(config, ModelInputs(sized, features, num_dense, gang, seed, num_tasks, sequence_lengths))
+        inputs = ModelInputs(sized, features, num_dense, gang, seed, num_tasks, sequence_lengths, tuple(tasks))
+        model = factory(config, inputs)
     return model.to(gang.device)
 
 
-def check_num_tasks(config: ZooModelConfig, num_tasks: int) -> None:
-    """Refuses several tasks for a model with one output (its config's ``multi_task`` is false): a recipe calls it
-    before its first pass over the data."""
+def check_num_tasks(config: ZooModelConfig, num_tasks: int, tasks: Sequence[Task] = ()) -> None:
+    """Refuses several tasks for a model with one output (its config's ``multi_task`` is false), fewer than a
+    multi-task model's ``min_tasks``, and ``tasks`` the config's ``check_tasks`` refuses: a recipe calls it before
+    its first pass over the data."""
+    if num_tasks < type(config).min_tasks:
+        raise ConfigError(
+            f"The model '{config.name}' learns several tasks at once, so the data must have at least "
+            f"{type(config).min_tasks} tasks (`dataset.labels`), but have {num_tasks} instead."
+        )
+    if tasks:
+        config.check_tasks(tasks)
     if num_tasks > 1 and not type(config).multi_task:
         able = sorted(name for name in ZOO_MODELS.names() if ZOO_MODELS.get(name).config_class.multi_task)
         raise ConfigError(

@@ -56,7 +56,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
-    check_num_tasks(config.model, len(tasks or ()))
+    check_num_tasks(config.model, len(tasks or ()) or 1, tasks or ())
     if is_retrieval(config.model):
         check_retrieval_config(context)
     features = data_format(data)
@@ -115,6 +115,7 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
         cardinalities,
         num_tasks=len(tasks or ()) or 1,
         sequence_lengths=features.sequence_lengths(),
+        tasks=tasks or (),
     )
     if is_retrieval(config.model):
         readers = (train_reader, valid_reader, splits)

@@ -66,6 +66,18 @@ def test_a_task_is_named_after_its_column_unless_named_and_the_schema_lists_the_
     assert [task.column for task in data.label_tasks] == ["rating", "rating", "clicked"]
 
 
+def test_the_tasks_of_labels_replace_a_label_that_a_preset_it_is_based_on_sets() -> None:
+    """``movielens_multitask`` is ``movielens_small``, whose ``label`` it inherits, with ``labels``: they are read."""
+    data = schema(label=LabelColumn(column="clicked", threshold=0.5))
+
+    assert [task.name for task in data.tasks or []] == ["rating", "liked", "clicked"]
+    assert [(task.column, task.threshold) for task in data.label_tasks] == [
+        ("rating", None),
+        ("rating", 4.0),
+        ("clicked", None),
+    ]
+
+
 def test_the_one_label_is_one_binary_task_whose_metrics_keep_their_bare_names() -> None:
     data = TabularDataSection(label=LabelColumn(column="click", threshold=0.5))
 
@@ -80,10 +92,6 @@ def test_the_one_label_is_one_binary_task_whose_metrics_keep_their_bare_names() 
         (
             {"labels": [LabelTask(column="a"), LabelTask(column="b", name="a")]},
             r"^Each task of `labels` must have a name of its own, but \['a'\] are named twice\.$",
-        ),
-        (
-            {"label": LabelColumn(column="click")},
-            r"^`dataset.label` and `dataset.labels` must not both be set, but `label` names 'click'",
         ),
         (
             {"dense": [DenseColumns(columns=["rating"])]},

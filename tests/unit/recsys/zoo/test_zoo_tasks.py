@@ -36,7 +36,9 @@ def with_tasks(data: XorData, rows: torch.Tensor) -> CTRBatch:
 
 def test_the_models_of_a_linear_head_say_they_take_several_tasks_and_the_others_do_not() -> None:
     able = sorted(name for name in ZOO_MODELS.registered_by("recsys") if ZOO_MODELS.get(name).config_class.multi_task)
-    assert able == sorted([*MULTI_TASK, "bst", "din"])  # On sequences: tests/unit/recsys/zoo/test_din.py, test_bst.py
+    # On sequences: tests/unit/recsys/zoo/test_din.py, test_bst.py; the models of task towers, which need two tasks or
+    # more: tests/unit/recsys/zoo/test_multitask_models.py.
+    assert able == sorted([*MULTI_TASK, "bst", "din", "esmm", "mmoe", "ple"])
 
 
 @pytest.mark.parametrize("name", MULTI_TASK)
@@ -109,6 +111,6 @@ def test_a_model_of_one_output_refuses_several_tasks_in_one_line(name: str) -> N
 
     assert str(error.value) == (
         f"`dataset.labels` names 2 tasks, so the model must give an output per task (bst, dcn_v2, deepfm, din, dlrm, "
-        f"mlp, wide_deep), but '{name}' gives one."
+        f"esmm, mlp, mmoe, ple, wide_deep), but '{name}' gives one."
     )
     assert build(name, num_tasks=1)(with_tasks(XorData.make(4, seed=0), torch.arange(4))).shape == (4,)

@@ -112,17 +112,27 @@ def test_export_names_the_tasks_and_its_program_returns_each_tasks_score(
         ),
         ("trainer.score_metric=valid/clicked/auc", ["'valid/clicked/auc'", "Did you mean 'valid/liked/auc'?"]),
         ("dataset.labels=[{column: rating}, {column: rating}]", ["['rating'] are named twice"]),
+        (
+            ("model={name: mmoe}", "dataset.labels=[{column: rating, kind: regression}]"),
+            ["The model 'mmoe' learns several tasks at once", "at least 2 tasks", "but have 1 instead"],
+        ),
+        (
+            "model={name: esmm}",
+            ["The model 'esmm' fits pCTR and pCTCVR", "but is 'liked' (binary), 'rating' (regression)"],
+        ),
     ],
 )
 def test_a_wrong_multi_task_config_stops_the_run_in_one_line_with_exit_2(
     run: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    override: str,
+    override: str | tuple[str, ...],
     fragments: list[str],
 ) -> None:
     monkeypatch.chdir(run)
-    code, _, err = run_main(capsys, "train", "multitask.yaml", "-o", "refused", override)
+    code, _, err = run_main(
+        capsys, "train", "multitask.yaml", "-o", "refused", *([override] if isinstance(override, str) else override)
+    )
 
     assert code == 2
     assert_one_line_error(err, *fragments)
@@ -135,3 +145,29 @@ def test_a_regression_tasks_mse_ranks_checkpoints_lower_first(run: Path) -> None
 
     assert yaml.safe_load((run / "by_mse" / "config.yaml").read_text())["config"]["trainer"]["lower_better"] is True
     assert np.isfinite(metric_history(run / "by_mse")["valid"][-1]["rating/mse"])
+
+
+@pytest.mark.parametrize(
+    ("model", "labels"),
+    [
+        ("{name: mmoe, num_experts: 2, expert_dims: [8], tower_dims: []}", None),
+        ("{name: ple, expert_dims: [8], tower_dims: [4]}", None),
+        # A click (rating >= 3) and, within it, a conversion (rating >= 4.5): ESMM's click AND conversion.
+        (
+            "{name: esmm, tower_dims: [8]}",
+            "[{name: click, column: rating, threshold: 3.0}, {name: ctcvr, column: rating, threshold: 4.5}]",
+        ),
+    ],
+)
+def test_the_multi_task_models_train_from_a_config_and_validate_each_task(
+    run: Path, model: str, labels: str | None
+) -> None:
+    name = model.split(",")[0].removeprefix("{name: ")
+    overrides = [f"model={model}", "trainer.max_num_steps=5", "checkpoint.every_n_steps=5"]
+    if labels is not None:
+        overrides += [f"dataset.labels={labels}", "trainer.score_metric=valid/click/auc"]
+    check_ok(run_recipes(run, "train", "multitask.yaml", "-o", name, *overrides))
+
+    last = metric_history(run / name)["valid"][-1]
+    keys = ["click/auc", "ctcvr/auc"] if labels is not None else ["liked/auc", "rating/mse"]
+    assert all(np.isfinite(last[key]) for key in keys), last
