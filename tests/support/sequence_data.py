@@ -68,6 +68,12 @@ NEXT_TABLES = [TableSpec("item", NUM_ITEMS, ("item", "history"), "none")]
 NEXT_FEATURES = ["item", "history"]
 
 
+def empty_batch(features: list[str], num_dense: int) -> CTRBatch:
+    """A batch of no row (a rank's empty last batch) of ``features`` and ``num_dense`` dense features."""
+    sparse = SparseFeatures({name: JaggedIds.from_dense(torch.zeros(0, 1, dtype=torch.int64)) for name in features})
+    return CTRBatch(torch.zeros(0, num_dense), sparse, torch.zeros(0))
+
+
 def successor(items: torch.Tensor) -> torch.Tensor:
     """The item that follows each of ``items`` (a fixed permutation of 1 .. NUM_ITEMS - 1)."""
     return (items * 37 + 11) % (NUM_ITEMS - 1) + 1
@@ -109,17 +115,10 @@ class NextItemData:
 
 
 @dataclass(frozen=True)
-class OrderData:
+class OrderData(MembershipData):
     """``MembershipData``'s columns, but each candidate is one item of the history: its last item (label 1) or
     another (label 0), half the time each, as a user comes back to what they saw last. Every candidate is in the
     history alike; only the order of the history tells the labels apart."""
-
-    user: torch.Tensor
-    item: torch.Tensor
-    history: torch.Tensor
-    offsets: torch.Tensor
-    dense: torch.Tensor
-    labels: torch.Tensor
 
     @classmethod
     def make(cls, num_rows: int, seed: int) -> OrderData:
@@ -132,11 +131,6 @@ class OrderData:
         user = torch.randint(0, NUM_USERS, (num_rows,), generator=generator)
         dense = torch.randn(num_rows, NUM_DENSE, generator=generator)
         return cls(user, walks.history[chosen], walks.history, walks.offsets, dense, labels.float())
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    batch = MembershipData.batch
 
 
 def cluster_rows(num_rows: int, seed: int, num_clusters: int = 10) -> NextItemData:

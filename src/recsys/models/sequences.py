@@ -60,6 +60,10 @@ class SequenceLayout:
         """The sum of each row's ``values`` ``[ids, dim]``: ``[B, dim]``, zeros for a row of no id."""
         return values.new_zeros(self.mask.shape[0], values.shape[-1]).index_add(0, self.rows, values)
 
+    def row_means(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean of each row's ``values`` ``[ids, dim]``: ``[B, dim]``, zeros for a row of no id."""
+        return self.row_sums(values) / self.lengths.clamp_min(1).unsqueeze(1).to(values.dtype)
+
 
 def masked_mean(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The mean of each row's vectors ``[B, L, dim]`` over its ids (``mask`` ``[B, L]``); zeros for a row of none."""

@@ -94,7 +94,7 @@ class BSTConfig(DeepModelConfig):
 @ZOO_MODELS.register("bst", BSTConfig)
 def bst(config: BSTConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
-    dims = dict(zip(inputs.features, inputs.feature_dims(section), strict=True))
+    dims = inputs.dims_by_feature(section)
     candidates = {name: candidate for name, candidate in candidates_of(inputs).items() if candidate is not None}
     if len(inputs.sequence_lengths) != 1 or len(candidates) != 1:
         raise ConfigError(

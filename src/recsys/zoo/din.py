@@ -115,7 +115,7 @@ class DIN(nn.Module):
             layout = SequenceLayout.of(batch.sparse[name].offsets, items.shape[0], max_len)
             candidate = self.candidates[name]
             if candidate is None:
-                parts.append(layout.row_sums(items) / layout.lengths.clamp_min(1).unsqueeze(1).to(items.dtype))
+                parts.append(layout.row_means(items))
             else:
                 parts.append(self.attention[name](items, looked_up[candidate], layout))
         return task_logits(self.mlp(torch.cat(parts, dim=1)))
@@ -152,7 +152,7 @@ def candidates_of(inputs: ModelInputs) -> dict[str, str | None]:
 @ZOO_MODELS.register("din", DINConfig)
 def din(config: DINConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
-    dims = dict(zip(inputs.features, inputs.feature_dims(section), strict=True))
+    dims = inputs.dims_by_feature(section)
     return DIN(
         inputs.vectors(section),
         inputs.features,

@@ -24,7 +24,7 @@ from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, mega
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
 from recsys.models.embeddings import DenseEmbeddingBags
-from recsys.models.sequences import SequenceLayout, masked_mean
+from recsys.models.sequences import SequenceLayout
 from recsys.retrieval.model import RetrievalModel
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
 
@@ -57,12 +57,6 @@ def item_feature_of(config: RetrievalModelConfig, inputs: ModelInputs) -> str:
             f"is '{item}' instead."
         )
     return item
-
-
-def jagged_mean(rows: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
-    """The mean of each row's vectors of a jagged sequence."""
-    layout = SequenceLayout.of(offsets, rows.shape[0], max_len)
-    return masked_mean(layout.pad(rows), layout.mask)
 
 
 class TwoTower(RetrievalModel):
@@ -98,7 +92,9 @@ class TwoTower(RetrievalModel):
         parts = [batch.dense]
         for name in self.query_features:
             if name in self.sequence_lengths:
-                parts.append(jagged_mean(vectors[name], batch.sparse[name].offsets, self.sequence_lengths[name]))
+                rows = vectors[name]
+                layout = SequenceLayout.of(batch.sparse[name].offsets, rows.shape[0], self.sequence_lengths[name])
+                parts.append(layout.row_means(rows))
             else:
                 parts.append(vectors[name])
         queries = normalize(self.query_mlp(torch.cat(parts, dim=1)), dim=-1)
@@ -169,7 +165,7 @@ class TwoTowerConfig(RetrievalModelConfig):
 @ZOO_MODELS.register("two_tower", TwoTowerConfig)
 def two_tower(config: TwoTowerConfig, inputs: ModelInputs) -> nn.Module:
     section = config.embeddings
-    dims = dict(zip(inputs.features, inputs.feature_dims(section), strict=True))
+    dims = inputs.dims_by_feature(section)
     return TwoTower(
         inputs.vectors(section),
         inputs.features,

@@ -171,6 +171,10 @@ class ModelInputs:
         """The features' vectors: one table per ``TableSpec``, of its own dim."""
         return build_embeddings(section, self.tables, self.gang, self.seed)
 
+    def dims_by_feature(self, section: EmbeddingSection) -> dict[str, int]:
+        """Each feature's vector width, by feature."""
+        return dict(zip(self.features, self.feature_dims(section), strict=True))
+
     def feature_dims(self, section: EmbeddingSection) -> list[int]:
         """The width of each feature's vector, in ``features``' order."""
         dims = {feature: section.dim if t.dim is None else t.dim for t in self.tables for feature in t.features}

@@ -21,7 +21,15 @@ from recsys.retrieval.model import RetrievalModel
 from recsys.retrieval.units import ItemCorpus, RetrievalEvalUnit, RetrievalTrainUnit
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.retrieval_models import SASRec
-from support.sequence_data import MAX_LEN, NEXT_FEATURES, NEXT_TABLES, NUM_ITEMS, NextItemData, cluster_rows
+from support.sequence_data import (
+    MAX_LEN,
+    NEXT_FEATURES,
+    NEXT_TABLES,
+    NUM_ITEMS,
+    NextItemData,
+    cluster_rows,
+    empty_batch,
+)
 from support.zoo_data import optimizer
 from units import MetricBag
 
@@ -155,11 +163,7 @@ def test_a_retrieval_model_trains_every_parameter_and_table(name: str, backend: 
 def test_a_retrieval_model_ranks_a_batch_of_zero_rows(name: str) -> None:
     model = build(name)
     model.eval()
-    empty = CTRBatch(
-        torch.zeros(0, 0),
-        SparseFeatures({f: JaggedIds.from_dense(torch.zeros(0, 1, dtype=torch.int64)) for f in NEXT_FEATURES}),
-        torch.zeros(0),
-    )
+    empty = empty_batch(NEXT_FEATURES, 0)
     bag = MetricBag(FakeGang())
     unit = RetrievalEvalUnit(model, bag, CPU, corpus_of(NextItemData.make(8, seed=0)), top_k=[10])
     with torch.no_grad():

@@ -9,13 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from embedding import JaggedIds, SparseFeatures
 from gang import FakeGang
 from recipes import ConfigError
-from recsys.click.batch import CTRBatch
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.bst import BST
-from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, OrderData
+from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, OrderData, empty_batch
 from support.zoo_data import optimizer, train_and_score
 
 
@@ -59,11 +57,7 @@ def test_bst_trains_every_parameter_and_table(backend: str) -> None:
 
 def test_bst_scores_a_batch_of_zero_rows() -> None:
     model = build()
-    empty = CTRBatch(
-        torch.zeros(0, NUM_DENSE),
-        SparseFeatures({name: JaggedIds.from_dense(torch.zeros(0, 1, dtype=torch.int64)) for name in FEATURES}),
-        torch.zeros(0),
-    )
+    empty = empty_batch(FEATURES, NUM_DENSE)
     for train in (True, False):
         model.train(train)
         assert model(empty).shape == (0,)

@@ -17,7 +17,7 @@ from recsys.models.embeddings import TableSpec
 from recsys.models.sequences import SequenceLayout, masked_mean
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.din import DIN
-from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, MembershipData
+from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, MembershipData, empty_batch
 from support.zoo_data import optimizer, train_and_score
 
 
@@ -130,11 +130,7 @@ def test_din_gives_an_output_per_task_from_its_last_layer() -> None:
 
 def test_din_scores_a_batch_of_zero_rows() -> None:
     model = build()
-    empty = CTRBatch(
-        torch.zeros(0, NUM_DENSE),
-        SparseFeatures({name: JaggedIds.from_dense(torch.zeros(0, 1, dtype=torch.int64)) for name in FEATURES}),
-        torch.zeros(0),
-    )
+    empty = empty_batch(FEATURES, NUM_DENSE)
     for train in (True, False):
         model.train(train)
         assert model(empty).shape == (0,)
