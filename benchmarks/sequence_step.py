@@ -1,36 +1,36 @@
-"""DIN training steps through our stack against the same model in plain torch, in one run, taking turns.
+"""DIN's and SASRec's training steps through our stack against the same models in plain torch, in one run, taking
+turns.
 
-The batch is shaped like a real click log's (batch 2048, dim 32): a candidate item and the user's latest items (at
-most 50), both Zipf(1.1) over a catalogue of 1,000,000 items, one table for both; most users have a full history of
-50, a quarter fewer (0 to 49, uniform); a user id over 1,000,000 rows, three small categorical features (1,000, 24
-and 8 values) and two dense features; labels of a coin. Several such batches are made once and every method steps
-through the same ones in turn.
+The batches are shaped like a real click log's (batch 2048, dim 32): a candidate item and the user's latest items
+(at most 50), both Zipf(1.1) over a catalogue of 1,000,000 items, one table for both; most users have a full history
+of 50, a quarter fewer (0 to 49, uniform); for DIN also a user id over 1,000,000 rows, three small categorical
+features (1,000, 24 and 8 values) and two dense features, labels of a coin; for SASRec the candidate is the item
+rated next (every row a positive). Several such batches are made once and every method steps through the same ones
+in turn.
 
-- ``ours``: the ``din`` zoo model as ``build_zoo_model`` builds it over the sparse sharded tables (the item table
-  ``pooling: none``, looked up by the candidate and the sequence), fed a ``CTRBatch`` whose sequence is jagged
-  (``JaggedIds``: ids and row offsets, no padding); the tables stepped by the fused row-wise Adagrad
-  (``SparseOptimizer``), the dense layers by ``torch.optim.Adam``.
-- ``torch ...``: the same model written in plain torch as its user would: ``nn.Embedding`` tables, the sequence
-  padded to ``[B, 50]`` ids with a mask (made when the batch is made, as a padded data set gives them), the same
-  activation unit (the MLP over ``[item, candidate, item - candidate, item * candidate]`` at every position, the
-  scaled softmax over the mask) and the same deep MLP with dropout. Its tables trained by
-  ``nn.Embedding(sparse=True)`` with ``torch.optim.SparseAdam`` or with ``torch.optim.Adagrad`` (sparse gradients,
-  the closest to ours; the faster of the two here), or, with ``--baselines Adam``, dense tables under
-  ``torch.optim.Adam`` (about half Adagrad's samples/s: every step updates all 2 million rows); the dense layers
-  always by Adam.
+- ``ours``: the ``din`` or ``sasrec`` zoo model as ``build_zoo_model`` builds it over the sparse sharded tables (the
+  item table ``pooling: none``, looked up by the candidate and the sequence), fed a ``CTRBatch`` whose sequence is
+  jagged (``JaggedIds``: ids and row offsets, no padding); the tables stepped by the fused row-wise Adagrad
+  (``SparseOptimizer``), the dense layers by ``torch.optim.Adam``. DIN's loss is binary cross-entropy, SASRec's the
+  retrieval recipe's own train unit (``RetrievalTrainUnit``: in-batch softmax with ``log q`` correction).
+- ``torch ...``: the same model written in plain torch as its user would (``benchmarks/sequence_step_torch.py``:
+  ``nn.Embedding`` tables, the sequence padded to ``[B, 50]`` ids with a mask made when the batch is made, the same
+  layers and the same loss). Its tables trained by ``nn.Embedding(sparse=True)`` with ``torch.optim.SparseAdam`` or
+  with ``torch.optim.Adagrad`` (sparse gradients, the closest to ours), or, with ``--baselines Adam``, dense tables
+  under ``torch.optim.Adam`` (every step updates every row); the dense layers always by Adam.
 
-A step: forward, binary cross-entropy (mean), backward, the optimizers' ``step`` and ``zero_grad``. In every round
-each method runs ``--steps`` steps, in a new (seeded) order each round, so that the machine's load weighs on all
-alike; a round's samples/s is its steps' rows over their time. ``ratio_vs_torch`` is ours over the fastest torch
-method, taken per round, its median over the rounds (the first ``--warmup`` steps of each method are not timed).
+A step: forward, the loss (mean), backward, the optimizers' ``step`` and ``zero_grad``. In every round each method
+runs ``--steps`` steps, in a new (seeded) order each round, so that the machine's load weighs on all alike; a
+round's samples/s is its steps' rows over their time. ``ratio_vs_torch`` is ours over the fastest torch method,
+taken per round, its median over the rounds (the first ``--warmup`` steps of each method are not timed).
 
-    python benchmarks/sequence_step.py [--rounds 15] [--steps 1] [--warmup 2] [--threads N] [--device cpu|cuda]
-        [--baselines SparseAdam Adagrad Adam]
+    python benchmarks/sequence_step.py [--models din sasrec] [--rounds 15] [--steps 1] [--warmup 2] [--threads N]
+        [--device cpu|cuda] [--baselines SparseAdam Adagrad Adam]
 
 Without ``--threads``, torch and numba take the threads a training run would (``recipes.runtime.threads``: the
 cores other work leaves free at start-up): on the 2-core machine beside another developer's tests, two threads
-ran every method 3-5x slower than one, each parallel region waiting for the other work's time slice. The last
-line reads ``ours=S torch=T (<fastest torch method>) ratio_vs_torch=R``.
+ran every method 3-5x slower than one, each parallel region waiting for the other work's time slice. A model's
+last line reads ``<model>: ours=S torch=T (<fastest torch method>) ratio_vs_torch=R``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".numba_cache"))
 
@@ -59,23 +60,40 @@ from recipes.runtime.threads import use_threads
 from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
+from recsys.retrieval.units import ItemCorpus, RetrievalTrainUnit
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
+from sequence_step_torch import (  # benchmarks/sequence_step_torch.py: the batch's shape, the plain-torch models
+    ATTENTION_DIMS,
+    BATCH,
+    DIM,
+    DROPOUT,
+    HIDDEN_DIMS,
+    MAX_LEN,
+    NUM_BLOCKS,
+    NUM_DENSE,
+    NUM_HEADS,
+    NUM_ITEMS,
+    NUM_USERS,
+    SASREC_DROPOUT,
+    SMALL,
+    TEMPERATURE,
+    PaddedBatch,
+    TorchDIN,
+    TorchSASRec,
+)
+from units import MetricBag
 
-BATCH, MAX_LEN, DIM = 2048, 50, 32
-NUM_ITEMS, NUM_USERS = 1_000_000, 1_000_000
-SMALL = {"category": 1000, "hour": 24, "device": 8}
-NUM_DENSE = 2
 FULL_HISTORY = 0.75
 """The share of users whose history has the most ids a row keeps; the others have 0 to ``MAX_LEN - 1``."""
 ZIPF = 1.1
-ATTENTION_DIMS, HIDDEN_DIMS, DROPOUT = [80, 40], [200, 80], 0.2
-"""The zoo's ``din`` defaults (the paper's), which the torch model copies."""
-TABLES = [
+DIN_TABLES = [
     TableSpec("user", NUM_USERS, ("user",)),
     TableSpec("item", NUM_ITEMS, ("item", "history"), "none"),
     *(TableSpec(name, rows, (name,)) for name, rows in SMALL.items()),
 ]
-FEATURES = ["user", "item", "history", *SMALL]
+DIN_FEATURES = ["user", "item", "history", *SMALL]
+SASREC_TABLES = [TableSpec("item", NUM_ITEMS, ("item", "history"), "none")]
+SASREC_FEATURES = ["item", "history"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,11 @@ class Rows:
         labels = rng.integers(0, 2, BATCH).astype(np.float32)
         return cls(single, items(int(lengths.sum())), lengths, dense, labels)
 
+    def next_item(self) -> Rows:
+        """The rows as SASRec's: the history and the item that comes next (every row a positive), nothing else."""
+        ones = np.ones(BATCH, dtype=np.float32)
+        return Rows({"item": self.single["item"]}, self.history, self.lengths, self.dense[:, :0], ones)
+
     def jagged(self, device: torch.device) -> CTRBatch:
         """As our readers give it: every feature's ids with row offsets, the sequence unpadded."""
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(self.lengths)]))
@@ -115,67 +138,21 @@ class Rows:
         history = np.zeros((BATCH, MAX_LEN), dtype=np.int64)
         history[mask] = self.history + 1
         single = {name: torch.from_numpy(ids).to(device) for name, ids in self.single.items()}
-        return PaddedBatch(
-            single,
-            torch.from_numpy(history).to(device),
-            torch.from_numpy(mask).to(device),
-            torch.from_numpy(self.dense).to(device),
-            torch.from_numpy(self.labels).to(device),
-        )
+        arrays = (history, mask, self.lengths, self.dense, self.labels)
+        return PaddedBatch(single, *(torch.from_numpy(array).to(device) for array in arrays))
 
 
-@dataclass(frozen=True)
-class PaddedBatch:
-    single: dict[str, torch.Tensor]
-    history: torch.Tensor
-    mask: torch.Tensor
-    dense: torch.Tensor
-    labels: torch.Tensor
-
-
-def mlp(in_dim: int, hidden_dims: list[int], activation: Callable[[], nn.Module], dropout: float) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for hidden in hidden_dims:
-        layers += [nn.Linear(in_dim, hidden), activation()] + ([nn.Dropout(dropout)] if dropout else [])
-        in_dim = hidden
-    return nn.Sequential(*layers, nn.Linear(in_dim, 1))
-
-
-class TorchDIN(nn.Module):
-    """DIN as a plain-torch user writes it, over padded sequences (item row 0 is the padding, ``padding_idx``: the
-    padded positions add no row to the sparse gradient)."""
-
-    def __init__(self, sparse: bool) -> None:
-        super().__init__()
-        rows = {"user": NUM_USERS, "item": NUM_ITEMS + 1, **SMALL}
-        self.tables = nn.ModuleDict(
-            {
-                name: nn.Embedding(num, DIM, sparse=sparse, padding_idx=0 if name == "item" else None)
-                for name, num in rows.items()
-            }
-        )
-        for table in self.tables.values():
-            nn.init.uniform_(table.weight, -0.05, 0.05)  # The padding row too, which attention masks.
-        self.attention = mlp(4 * DIM, ATTENTION_DIMS, nn.Sigmoid, 0.0)
-        self.mlp = mlp(NUM_DENSE + DIM * (len(rows) + 1), HIDDEN_DIMS, nn.ReLU, DROPOUT)
-
-    def forward(self, batch: PaddedBatch) -> torch.Tensor:
-        vectors = {name: self.tables[name](ids) for name, ids in batch.single.items() if name != "item"}
-        candidate = self.tables["item"](batch.single["item"] + 1)
-        items = self.tables["item"](batch.history)
-        expanded = candidate.unsqueeze(1).expand_as(items)
-        units = torch.cat([items, expanded, items - expanded, items * expanded], dim=-1)
-        scores = (self.attention(units).squeeze(-1) / DIM**0.5).masked_fill(~batch.mask, float("-inf"))
-        weights = torch.softmax(scores, dim=1).nan_to_num(0.0)
-        interest = torch.einsum("bl,bld->bd", weights, items)
-        parts = [batch.dense, vectors["user"], candidate, interest, *(vectors[name] for name in SMALL)]
-        return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+def item_shares(rows: list[Rows]) -> tuple[np.ndarray, np.ndarray]:
+    """Every candidate item of the batches (sorted, unique) and its share of their rows."""
+    ids, counts = np.unique(np.concatenate([r.single["item"] for r in rows]), return_counts=True)
+    return ids, counts / counts.sum()
 
 
 Step = Callable[[], None]
+Loss = Callable[[Any], torch.Tensor]
 
 
-def ours(rows: list[Rows], device: torch.device) -> Step:
+def ours_din(rows: list[Rows], device: torch.device) -> Step:
     config = ZOO_MODELS.get("din").config_class(
         name="din",
         embeddings=ZooEmbeddingSection(dim=DIM),
@@ -184,19 +161,58 @@ def ours(rows: list[Rows], device: torch.device) -> Step:
         dropout=DROPOUT,
     )
     model = build_zoo_model(
-        config, TABLES, FEATURES, NUM_DENSE, FakeGang(device), 0, sequence_lengths={"history": MAX_LEN}
+        config, DIN_TABLES, DIN_FEATURES, NUM_DENSE, FakeGang(device), 0, sequence_lengths={"history": MAX_LEN}
     )
-    optimizer = CombinedOptimizer(
-        torch.optim.Adam(model.parameters(), lr=1e-3), SparseOptimizer(list(find_sparse_tables(model).values()))
-    )
-    return training_step(model, optimizer, [r.jagged(device) for r in rows])
+
+    def loss(batch: CTRBatch) -> torch.Tensor:
+        return nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
+
+    return training_step(model, loss, ours_optimizer(model), [r.jagged(device) for r in rows])
 
 
-def torch_baseline(table_optimizer: str) -> Callable[[list[Rows], torch.device], Step]:
+def ours_sasrec(rows: list[Rows], device: torch.device) -> Step:
+    config = ZOO_MODELS.get("sasrec").config_class(
+        name="sasrec",
+        embeddings=ZooEmbeddingSection(dim=DIM),
+        item_feature="item",
+        num_blocks=NUM_BLOCKS,
+        num_heads=NUM_HEADS,
+        dropout=SASREC_DROPOUT,
+        temperature=TEMPERATURE,
+    )
+    gang = FakeGang(device)
+    model = build_zoo_model(config, SASREC_TABLES, SASREC_FEATURES, 0, gang, 0, sequence_lengths={"history": MAX_LEN})
+    ids, shares = item_shares(rows)
+    corpus = ItemCorpus(torch.from_numpy(ids).to(device), torch.from_numpy(shares).to(device))
+    unit = RetrievalTrainUnit(model, MetricBag(gang), device, corpus)
+
+    def loss(batch: CTRBatch) -> torch.Tensor:
+        return unit(batch).mean()
+
+    return training_step(model, loss, ours_optimizer(model), [r.jagged(device) for r in rows])
+
+
+def ours_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """The dense layers under Adam, the sparse tables under the fused row-wise Adagrad, as a training run's."""
+    sparse = SparseOptimizer(list(find_sparse_tables(model).values()))
+    return CombinedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), sparse)
+
+
+def torch_model(name: str, sparse: bool, rows: list[Rows]) -> TorchDIN | TorchSASRec:
+    if name == "din":
+        return TorchDIN(sparse)
+    ids, shares = item_shares(rows)
+    log_shares = torch.full((NUM_ITEMS,), float(np.log(shares.min())))
+    log_shares[torch.from_numpy(ids)] = torch.from_numpy(np.log(shares)).float()
+    return TorchSASRec(sparse, log_shares)
+
+
+def torch_baseline(name: str, table_optimizer: str) -> Callable[[list[Rows], torch.device], Step]:
     def build(rows: list[Rows], device: torch.device) -> Step:
-        model = TorchDIN(sparse=table_optimizer != "Adam").to(device)
-        tables = list(model.tables.parameters())
-        dense = [p for name, p in model.named_parameters() if not name.startswith("tables.")]
+        model = torch_model(name, table_optimizer != "Adam", rows).to(device)
+        tables = [p for module in model.modules() if isinstance(module, nn.Embedding) for p in module.parameters()]
+        tables = [p for p in tables if p.shape[0] > MAX_LEN]  # Not SASRec's positions, a dense layer's.
+        dense = [p for p in model.parameters() if all(p is not table for table in tables)]
         if table_optimizer == "Adam":
             optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
@@ -206,7 +222,7 @@ def torch_baseline(table_optimizer: str) -> Callable[[list[Rows], torch.device],
                 else torch.optim.Adagrad(tables, lr=0.05)
             )
             optimizer = Both(torch.optim.Adam(dense, lr=1e-3), sparse)
-        return training_step(model, optimizer, [r.padded(device) for r in rows])
+        return training_step(model, model.loss, optimizer, [r.padded(device) for r in rows])
 
     return build
 
@@ -226,22 +242,20 @@ class Both(torch.optim.Optimizer):
             optimizer.zero_grad(set_to_none)
 
 
-def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> Step:  # type: ignore[type-arg]
+def training_step(model: nn.Module, loss: Loss, optimizer: torch.optim.Optimizer, batches: list[Any]) -> Step:
     """One step a call, on the next of ``batches`` in turn."""
     model.train()
     turn = iter(range(sys.maxsize))
 
     def step() -> None:
-        batch = batches[next(turn) % len(batches)]
-        loss = nn.functional.binary_cross_entropy_with_logits(model(batch), batch.labels)
-        loss.backward()
+        loss(batches[next(turn) % len(batches)]).backward()
         optimizer.step()
         optimizer.zero_grad()
 
     return step
 
 
-OURS = "ours (din, row-wise Adagrad)"
+OURS = {"din": ours_din, "sasrec": ours_sasrec}
 BASELINES = {
     "SparseAdam": "torch Embedding(sparse) + SparseAdam",
     "Adagrad": "torch Embedding(sparse) + Adagrad",
@@ -275,6 +289,7 @@ def synchronize(device: torch.device) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(OURS), default=list(OURS))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=1, help="steps of each method in a round")
     parser.add_argument("--warmup", type=int, default=2)
@@ -288,7 +303,7 @@ def main() -> None:
         nargs="+",
         choices=list(BASELINES),
         default=["SparseAdam", "Adagrad"],
-        help="how the torch model trains its tables (Adam: dense tables, at about half Adagrad's samples/s)",
+        help="how the torch models train their tables (Adam: dense tables, every row updated at every step)",
     )
     args = parser.parse_args()
     threads_line = use_threads(args.threads)  # as training chooses them
@@ -307,23 +322,31 @@ def main() -> None:
         f"Zipf({ZIPF}) over {NUM_ITEMS:,}; {args.rounds} rounds of {args.steps} steps per method after "
         f"{args.warmup} warm-up, device {device}"
     )
+    print(f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} ({numba.threading_layer()})")
+    for model in args.models:
+        model_rows = rows if model == "din" else [r.next_item() for r in rows]
+        compare(model, model_rows, args, device)
+
+
+def compare(model: str, rows: list[Rows], args: argparse.Namespace, device: torch.device) -> None:
+    """Time ``model``'s steps, ours and the baselines', and print the table and the ratio."""
     torch.manual_seed(0)
-    steps = {OURS: ours(rows, device)}
-    steps |= {BASELINES[name]: torch_baseline(name)(rows, device) for name in args.baselines}
-    print(f"threads: torch {torch.get_num_threads()}, numba {numba.get_num_threads()} ({numba.threading_layer()})\n")
+    ours = f"ours ({model}, row-wise Adagrad)"
+    steps = {ours: OURS[model](rows, device)}
+    steps |= {BASELINES[name]: torch_baseline(model, name)(rows, device) for name in args.baselines}
     rates = rates_by_round(steps, args, device)
 
-    print("| method | median samples/s | IQR |")
+    print(f"\n{model}:\n\n| method | median samples/s | IQR |")
     print("| --- | ---: | ---: |")
     for name, method_rates in rates.items():
         low, _, high = statistics.quantiles(method_rates, n=4) if len(method_rates) > 1 else method_rates * 3
         print(f"| {name} | {statistics.median(method_rates):,.0f} | {low:,.0f}-{high:,.0f} |")
     fastest = max((name for name in rates if name.startswith("torch")), key=lambda name: statistics.median(rates[name]))
-    ratios = [ours_rate / torch_rate for ours_rate, torch_rate in zip(rates[OURS], rates[fastest], strict=True)]
+    ratios = [ours_rate / torch_rate for ours_rate, torch_rate in zip(rates[ours], rates[fastest], strict=True)]
     print(f"\nper-round ratios, ours / {fastest}: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(
-        f"ours={statistics.median(rates[OURS]):.0f} torch={statistics.median(rates[fastest]):.0f} ({fastest}) "
-        f"ratio_vs_torch={statistics.median(ratios):.2f}"
+        f"{model}: ours={statistics.median(rates[ours]):.0f} torch={statistics.median(rates[fastest]):.0f} "
+        f"({fastest}) ratio_vs_torch={statistics.median(ratios):.2f}"
     )
 
 

@@ -224,14 +224,33 @@ class SASRec(RetrievalModel):
         rows, offsets = vectors[self.sequence], batch.sparse[self.sequence].offsets
         layout = SequenceLayout.of(offsets, rows.shape[0], self.max_len)
         items = layout.pad(rows * rows.shape[-1] ** 0.5 + self.positions(layout.recency()))
-        # torch's attention cannot reshape a batch of no row (a rank's empty last batch): there is nothing to attend.
-        hidden = self.blocks(self.dropout(items), mask=self.causal_mask, is_causal=True) if len(items) else items
         last = (layout.lengths - 1).clamp(min=0)
-        queries = self.norm(hidden[torch.arange(len(last), device=last.device), last])
-        return queries, vectors[self.item_feature]
+        if not len(items):  # torch's attention cannot reshape a batch of no row (a rank's empty last batch).
+            return self.norm(items[:, 0]), vectors[self.item_feature]
+        hidden = self.dropout(items)
+        *early, final = self.blocks.layers
+        for block in early:
+            hidden = block(hidden, src_mask=self.causal_mask, is_causal=True)
+        return self.norm(_output_at(final, hidden, last)), vectors[self.item_feature]
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
         return self.item_rows(ids)
+
+
+def _output_at(block: nn.TransformerEncoderLayer, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """A causal pre-norm block's output at each row's position ``last`` alone, ``[B, dim]``: what the full block
+    gives there (that position attends to the ones up to it), without the attention and the feed-forward layers of
+    every other position, which no query reads: of the last block, only the keys and values remain per position."""
+    rows = torch.arange(len(last), device=last.device)
+    normed = block.norm1(hidden)
+    later = torch.arange(hidden.shape[1], device=last.device).unsqueeze(0) > last.unsqueeze(1)
+    attended = block.self_attn(
+        normed[rows, last].unsqueeze(1), normed, normed, key_padding_mask=later, need_weights=False
+    )[0]
+    output: torch.Tensor = hidden[rows, last] + block.dropout1(attended.squeeze(1))
+    feed_forward = block.linear2(block.dropout(block.activation(block.linear1(block.norm2(output)))))
+    query: torch.Tensor = output + block.dropout2(feed_forward)
+    return query
 
 
 @dataclass
