@@ -25,6 +25,7 @@ from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
 from recsys.models.embeddings import DenseEmbeddingBags
 from recsys.models.sequences import SequenceLayout
+from recsys.models.transformer import block_output_at, causal_block, dropout
 from recsys.retrieval.model import RetrievalModel
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
 
@@ -203,12 +204,11 @@ class SASRec(RetrievalModel):
         self.sequence = sequence
         self.max_len = max_len
         self.positions = nn.Embedding(max_len, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout_p = dropout
+        # torch's layers hold the parameters; recsys.models.transformer runs them (the same outputs, faster).
         block = nn.TransformerEncoderLayer(dim, num_heads, dim, dropout, batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(block, num_blocks, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
-        causal = torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1)
-        self.register_buffer("causal_mask", causal, persistent=False)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -227,30 +227,14 @@ class SASRec(RetrievalModel):
         last = (layout.lengths - 1).clamp(min=0)
         if not len(items):  # torch's attention cannot reshape a batch of no row (a rank's empty last batch).
             return self.norm(items[:, 0]), vectors[self.item_feature]
-        hidden = self.dropout(items)
+        hidden = dropout(items, self.dropout_p, self.training)
         *early, final = self.blocks.layers
         for block in early:
-            hidden = block(hidden, src_mask=self.causal_mask, is_causal=True)
-        return self.norm(_output_at(final, hidden, last)), vectors[self.item_feature]
+            hidden = causal_block(block, hidden)
+        return self.norm(block_output_at(final, hidden, last)), vectors[self.item_feature]
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
         return self.item_rows(ids)
-
-
-def _output_at(block: nn.TransformerEncoderLayer, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """A causal pre-norm block's output at each row's position ``last`` alone, ``[B, dim]``: what the full block
-    gives there (that position attends to the ones up to it), without the attention and the feed-forward layers of
-    every other position, which no query reads: of the last block, only the keys and values remain per position."""
-    rows = torch.arange(len(last), device=last.device)
-    normed = block.norm1(hidden)
-    later = torch.arange(hidden.shape[1], device=last.device).unsqueeze(0) > last.unsqueeze(1)
-    attended = block.self_attn(
-        normed[rows, last].unsqueeze(1), normed, normed, key_padding_mask=later, need_weights=False
-    )[0]
-    output: torch.Tensor = hidden[rows, last] + block.dropout1(attended.squeeze(1))
-    feed_forward = block.linear2(block.dropout(block.activation(block.linear1(block.norm2(output)))))
-    query: torch.Tensor = output + block.dropout2(feed_forward)
-    return query
 
 
 @dataclass
