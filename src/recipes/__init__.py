@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from recipes.config.sections import RecipeConfig, Seed
     from recipes.errors import UserError
     from recipes.runtime.threads import parse_threads
-    from recipes.serving.servable import DenseForServing, ItemVectors, PooledInput, ServableModel
+    from recipes.serving.servable import DenseForServing, ItemVectors, PooledInput, SequenceInput, ServableModel
     from recipes.training.batch_size import GlobalBatchSize
     from recipes.training.data_reader import DataError, DataReader
     from recipes.training.parallel import TensorParallelModel, megatron_mlp_plan
@@ -45,6 +45,7 @@ _EXPORTS = {
     "DenseForServing": "recipes.serving.servable",
     "ItemVectors": "recipes.serving.servable",
     "PooledInput": "recipes.serving.servable",
+    "SequenceInput": "recipes.serving.servable",
     "ServableModel": "recipes.serving.servable",
     "TensorParallelModel": "recipes.training.parallel",
     "megatron_mlp_plan": "recipes.training.parallel",
@@ -81,6 +82,7 @@ __all__ = [
     "RecipeContext",
     "RecipeParts",
     "Seed",
+    "SequenceInput",
     "ServableModel",
     "TensorParallelModel",
     "UserError",

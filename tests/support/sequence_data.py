@@ -4,10 +4,14 @@ of the user's sequence predicts (``MembershipData``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import fsspec
 import torch
 
 from embedding import JaggedIds, SparseFeatures
+from recipes import DenseForServing
+from recipes.cli.export import _write_program
 from recsys.click.batch import CTRBatch
 from recsys.models.embeddings import TableSpec
 
@@ -145,3 +149,21 @@ def cluster_rows(num_rows: int, seed: int, num_clusters: int = 10) -> NextItemDa
     targets = torch.stack([items[torch.randint(0, size, (1,), generator=generator)][0] for items in members])
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     return NextItemData(targets, torch.cat(histories), offsets)
+
+
+def padded_rows(table: torch.Tensor, history: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's sequence (``history`` cut by ``offsets``) looked up in ``table``, as serving gives it:
+    ``[B, MAX_LEN, dim]`` with noise after a row's last (which must never be read), and the rows' lengths."""
+    lengths = torch.diff(offsets)
+    padded = torch.randn(len(lengths), MAX_LEN, table.shape[1], generator=torch.Generator().manual_seed(0))
+    for row, length in enumerate(lengths.tolist()):
+        padded[row, :length] = table[history[offsets[row] : offsets[row + 1]]]
+    return padded, lengths
+
+
+def exported(split: DenseForServing, folder: Path) -> torch.nn.Module:
+    """``split``'s program as ``export`` writes it (``torch.export``, a dynamic batch size) and loads back."""
+    program = _write_program(fsspec.filesystem("file"), str(folder), split)
+    assert program == "dense.pt2", "torch.export could not trace the dense part"
+    module: torch.nn.Module = torch.export.load(str(folder / program)).module()
+    return module

@@ -11,10 +11,12 @@ path: ``recipes.cli.export_tables``), so a run of any number of ranks exports in
 
     model.json            format, step, since, num_dense, the pooled inputs in the program's order
                           (feature -> table, dim, pooling), the tables (file, dim, kind, rows); for a
-                          model of several outputs, their names in the order of the scores' columns
+                          model of several outputs, their names in the order of the scores' columns; for a
+                          model that reads sequences in order, those (feature, table, dim, max_len)
     config.json           the run's resolved config: the data schema (its columns, encodings) among it
     dense.pt2             the dense part: ``torch.export.load(...).module()(dense [B, D], [pooled [B, dim]...])``
-                          gives the scores [B], or [B, outputs] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``)
+                          gives the scores [B], or [B, outputs] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``);
+                          with sequences, ``(dense, pooled, [rows [B, max_len, dim]...], [lengths [B]...])``
     tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id
     tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
     tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
@@ -32,7 +34,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -180,10 +182,16 @@ def _dense_for_serving(model: nn.Module) -> DenseForServing:
     return model.dense_for_serving()
 
 
-def _example_inputs(split: DenseForServing, batch_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    device = next((p.device for p in split.module.parameters()), torch.device("cpu"))
-    dense = torch.randn(batch_size, split.num_dense, device=device)
-    return dense, [torch.randn(batch_size, pooled.dim, device=device) for pooled in split.inputs]
+def _example_inputs(split: DenseForServing, batch_size: int) -> tuple[Any, ...]:
+    """Inputs of the program's signature, on the CPU: ``(dense, pooled)``, and ``(sequences, lengths)`` after them
+    for a model that takes sequences (lengths from 0 to ``max_len``, so that no length is special-cased)."""
+    dense = torch.randn(batch_size, split.num_dense)
+    pooled = [torch.randn(batch_size, pooled.dim) for pooled in split.inputs]
+    if not split.sequences:
+        return dense, pooled
+    sequences = [torch.randn(batch_size, sequence.max_len, sequence.dim) for sequence in split.sequences]
+    lengths = [torch.arange(batch_size) % (sequence.max_len + 1) for sequence in split.sequences]
+    return dense, pooled, sequences, lengths
 
 
 def _write_program(fs: Any, folder: str, split: DenseForServing) -> str:
@@ -192,12 +200,12 @@ def _write_program(fs: Any, folder: str, split: DenseForServing) -> str:
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     module.to("cpu")
     try:
-        dense, pooled = _example_inputs(split, 4)
+        inputs = _example_inputs(split, 4)
         batch = torch.export.Dim("batch", min=1)
-        shapes = ({0: batch}, [{0: batch} for _ in pooled])
+        shapes = ({0: batch}, *([{0: batch} for _ in group] for group in inputs[1:]))
         try:
             with torch.no_grad():
-                program = torch.export.export(module, (dense, pooled), dynamic_shapes=shapes, strict=False)
+                program = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
         except Exception:
             graph = torch.fx.symbolic_trace(module)
             with fs.open(f"{folder}/dense_fx.pt", "wb") as file:
@@ -213,7 +221,7 @@ def _write_program(fs: Any, folder: str, split: DenseForServing) -> str:
 def _table_files(tables: dict[tuple[str, str], TableRows], split: DenseForServing) -> dict[str, tuple[str, str]]:
     """Each exported table's file name -> its key; every table the dense part's inputs look up must be there."""
     by_file = {name: key for key, name in file_names(tables).items()}
-    for pooled in split.inputs:
+    for pooled in split.lookups():
         if pooled.table not in by_file:
             raise UserError(
                 f"Table '{pooled.table}' (feature '{pooled.feature}') must be a sparse table of the checkpoint to be "
@@ -284,7 +292,7 @@ def _write_values(
     """``tables/<name>.values.parquet`` for each table that features with texts look up: ``(id, feature, value)``,
     sorted by id; the file of each such table, and the distinct ids it names."""
     by_table: dict[str, list[pa.Table]] = {}
-    for pooled in split.inputs:
+    for pooled in split.lookups():
         if pooled.feature in texts:
             table = texts[pooled.feature].select(["id", "value"])
             feature = pa.array([pooled.feature] * table.num_rows, pa.string())
@@ -333,6 +341,7 @@ def _model_json(
         "program": program,
         "num_dense": split.num_dense,
         "inputs": [{"feature": p.feature, "table": p.table, "dim": p.dim, "pooling": p.pooling} for p in split.inputs],
+        **({"sequences": [asdict(sequence) for sequence in split.sequences]} if split.sequences else {}),
         **({"outputs": list(split.outputs)} if split.outputs else {}),
         "tables": {
             name: {

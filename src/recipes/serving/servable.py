@@ -6,7 +6,8 @@ and hands the pooled vectors and the dense features to a program. The framework 
 cut by itself (a model may pool a feature in two tables, as a factorization machine's weights and
 vectors do, or mix the dense features in anywhere), so a model that can be served says where it is
 by ``dense_for_serving``, as TorchRec's inference models keep their sparse arch apart from their
-dense one.
+dense one. A model that reads a behaviour sequence in order (a transformer over the latest items) takes that
+feature's rows unpooled instead: the serving system pads them, oldest first, and passes each row's length.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ class PooledInput:
 
 
 @dataclass(frozen=True)
+class SequenceInput:
+    """One sequence the dense part takes unpooled: ``feature``'s ids looked up in ``table``, a row's rows in order
+    (the oldest first, as the reader keeps them), ``[B, max_len, dim]`` with zeros after a row's last, and the
+    row's number of ids ``[B]`` (int64, at most ``max_len``: a longer sequence keeps its latest ``max_len``)."""
+
+    table: str
+    feature: str
+    dim: int
+    max_len: int
+
+
+@dataclass(frozen=True)
 class ItemVectors:
     """A retrieval model's item tower: ``tower`` maps the rows of ``table`` (the ids of ``feature``, the items) to
     the vectors that the query vectors are scored against, ``[N, dim]``. ``export`` writes every item's vector
@@ -54,6 +67,9 @@ class DenseForServing:
     model of several outputs (tasks), ``[B, len(outputs)]``, column ``k`` the score named ``outputs[k]``; or, for a
     retrieval model (``items``), each row's query vector ``[B, items.dim]``, whose dot product with an item's
     vector, over ``temperature``, is the logit of that item.
+
+    With ``sequences``, the module takes two lists more: ``forward(dense, pooled, sequences, lengths)``, each
+    sequence's padded rows ``[B, max_len, dim]`` and its lengths ``[B]``, in the order of ``sequences``.
     """
 
     module: nn.Module
@@ -62,6 +78,11 @@ class DenseForServing:
     outputs: tuple[str, ...] = ()
     items: ItemVectors | None = None
     temperature: float = 1.0
+    sequences: tuple[SequenceInput, ...] = ()
+
+    def lookups(self) -> tuple[PooledInput | SequenceInput, ...]:
+        """Every input a serving system looks up in a table: the pooled ones, then the sequences."""
+        return (*self.inputs, *self.sequences)
 
 
 @runtime_checkable

@@ -33,7 +33,49 @@ Pooled = Mapping[str, Mapping[str, torch.Tensor]]
 """A batch's pooled vectors ``[B, dim]`` by the role of the embedding module that pooled them, then by feature."""
 
 
-class PooledModel(nn.Module):
+class TaskModel(nn.Module):
+    """A click model of one logit a task, which serves each task's score."""
+
+    tasks: tuple[Task, ...] = ()
+    """The tasks of the outputs ``[B, T]``, for serving (a regression task's output is its prediction, a binary
+    one's goes through a sigmoid); set by the recipe that knows them (``click_prediction_parts``). Empty: one click
+    logit ``[B]``."""
+
+    def served_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores ``predict`` writes from the model's logits ``[B]`` or ``[B, T]``: a probability a binary
+        task, a regression task's prediction as it is."""
+        binary = [task.binary for task in self.tasks] or [True]
+        logits = logits.float()
+        if logits.dim() == 1:
+            return torch.sigmoid(logits) if binary[0] else logits
+        columns = [torch.sigmoid(logits[:, t]) if is_binary else logits[:, t] for t, is_binary in enumerate(binary)]
+        return torch.stack(columns, dim=1)
+
+    def served_outputs(self) -> tuple[str, ...]:
+        """The names of the served scores' columns, with several tasks."""
+        return tuple(task.name for task in self.tasks) if len(self.tasks) > 1 else ()
+
+
+class ServedSequenceModel(nn.Module):
+    """The served scores of a task model that takes sequences: its ``served_logits(dense, pooled, sequences,
+    lengths)`` (the inputs its ``DenseForServing`` lists) through ``served_scores``. What ``torch.export`` traces."""
+
+    def __init__(self, model: TaskModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        pooled: list[torch.Tensor],
+        sequences: list[torch.Tensor],
+        lengths: list[torch.Tensor],
+    ) -> torch.Tensor:
+        logits: torch.Tensor = self.model.served_logits(dense, pooled, sequences, lengths)  # type: ignore[operator]
+        return self.model.served_scores(logits)
+
+
+class PooledModel(TaskModel):
     """A click model as sparse lookups (``lookups``), then a dense part over the pooled vectors and the dense
     features (``dense_logits``): the cut at which a serving system takes over the lookups.
 
@@ -41,10 +83,6 @@ class PooledModel(nn.Module):
     """
 
     num_dense: int
-    tasks: tuple[Task, ...] = ()
-    """The tasks of the outputs ``[B, T]``, for serving (a regression task's output is its prediction, a binary
-    one's goes through a sigmoid); set by the recipe that knows them (``click_prediction_parts``). Empty: one click
-    logit ``[B]``."""
 
     def lookups(self) -> dict[str, tuple[nn.Module, list[str]]]:
         """Each embedding module by its role, with the features the dense part takes from it, in order."""
@@ -67,8 +105,7 @@ class PooledModel(nn.Module):
         inputs = tuple(
             pooled_input(module, feature) for module, features in self.lookups().values() for feature in features
         )
-        outputs = tuple(task.name for task in self.tasks) if len(self.tasks) > 1 else ()
-        return DenseForServing(_ServingDense(self, keys), self.num_dense, inputs, outputs)
+        return DenseForServing(_ServingDense(self, keys), self.num_dense, inputs, self.served_outputs())
 
 
 class _ServingDense(nn.Module):
@@ -79,17 +116,12 @@ class _ServingDense(nn.Module):
         super().__init__()
         self.model = model
         self.keys = keys
-        self.binary = [task.binary for task in model.tasks] or [True]
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
         by_role: dict[str, dict[str, torch.Tensor]] = {}
         for (role, feature), vectors in zip(self.keys, pooled):
             by_role.setdefault(role, {})[feature] = vectors
-        logits = self.model.dense_logits(dense, by_role).float()
-        if logits.dim() == 1:
-            return torch.sigmoid(logits) if self.binary[0] else logits
-        columns = [torch.sigmoid(logits[:, t]) if binary else logits[:, t] for t, binary in enumerate(self.binary)]
-        return torch.stack(columns, dim=1)
+        return self.model.served_scores(self.model.dense_logits(dense, by_role))
 
 
 def pooled_input(module: nn.Module, feature: str) -> PooledInput:

@@ -16,7 +16,7 @@ from torchmetrics import Metric
 from recipes import ConfigError, DataReader, RecipeContext, RecipeParts, Validation
 from recsys.click.batch import CTRBatch
 from recsys.click.metric_columns import MetricColumns, metric_columns, row_ids
-from recsys.click.models import PooledModel
+from recsys.click.models import TaskModel
 from recsys.click.tasks import Task
 from units import (
     Accuracy,
@@ -225,7 +225,7 @@ def click_prediction_parts(
     """
     dp, device = context.gangs.dp, context.device
     grouping = metric_columns(context.config, columns or {}, slice_names)
-    if tasks is not None and isinstance(model, PooledModel):
+    if tasks is not None and isinstance(model, TaskModel):
         model.tasks = tuple(tasks)
     evaluation = CTREvalUnit(model, MetricBag(dp), device, columns=grouping, tasks=tasks)
     return RecipeParts(

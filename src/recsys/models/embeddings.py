@@ -165,3 +165,16 @@ def build_embeddings(
         for t in tables
     ]
     return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer)
+
+
+def table_of(embeddings: nn.Module, feature: str) -> tuple[str, str, int]:
+    """The table that looks up ``feature`` in ``embeddings``, the feature, and the table's dim."""
+    if isinstance(embeddings, ShardedEmbeddingCollection):
+        table = next(table for table in embeddings.tables if feature in table.features)
+        return table.name, feature, table.dim
+    if isinstance(embeddings, DenseEmbeddingBags):
+        name = embeddings.table_of[feature]
+        bag = embeddings.bags[name]
+        assert isinstance(bag, (nn.Embedding, nn.EmbeddingBag))
+        return name, feature, bag.embedding_dim
+    raise TypeError(f"Embeddings must be sparse tables or embedding bags, but are {type(embeddings).__name__}.")

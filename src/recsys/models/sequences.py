@@ -65,6 +65,18 @@ class SequenceLayout:
         return self.row_sums(values) / self.lengths.clamp_min(1).unsqueeze(1).to(values.dtype)
 
 
+def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[B, max_len]``: true at a row's first ``lengths[b]`` positions, where a padded sequence (oldest first, as
+    serving gives it) holds an id."""
+    return torch.arange(max_len, device=lengths.device) < lengths.unsqueeze(1)
+
+
+def padded_recency(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[B, max_len]``: each position's distance from its row's latest id (``SequenceLayout.recency`` of a padded
+    sequence; 0 after a row's last, where a mask zeroes it)."""
+    return (lengths.unsqueeze(1) - 1 - torch.arange(max_len, device=lengths.device)).clamp(min=0)
+
+
 def masked_mean(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The mean of each row's vectors ``[B, L, dim]`` over its ids (``mask`` ``[B, L]``); zeros for a row of none."""
     weights = mask.to(padded.dtype).unsqueeze(-1)

@@ -41,7 +41,7 @@ def causal_block(block: nn.TransformerEncoderLayer, hidden: torch.Tensor) -> tor
 def block_output_at(block: nn.TransformerEncoderLayer, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """``causal_block(block, hidden)`` at each row's position ``last`` alone, ``[B, dim]``: that position attends to
     the ones up to it; no other position's attention or feed-forward layers are computed."""
-    rows = torch.arange(len(last), device=last.device)
+    rows = torch.arange(last.shape[0], device=last.device)
     normed = block.norm1(hidden)
     later = torch.arange(hidden.shape[1], device=last.device) > last.unsqueeze(1)
     attended = _attention(block, normed[rows, last].unsqueeze(1), normed, later[:, None, None, :])

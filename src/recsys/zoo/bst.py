@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
-from recsys.click.models import mlp_with_dropout, task_logits
-from recsys.models.sequences import SequenceLayout, masked_mean
+from recsys.click.models import ServedSequenceModel, TaskModel, mlp_with_dropout, pooled_input, task_logits
+from recsys.models.embeddings import table_of
+from recsys.models.sequences import SequenceLayout, masked_mean, padded_recency, padding_mask
 from recsys.zoo.din import candidates_of
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
-class BST(nn.Module):
+class BST(TaskModel):
     """A transformer over ``[sequence, candidate]`` for the one sequence, then the deep MLP: a click logit a
     sample (one a task with several)."""
 
@@ -51,6 +52,7 @@ class BST(nn.Module):
         super().__init__()
         self.embeddings = embeddings
         self.sequence, self.candidate, self.max_len = sequence, candidate, max_len
+        self.num_dense = num_dense
         self.vectors = [name for name in features if name != sequence]
         dim = dims[sequence]
         self.positions = nn.Embedding(max_len + 1, dim)
@@ -66,15 +68,49 @@ class BST(nn.Module):
         looked_up = self.embeddings(batch.sparse)
         rows = looked_up[self.sequence]
         layout = SequenceLayout.of(batch.sparse[self.sequence].offsets, rows.shape[0], self.max_len)
-        candidate = looked_up[self.candidate] + self.positions.weight[-1]
         items = layout.pad(rows + self.positions(layout.recency()))
+        return self.logits(batch.dense, [looked_up[name] for name in self.vectors], items, layout.mask)
+
+    def logits(
+        self, dense: torch.Tensor, vectors: list[torch.Tensor], items: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The deep MLP over the dense features, the vectors of ``self.vectors`` (the candidate's among them) and
+        the blocks' outputs over the sequence's inputs ``items`` ``[B, max_len, dim]`` (``mask``: where a row has
+        an item) and the candidate."""
+        candidate = vectors[self.vectors.index(self.candidate)] + self.positions.weight[-1]
         tokens = torch.cat([items, candidate.unsqueeze(1)], dim=1)
-        keep = torch.cat([layout.mask, torch.ones_like(layout.mask[:, :1])], dim=1)
+        keep = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         # torch's attention cannot reshape a batch of no row (a rank's empty last batch): there is nothing to attend.
-        hidden = self.blocks(tokens, src_key_padding_mask=~keep) if len(tokens) else tokens
-        interest = [hidden[:, -1], masked_mean(hidden[:, :-1], layout.mask)]
-        parts = [batch.dense, *(looked_up[name] for name in self.vectors), *interest]
-        return task_logits(self.mlp(torch.cat(parts, dim=1)))
+        hidden = self.blocks(tokens, src_key_padding_mask=~keep) if tokens.shape[0] else tokens
+        interest = [hidden[:, -1], masked_mean(hidden[:, :-1], mask)]
+        return task_logits(self.mlp(torch.cat([dense, *vectors, *interest], dim=1)))
+
+    def served_logits(
+        self,
+        dense: torch.Tensor,
+        pooled: list[torch.Tensor],
+        sequences: list[torch.Tensor],
+        lengths: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The logits from the inputs ``dense_for_serving`` lists: the vectors, the sequence's rows padded."""
+        rows, length = sequences[0], lengths[0]
+        mask = padding_mask(length, rows.shape[1])
+        items = (rows + self.positions(padded_recency(length, rows.shape[1]))) * mask.unsqueeze(-1)
+        return self.logits(dense, pooled, items, mask)
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The blocks and the deep MLP over the looked-up vectors (the candidate's its row) and the sequence's rows,
+        padded."""
+        inputs = tuple(
+            PooledInput(*table_of(self.embeddings, name), "sum")
+            if name == self.candidate
+            else pooled_input(self.embeddings, name)
+            for name in self.vectors
+        )
+        sequence = SequenceInput(*table_of(self.embeddings, self.sequence), self.max_len)
+        return DenseForServing(
+            ServedSequenceModel(self), self.num_dense, inputs, self.served_outputs(), sequences=(sequence,)
+        )
 
 
 @dataclass

@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
-from recsys.click.models import mlp_with_dropout, task_logits
-from recsys.models.sequences import SequenceLayout
+from recsys.click.models import ServedSequenceModel, TaskModel, mlp_with_dropout, pooled_input, task_logits
+from recsys.models.embeddings import table_of
+from recsys.models.sequences import SequenceLayout, padding_mask
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
 if TYPE_CHECKING:
@@ -58,20 +59,37 @@ class ActivationUnit(nn.Module):
     def forward(self, items: torch.Tensor, candidate: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
         """The weighted sum of each row's ``items`` ``[ids, dim]`` (jagged, rows as ``layout`` says) for the row's
         ``candidate`` ``[B, dim]``: ``[B, dim]``; zeros for a row of no item."""
-        first, rest = self.mlp[0], self.mlp[1:]
-        assert isinstance(first, nn.Linear)
-        w_item, w_candidate, w_difference, w_product = first.weight.split(items.shape[-1], dim=1)
-        per_row = torch.addmm(first.bias, candidate, (w_candidate - w_difference).t())
+        bias, w_row, w_item = self._first_layer(items.shape[-1])
+        per_row = torch.addmm(bias, candidate, w_row.t())
         row_candidate = candidate.index_select(0, layout.rows)
         per_item = torch.cat([items, items * row_candidate], dim=1)
-        hidden = torch.addmm(
-            per_row.index_select(0, layout.rows), per_item, torch.cat([w_item + w_difference, w_product], dim=1).t()
-        )
-        scores = rest(hidden).squeeze(-1) / items.shape[-1] ** 0.5
-        return layout.row_sums(items * layout.softmax(scores).unsqueeze(-1))
+        hidden = torch.addmm(per_row.index_select(0, layout.rows), per_item, w_item.t())
+        return layout.row_sums(items * layout.softmax(self._scores(hidden, items.shape[-1])).unsqueeze(-1))
+
+    def padded(self, items: torch.Tensor, candidate: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``forward`` over padded items ``[B, L, dim]`` with their ``mask`` ``[B, L]``, as serving gives them."""
+        bias, w_row, w_item = self._first_layer(items.shape[-1])
+        per_row = torch.addmm(bias, candidate, w_row.t()).unsqueeze(1)
+        per_item = torch.cat([items, items * candidate.unsqueeze(1)], dim=-1)
+        scores = self._scores(per_row + per_item @ w_item.t(), items.shape[-1]).masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=1).nan_to_num(0.0)  # A row of no item: all -inf, no weight.
+        return (items * weights.unsqueeze(-1)).sum(dim=1)
+
+    def _first_layer(self, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first layer folded: its bias, the weight of the candidate's once-a-row part, and the weight of
+        ``[item, item * candidate]``."""
+        first = self.mlp[0]
+        assert isinstance(first, nn.Linear)
+        w_item, w_candidate, w_difference, w_product = first.weight.split(dim, dim=1)
+        return first.bias, w_candidate - w_difference, torch.cat([w_item + w_difference, w_product], dim=1)
+
+    def _scores(self, hidden: torch.Tensor, dim: int) -> torch.Tensor:
+        """The rest of the MLP over the first layer's outputs, scaled: one score an item."""
+        scores: torch.Tensor = self.mlp[1:](hidden).squeeze(-1) / dim**0.5
+        return scores
 
 
-class DIN(nn.Module):
+class DIN(TaskModel):
     """Target attention of each candidate over its sequence, then a deep MLP over every vector and the dense
     features: one click logit a sample (one a task with several)."""
 
@@ -109,16 +127,65 @@ class DIN(nn.Module):
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         looked_up = self.embeddings(batch.sparse)
-        parts = [batch.dense, *(looked_up[name] for name in self.vectors)]
+        interests = []
         for name, max_len in self.sequence_lengths.items():
             items = looked_up[name]
             layout = SequenceLayout.of(batch.sparse[name].offsets, items.shape[0], max_len)
             candidate = self.candidates[name]
             if candidate is None:
-                parts.append(layout.row_means(items))
+                interests.append(layout.row_means(items))
             else:
-                parts.append(self.attention[name](items, looked_up[candidate], layout))
-        return task_logits(self.mlp(torch.cat(parts, dim=1)))
+                interests.append(self.attention[name](items, looked_up[candidate], layout))
+        return self.logits(batch.dense, [looked_up[name] for name in self.vectors], interests)
+
+    def logits(self, dense: torch.Tensor, vectors: list[torch.Tensor], interests: list[torch.Tensor]) -> torch.Tensor:
+        """The deep MLP over the dense features, the vectors of ``self.vectors`` and each sequence's interest."""
+        return task_logits(self.mlp(torch.cat([dense, *vectors, *interests], dim=1)))
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The deep MLP and the activation units over the looked-up vectors (a sequence without a candidate pooled
+        by its mean, as the model pools it) and each attended sequence's rows, padded."""
+        candidates = set(self.candidates.values())  # One id a row, in a table of rows unpooled: the row itself.
+        inputs = [
+            PooledInput(*table_of(self.embeddings, name), "sum")
+            if name in candidates
+            else pooled_input(self.embeddings, name)
+            for name in self.vectors
+        ]
+        inputs += [PooledInput(*table_of(self.embeddings, name), "mean") for name in self._attended(False)]
+        sequences = tuple(
+            SequenceInput(*table_of(self.embeddings, name), self.sequence_lengths[name])
+            for name in self._attended(True)
+        )
+        return DenseForServing(
+            ServedSequenceModel(self), self.num_dense, tuple(inputs), self.served_outputs(), sequences=sequences
+        )
+
+    def served_logits(
+        self,
+        dense: torch.Tensor,
+        pooled: list[torch.Tensor],
+        sequences: list[torch.Tensor],
+        lengths: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """The logits from the inputs ``dense_for_serving`` lists: the vectors, the padded sequences' rows."""
+        vectors = dict(zip(self.vectors, pooled, strict=False))
+        means = dict(zip(self._attended(False), pooled[len(self.vectors) :], strict=True))
+        padded = dict(zip(self._attended(True), zip(sequences, lengths, strict=True), strict=True))
+        interests = []
+        for name, max_len in self.sequence_lengths.items():
+            candidate = self.candidates[name]
+            if candidate is None:
+                interests.append(means[name])
+            else:
+                (rows, length), unit = padded[name], self.attention[name]
+                assert isinstance(unit, ActivationUnit)
+                interests.append(unit.padded(rows, vectors[candidate], padding_mask(length, max_len)))
+        return self.logits(dense, [vectors[name] for name in self.vectors], interests)
+
+    def _attended(self, attended: bool) -> list[str]:
+        """The sequences that attend (those with a candidate), or the others."""
+        return [name for name in self.sequence_lengths if (self.candidates[name] is not None) == attended]
 
 
 @dataclass

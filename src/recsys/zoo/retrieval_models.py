@@ -19,12 +19,11 @@ from torch import nn
 from torch.nn.functional import normalize
 
 from components import PositiveInt, Range
-from embedding import ShardedEmbeddingCollection
-from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, SequenceInput, megatron_mlp_plan
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
-from recsys.models.embeddings import DenseEmbeddingBags
-from recsys.models.sequences import SequenceLayout
+from recsys.models.embeddings import table_of
+from recsys.models.sequences import SequenceLayout, padded_recency, padding_mask
 from recsys.models.transformer import block_output_at, causal_block, dropout
 from recsys.retrieval.model import RetrievalModel
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
@@ -140,19 +139,6 @@ class _QueryTower(nn.Module):
         return queries
 
 
-def table_of(embeddings: nn.Module, feature: str) -> tuple[str, str, int]:
-    """The table that looks up ``feature`` in ``embeddings``, the feature, and the table's dim."""
-    if isinstance(embeddings, ShardedEmbeddingCollection):
-        table = next(table for table in embeddings.tables if feature in table.features)
-        return table.name, feature, table.dim
-    if isinstance(embeddings, DenseEmbeddingBags):
-        name = embeddings.table_of[feature]
-        bag = embeddings.bags[name]
-        assert isinstance(bag, (nn.Embedding, nn.EmbeddingBag))
-        return name, feature, bag.embedding_dim
-    raise TypeError(f"Embeddings must be sparse tables or embedding bags, but are {type(embeddings).__name__}.")
-
-
 @dataclass
 class TwoTowerConfig(RetrievalModelConfig):
     hidden_dims: list[PositiveInt] = field(default_factory=lambda: [256])
@@ -224,17 +210,50 @@ class SASRec(RetrievalModel):
         rows, offsets = vectors[self.sequence], batch.sparse[self.sequence].offsets
         layout = SequenceLayout.of(offsets, rows.shape[0], self.max_len)
         items = layout.pad(rows * rows.shape[-1] ** 0.5 + self.positions(layout.recency()))
-        last = (layout.lengths - 1).clamp(min=0)
-        if not len(items):  # torch's attention cannot reshape a batch of no row (a rank's empty last batch).
-            return self.norm(items[:, 0]), vectors[self.item_feature]
         hidden = dropout(items, self.dropout_p, self.training)
-        *early, final = self.blocks.layers
-        for block in early:
-            hidden = causal_block(block, hidden)
-        return self.norm(block_output_at(final, hidden, last)), vectors[self.item_feature]
+        return _query(self.blocks, self.norm, hidden, layout.lengths), vectors[self.item_feature]
 
     def items(self, ids: torch.Tensor) -> torch.Tensor:
         return self.item_rows(ids)
+
+    def dense_for_serving(self) -> DenseForServing:
+        """The query from the sequence's rows as a serving system pads them, and the item table's rows as the item
+        vectors (SASRec scores against them as they are)."""
+        table, _, dim = table_of(self.embeddings, self.sequence)
+        sequence = SequenceInput(table, self.sequence, dim, self.max_len)
+        items = ItemVectors(table, self.item_feature, nn.Identity(), dim)
+        query = _SASRecQuery(self.positions, self.blocks, self.norm)
+        return DenseForServing(query, 0, (), sequences=(sequence,), items=items, temperature=self.temperature)
+
+
+def _query(blocks: nn.TransformerEncoder, norm: nn.Module, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each row's query: the causal blocks over its inputs ``[B, max_len, dim]`` (zeros after the row's last), read
+    at its latest item (position 0 for a row of none)."""
+    *early, final = blocks.layers
+    for block in early:
+        hidden = causal_block(block, hidden)
+    queries: torch.Tensor = norm(block_output_at(final, hidden, (lengths - 1).clamp(min=0)))
+    return queries
+
+
+class _SASRecQuery(nn.Module):
+    """SASRec's query tower over a sequence's rows padded as serving gives them, ``[B, max_len, dim]`` and the
+    lengths ``[B]`` (rows after a length are ignored): what ``torch.export`` traces."""
+
+    def __init__(self, positions: nn.Embedding, blocks: nn.TransformerEncoder, norm: nn.Module) -> None:
+        super().__init__()
+        self.positions, self.blocks, self.norm = positions, blocks, norm
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        pooled: list[torch.Tensor],
+        sequences: list[torch.Tensor],
+        lengths: list[torch.Tensor],
+    ) -> torch.Tensor:
+        rows, length, max_len = sequences[0], lengths[0], sequences[0].shape[1]
+        items = rows * rows.shape[-1] ** 0.5 + self.positions(padded_recency(length, max_len))
+        return _query(self.blocks, self.norm, items * padding_mask(length, max_len).unsqueeze(-1), length)
 
 
 @dataclass

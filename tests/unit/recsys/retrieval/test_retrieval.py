@@ -236,3 +236,24 @@ def test_two_towers_serve_as_a_query_program_over_pooled_inputs_and_item_vectors
     assert serving.items is not None and (serving.items.table, serving.items.dim) == ("item", 64)
     torch.testing.assert_close(serving.items.tower(table(data.item)), items)
     assert serving.temperature == model.temperature
+
+
+def test_sasrec_serves_as_a_query_program_over_the_padded_sequence_and_the_item_rows_as_vectors() -> None:
+    model = build("sasrec", "dense", dropout=0.0)
+    model.eval()
+    data = NextItemData.make(5, seed=0)
+    queries, items = model(data.batch(torch.arange(5)))
+    serving = model.dense_for_serving()  # type: ignore[operator]
+    table = model.embeddings.bags["item"]  # type: ignore[union-attr,index]
+
+    lengths = torch.diff(data.offsets)
+    padded = torch.randn(5, MAX_LEN, 16)  # What follows a row's length is never read.
+    for row in range(5):
+        padded[row, : lengths[row]] = table(data.history[data.offsets[row] : data.offsets[row + 1]])
+    assert serving.inputs == () and [(s.table, s.feature, s.max_len) for s in serving.sequences] == [
+        ("item", "history", MAX_LEN)
+    ]
+    torch.testing.assert_close(serving.module(torch.zeros(5, 0), [], [padded], [lengths]), queries)
+    assert serving.items is not None and (serving.items.table, serving.items.dim) == ("item", 16)
+    torch.testing.assert_close(serving.items.tower(table(data.item)), items)
+    assert serving.temperature == model.temperature

@@ -3,6 +3,7 @@ parameter and table trained, and an order of behaviours learnt that DIN's attent
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,17 @@ from gang import FakeGang
 from recipes import ConfigError
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.bst import BST
-from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, OrderData, empty_batch
+from support.sequence_data import (
+    FEATURES,
+    MAX_LEN,
+    NUM_DENSE,
+    SEQUENCE_LENGTHS,
+    TABLES,
+    OrderData,
+    empty_batch,
+    exported,
+    padded_rows,
+)
 from support.zoo_data import optimizer, train_and_score
 
 
@@ -75,3 +86,21 @@ def test_bst_learns_which_item_came_last_which_din_cannot() -> None:
     din_auc = train_and_score(build("din", dropout=0.0), train, test, steps=400, lr=0.01)
 
     assert bst_auc > 0.9 and din_auc < 0.65, (bst_auc, din_auc)
+
+
+def test_bst_serves_its_probability_from_the_vectors_and_the_padded_sequence(tmp_path: Path) -> None:
+    model = build("bst", "dense", num_heads=2, dropout=0.0)
+    assert isinstance(model, BST)
+    model.eval()
+    data = OrderData.make(6, seed=2)
+    expected = torch.sigmoid(model(data.batch(torch.arange(6))))
+
+    split = model.dense_for_serving()
+    tables = model.embeddings.bags  # type: ignore[union-attr]
+    padded, lengths = padded_rows(tables["item"].weight, data.history, data.offsets)
+    pooled = [tables["user"].weight[data.user], tables["item"].weight[data.item]]
+    assert [(i.table, i.feature, i.pooling) for i in split.inputs] == [("user", "user", "sum"), ("item", "item", "sum")]
+    assert [(s.table, s.feature, s.max_len) for s in split.sequences] == [("item", "history", MAX_LEN)]
+    program = exported(split, tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(program(data.dense, pooled, [padded], [lengths]), expected, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,7 @@ trained, and a target dependence learnt that a pooled history of the same tables
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,11 +14,22 @@ from embedding import JaggedIds, SparseFeatures
 from gang import FakeGang
 from recipes.training.sparse_tables import find_sparse_tables
 from recsys.click.batch import CTRBatch
+from recsys.click.tasks import Task
 from recsys.models.embeddings import TableSpec
 from recsys.models.sequences import SequenceLayout, masked_mean
 from recsys.zoo import ZOO_MODELS, ZooEmbeddingSection, build_zoo_model
 from recsys.zoo.din import DIN
-from support.sequence_data import FEATURES, NUM_DENSE, SEQUENCE_LENGTHS, TABLES, MembershipData, empty_batch
+from support.sequence_data import (
+    FEATURES,
+    MAX_LEN,
+    NUM_DENSE,
+    SEQUENCE_LENGTHS,
+    TABLES,
+    MembershipData,
+    empty_batch,
+    exported,
+    padded_rows,
+)
 from support.zoo_data import optimizer, train_and_score
 
 
@@ -181,3 +193,41 @@ def test_din_learns_whether_the_candidate_is_in_the_sequence_which_a_pooled_hist
     pooled_auc = train_and_score(pooled, train, test, steps=400, lr=0.03)
 
     assert din_auc > 0.9 and pooled_auc < 0.7, (din_auc, pooled_auc)
+
+
+# Serving -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_tasks", [1, 2])
+def test_din_serves_its_scores_from_the_vectors_and_the_padded_sequence(tmp_path: Path, num_tasks: int) -> None:
+    """The exported program over the looked-up rows (the history padded, its lengths beside) scores as ``predict``
+    does: a probability a binary task, a regression task's prediction as it is."""
+    model = build_zoo_model(
+        din_config("dense", attention_dims=[6, 5], dropout=0.0),
+        TABLES,
+        FEATURES,
+        NUM_DENSE,
+        FakeGang(),
+        3,
+        num_tasks=num_tasks,
+        sequence_lengths=SEQUENCE_LENGTHS,
+    )
+    assert isinstance(model, DIN)
+    model.tasks = (Task("liked"), Task("rating", "regression"))[:num_tasks]
+    model.eval()
+    data = MembershipData.make(6, seed=2)
+    logits = model(data.batch(torch.arange(6)))
+    expected = torch.sigmoid(logits) if num_tasks == 1 else torch.stack([torch.sigmoid(logits[:, 0]), logits[:, 1]], 1)
+
+    split = model.dense_for_serving()
+    tables = model.embeddings.bags  # type: ignore[union-attr]
+    padded, lengths = padded_rows(tables["item"].weight, data.history, data.offsets)
+    pooled = [tables["user"].weight[data.user], tables["item"].weight[data.item]]
+    assert [(i.table, i.feature, i.pooling) for i in split.inputs] == [("user", "user", "sum"), ("item", "item", "sum")]
+    assert [(s.table, s.feature, s.max_len) for s in split.sequences] == [("item", "history", MAX_LEN)]
+    assert split.outputs == (("liked", "rating") if num_tasks == 2 else ())
+    program = exported(split, tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(program(data.dense, pooled, [padded], [lengths]), expected, rtol=1e-5, atol=1e-6)
+        empty = program(data.dense, pooled, [padded], [torch.zeros_like(lengths)])  # Rows of no item: no attention.
+    assert bool(empty.isfinite().all())

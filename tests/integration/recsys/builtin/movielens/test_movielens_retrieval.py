@@ -1,5 +1,6 @@
 """The retrieval presets as a user runs them: ``movielens_two_tower`` validated by ranking every movie, the same
-figures on 1 and 2 ranks; ``movielens_sasrec`` on MovieLens-1M's own ``ratings.dat``; misuse in one line."""
+figures on 1 and 2 ranks; ``movielens_sasrec`` on MovieLens-1M's own ``ratings.dat``; both exported for serving;
+misuse in one line."""
 
 from __future__ import annotations
 
@@ -81,6 +82,28 @@ def test_sasrec_reads_movielens_1m_ratings_dat_given_its_path(tmp_path: Path) ->
     check_ok(run_recipes(tmp_path, "train", "movielens_sasrec", "-o", "out", *paths, dat, *SHORT, timeout=600))
 
     assert metric_history(tmp_path / "out")["valid"][-1]["hr@50"] >= 0
+    check_sasrec_export(tmp_path)
+
+
+def check_sasrec_export(tmp_path: Path) -> None:
+    """The query tower takes the history's rows unpooled, padded to 50 with each row's length; the item vectors are
+    the movie table's own rows."""
+    check_ok(run_recipes(tmp_path, "export", "out", "-o", "served"))
+
+    model = json.loads((tmp_path / "served/model.json").read_text())
+    assert model["inputs"] == []
+    assert model["sequences"] == [{"table": "movieId", "feature": "movie_history", "dim": 64, "max_len": 50}]
+    items = pa_parquet.read_table(tmp_path / "served/items.parquet")
+    movies = pa_parquet.read_table(tmp_path / "served/tables/movieId.parquet")
+    assert items.column("id").to_pylist() == movies.column("id").to_pylist()
+    assert items.column("embedding").to_pylist() == movies.column("embedding").to_pylist()
+    program = torch.export.load(str(tmp_path / "served" / model["program"])).module()
+    rows = torch.randn(3, 50, 64)
+    queries = program(torch.zeros(3, 0), [], [rows], [torch.tensor([0, 7, 50])])
+    assert queries.shape == (3, 64)
+    later = rows.clone()
+    later[1, 7:] = 0.0  # a row's rows after its length are never read
+    torch.testing.assert_close(program(torch.zeros(3, 0), [], [later], [torch.tensor([0, 7, 50])]), queries)
 
 
 @pytest.mark.parametrize(
