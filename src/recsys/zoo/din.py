@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, megatron_mlp_plan
+from recipes import ConfigError
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout, task_logits
 from recsys.models.sequences import SequenceLayout
+from recsys.zoo.splits import linear_pairs
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class DIN(nn.Module):
         self.mlp = mlp_with_dropout(width, hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        return megatron_mlp_plan(self.mlp, "mlp")  # The activation units are narrow, and run per item.
+        # The activation units are narrow, and run per item.
+        return linear_pairs(self.mlp, "mlp", "model.hidden_dims", keep_last=True)
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         looked_up = self.embeddings(batch.sparse)
