@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import start_processes
 
-from gang import ProcessGroupGang
+from gang import Gangs, ProcessGroupGang, setup_gangs
 
 # What every rank imports: the fork server imports it once, and each rank starts as a fork of it, in a fraction of
 # a second instead of the 2 to 3 seconds of CPU a spawned rank spends importing torch on its own.
@@ -39,17 +39,33 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def gloo_gang(rank: int, world_size: int, port: int) -> Iterator[ProcessGroupGang]:
-    """This process as rank ``rank`` of a gloo job of ``world_size`` with its rendezvous on ``port``.
-
-    On leaving, each rank waits for the others, so that none tears gloo down while a peer still talks to it;
-    after a body that ran to its end, it leaves without the interpreter's teardown, where gloo sometimes aborts
-    (SIGABRT). A body that raised ends the process with its error.
-    """
+    """This process as rank ``rank`` of a gloo job of ``world_size`` with its rendezvous on ``port``, left as
+    ``_leaving_together`` says."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with _leaving_together():
         assert dist.group.WORLD is not None
         yield ProcessGroupGang(dist.group.WORLD, torch.device("cpu"))
+
+
+@contextlib.contextmanager
+def gloo_gangs(rank: int, world_size: int, port: int, tp_size: int) -> Iterator[Gangs]:
+    """This process as rank ``rank`` of a gloo job, with the gangs a job of ``gang.tp_size=tp_size`` has: its
+    variables as torchrun would set them, then ``setup_gangs`` (the DP and TP gangs and their device mesh)."""
+    variables = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world_size, "MASTER_PORT": port}
+    os.environ.update(MASTER_ADDR="127.0.0.1", **{name: str(value) for name, value in variables.items()})
+    gangs = setup_gangs(torch.device("cpu"), tp_size)
+    with _leaving_together():
+        yield gangs
+
+
+@contextlib.contextmanager
+def _leaving_together() -> Iterator[None]:
+    """On leaving, each rank waits for the others, so that none tears gloo down while a peer still talks to it;
+    after a body that ran to its end, it leaves without the interpreter's teardown, where gloo sometimes aborts
+    (SIGABRT). A body that raised ends the process with its error."""
+    try:
+        yield
     finally:
         dist.barrier()
         dist.destroy_process_group()

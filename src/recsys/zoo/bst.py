@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput
 from recsys.click.batch import CTRBatch
 from recsys.click.models import ServedSequenceModel, TaskModel, mlp_with_dropout, pooled_input, task_logits
 from recsys.models.embeddings import table_of
 from recsys.models.sequences import SequenceLayout, masked_mean, padded_recency, padding_mask
 from recsys.zoo.din import candidates_of
+from recsys.zoo.splits import linear_pairs
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class BST(TaskModel):
         self.mlp = mlp_with_dropout(width, hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        return megatron_mlp_plan(self.mlp, "mlp")  # The blocks are as narrow as the tables' dim, and stay whole.
+        # The blocks are as narrow as the tables' dim, and stay whole.
+        return linear_pairs(self.mlp, "mlp", "model.hidden_dims", keep_last=True)
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         looked_up = self.embeddings(batch.sparse)

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput
 from recsys.click.batch import CTRBatch
 from recsys.click.models import ServedSequenceModel, TaskModel, mlp_with_dropout, pooled_input, task_logits
 from recsys.models.embeddings import table_of
 from recsys.models.sequences import SequenceLayout, padding_mask
+from recsys.zoo.splits import linear_pairs
 from recsys.zoo.zoo_model import ZOO_MODELS, DeepModelConfig, ModelInputs
 
 if TYPE_CHECKING:
@@ -123,7 +124,8 @@ class DIN(TaskModel):
         self.mlp = mlp_with_dropout(width, hidden_dims, num_tasks, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        return megatron_mlp_plan(self.mlp, "mlp")  # The activation units are narrow, and run per item.
+        # The activation units are narrow, and run per item.
+        return linear_pairs(self.mlp, "mlp", "model.hidden_dims", keep_last=True)
 
     def forward(self, batch: CTRBatch) -> torch.Tensor:
         looked_up = self.embeddings(batch.sparse)

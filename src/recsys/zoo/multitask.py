@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from components import PositiveInt, Range
-from recipes import megatron_mlp_plan
 from recsys.click.models import VECTORS, Pooled, PooledModel, mlp_with_dropout
+from recsys.zoo.splits import linear_pairs
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, ZooModelConfig
 
 if TYPE_CHECKING:
@@ -73,16 +73,9 @@ class Expert(nn.Sequential):
 
 def expert_plan(expert: nn.Module, prefix: str) -> dict[str, ParallelStyle]:
     """How an expert splits over the TP gang: consecutive pairs of its linear layers column-wise then row-wise,
-    one all-reduce a pair. Unlike ``megatron_mlp_plan``, which keeps an MLP's output layer whole, every layer of an
-    expert is hidden, so its last pairs too (a last layer of an odd count stays whole)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    linears = [f"{prefix}.{i}" for i, layer in enumerate(expert.children()) if isinstance(layer, nn.Linear)]
-    plan: dict[str, ParallelStyle] = {}
-    for column, row in zip(linears[0::2], linears[1::2]):
-        plan[column] = ColwiseParallel()
-        plan[row] = RowwiseParallel()
-    return plan
+    one all-reduce a pair. Every layer of an expert is hidden, so its last pairs too (a last layer of an odd count
+    stays whole)."""
+    return linear_pairs(expert, prefix, "model.expert_dims", keep_last=False)
 
 
 class Gate(nn.Module):
@@ -107,7 +100,8 @@ class Towers(nn.Module):
 
     def tensor_parallel_plan(self, prefix: str) -> dict[str, ParallelStyle]:
         plans = (
-            megatron_mlp_plan(cast(nn.Sequential, tower), f"{prefix}.towers.{t}") for t, tower in enumerate(self.towers)
+            linear_pairs(tower, f"{prefix}.towers.{t}", "model.tower_dims", keep_last=True)
+            for t, tower in enumerate(self.towers)
         )
         return {name: style for plan in plans for name, style in plan.items()}
 

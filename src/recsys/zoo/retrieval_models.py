@@ -19,13 +19,14 @@ from torch import nn
 from torch.nn.functional import normalize
 
 from components import PositiveInt, Range
-from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, SequenceInput, megatron_mlp_plan
+from recipes import ConfigError, DenseForServing, ItemVectors, PooledInput, SequenceInput
 from recsys.click.batch import CTRBatch
 from recsys.click.models import mlp_with_dropout
 from recsys.models.embeddings import table_of
 from recsys.models.sequences import SequenceLayout, padded_recency, padding_mask
 from recsys.models.transformer import block_output_at, causal_block, dropout
 from recsys.retrieval.model import RetrievalModel
+from recsys.zoo.splits import linear_pairs, split_outputs
 from recsys.zoo.zoo_model import ZOO_MODELS, ModelInputs, OneDimTables, ZooModelConfig
 
 if TYPE_CHECKING:
@@ -85,7 +86,14 @@ class TwoTower(RetrievalModel):
         self.item_mlp = mlp_with_dropout(dims[item_feature], hidden_dims, out_dim, dropout)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        return {**megatron_mlp_plan(self.query_mlp, "query_mlp"), **megatron_mlp_plan(self.item_mlp, "item_mlp")}
+        """Each tower's layers in pairs, its output layer among them: a tower's output is a vector, whole again
+        after its pair (a tower of one hidden layer, the default, is one pair)."""
+        towers = {"query_mlp": self.query_mlp, "item_mlp": self.item_mlp}
+        return {
+            name: style
+            for prefix, tower in towers.items()
+            for name, style in linear_pairs(tower, prefix, "model.hidden_dims", keep_last=False).items()
+        }
 
     def forward(self, batch: CTRBatch) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = self.embeddings(batch.sparse)
@@ -197,11 +205,11 @@ class SASRec(RetrievalModel):
         self.norm = nn.LayerNorm(dim)
 
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        from torch.distributed.tensor.parallel import RowwiseParallel
 
         plan: dict[str, ParallelStyle] = {}
-        for index in range(len(self.blocks.layers)):  # Each block's feed-forward pair; attention stays whole.
-            plan[f"blocks.layers.{index}.linear1"] = ColwiseParallel()
+        for index in range(len(self.blocks.layers)):  # Each block's feed-forward pair, ``dim`` wide; attention whole.
+            plan[f"blocks.layers.{index}.linear1"] = split_outputs("model.embeddings.dim")
             plan[f"blocks.layers.{index}.linear2"] = RowwiseParallel()
         return plan
 
