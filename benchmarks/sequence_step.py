@@ -210,18 +210,18 @@ def torch_model(name: str, sparse: bool, rows: list[Rows]) -> TorchDIN | TorchSA
 def torch_baseline(name: str, table_optimizer: str) -> Callable[[list[Rows], torch.device], Step]:
     def build(rows: list[Rows], device: torch.device) -> Step:
         model = torch_model(name, table_optimizer != "Adam", rows).to(device)
-        tables = [p for module in model.modules() if isinstance(module, nn.Embedding) for p in module.parameters()]
-        tables = [p for p in tables if p.shape[0] > MAX_LEN]  # Not SASRec's positions, a dense layer's.
+        sparse = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.sparse]  # Not SASRec's positions.
+        tables = [p for module in sparse for p in module.parameters()]
         dense = [p for p in model.parameters() if all(p is not table for table in tables)]
         if table_optimizer == "Adam":
             optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
-            sparse = (
+            for_tables = (
                 torch.optim.SparseAdam(tables, lr=1e-3)
                 if table_optimizer == "SparseAdam"
                 else torch.optim.Adagrad(tables, lr=0.05)
             )
-            optimizer = Both(torch.optim.Adam(dense, lr=1e-3), sparse)
+            optimizer = Both(torch.optim.Adam(dense, lr=1e-3), for_tables)
         return training_step(model, model.loss, optimizer, [r.padded(device) for r in rows])
 
     return build
