@@ -21,6 +21,8 @@ path: ``recipes.cli.export_tables``), so a run of any number of ranks exports in
     tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
     tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
                                     (``RecipeParts.value_texts``); whole, with ``--since`` too
+    items.parquet         (id, embedding) for a retrieval model: every item's vector by its item tower; the
+                          texts of its ids in its table's values file (``items.values``)
 
 With ``--since STEP`` the tables hold only the rows that changed after checkpoint ``STEP`` (new ids,
 and ids whose row differs at all), and the ids dropped since (evicted from a hash table): applied over
@@ -109,7 +111,8 @@ def export(
         value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
         model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
         if read.split.items is not None:
-            model["items"] = _write_item_vectors(fs, temp, read.split, read.tables, names)
+            items = _write_item_vectors(fs, temp, read.split, read.tables, names)
+            model["items"] = items | {"values": value_files.get(items["table"])}
         _write_json(fs, f"{temp}/model.json", model)
         with open(config_path) as file:
             _write_json(fs, f"{temp}/config.json", yaml.safe_load(file))
@@ -291,12 +294,15 @@ def _write_values(
 ) -> tuple[dict[str, str], dict[str, int]]:
     """``tables/<name>.values.parquet`` for each table that features with texts look up: ``(id, feature, value)``,
     sorted by id; the file of each such table, and the distinct ids it names."""
+    looked_up = [(pooled.table, pooled.feature) for pooled in split.lookups()]
+    if split.items is not None:  # The item tower's ids name the rows of items.parquet.
+        looked_up.append((split.items.table, split.items.feature))
     by_table: dict[str, list[pa.Table]] = {}
-    for pooled in split.lookups():
-        if pooled.feature in texts:
-            table = texts[pooled.feature].select(["id", "value"])
-            feature = pa.array([pooled.feature] * table.num_rows, pa.string())
-            by_table.setdefault(pooled.table, []).append(table.add_column(1, "feature", feature))
+    for name, feature_name in dict.fromkeys(looked_up):
+        if feature_name in texts:
+            table = texts[feature_name].select(["id", "value"])
+            feature = pa.array([feature_name] * table.num_rows, pa.string())
+            by_table.setdefault(name, []).append(table.add_column(1, "feature", feature))
     files, num_ids = {}, {}
     for name, parts in by_table.items():
         files[name] = f"tables/{name}.values.parquet"

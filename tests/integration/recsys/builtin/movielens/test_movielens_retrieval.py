@@ -53,8 +53,13 @@ def test_two_tower_exports_its_query_tower_and_every_item_vector(tmp_path: Path)
         "dim": 64,
         "rows": movies.num_rows,
         "temperature": 0.05,
+        "values": "tables/movieId.values.parquet",
     }
     assert items.column("id").to_pylist() == movies.column("id").to_pylist()
+    values = pa_parquet.read_table(tmp_path / "served/tables/movieId.values.parquet")
+    named = set(values.column("id").to_pylist())
+    assert set(items.column("id").to_pylist()) - {0} <= named  # every item but the empty value's row has its text
+    assert set(values.column("feature").to_pylist()) == {"movieId"}
     vectors = np.array(items.column("embedding").to_pylist())
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)  # the item tower's output
     program = torch.export.load(str(tmp_path / "served" / model["program"])).module()
