@@ -29,6 +29,7 @@ from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalit
 from recsys.tabular.formats.data_format import ColumnFormat, DataFormat, data_format
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.schema_metric_columns import single_valued_columns, value_names
+from recsys.tabular.split_files import refuse_unlocated_paths
 from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.window_sources import windowed_train_reader
@@ -54,6 +55,10 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     data = config.dataset
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
+    located = {f"dataset.{split}_path": getattr(data, f"{split}_path") for split in ("train", "valid", "test")}
+    refuse_unlocated_paths(
+        located | {f"dataset.joins[{k}].path": join.path for k, join in enumerate(data.joins)}, data.data_dir
+    )
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
     check_num_tasks(config.model, len(tasks or ()) or 1, tasks or ())
