@@ -22,6 +22,7 @@ class DataFormatConfig:
     cannot read."""
 
     name: str = "csv"
+    """The format, by its registered name (``csv``, ``tsv``, ``parquet``, ``libsvm``, ``libffm``...)."""
 
     reads_side_tables: ClassVar[bool] = False
     """Whether a join's ``format`` may be this one (``read_side_table``)."""
