@@ -161,8 +161,11 @@ def read_side_table(join: JoinedTable, split: SplitByValue) -> pa.Table:
     return table.select(wanted)
 
 
-def side_numbers(path: str, name: str, values: pa.ChunkedArray) -> npt.NDArray[np.float64]:
-    """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError``."""
+def side_numbers(
+    path: str, name: str, values: pa.ChunkedArray, table: str = "the joined table"
+) -> npt.NDArray[np.float64]:
+    """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError`` naming ``table``
+    and its ``path``."""
     if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
         return np.asarray(pc.cast(values, pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
     texts = pc.utf8_trim_whitespace(values.cast(pa.string()))
@@ -172,8 +175,7 @@ def side_numbers(path: str, name: str, values: pa.ChunkedArray) -> npt.NDArray[n
     except pa.ArrowInvalid:
         bad = next(i for i, text in enumerate(texts.to_pylist()) if text and not _is_number(text))
         raise DataError(
-            f"The column '{name}' of the joined table {path} must hold numbers, but holds "
-            f"{texts[bad].as_py()!r} instead."
+            f"The column '{name}' of {table} {path} must hold numbers, but holds {texts[bad].as_py()!r} instead."
         ) from None
     return np.asarray(numbers.fill_null(np.nan).to_numpy(), np.float64)
 

@@ -21,9 +21,11 @@ from recsys.tabular.schema import (
     JoinedTable,
     SplitByValue,
     TabularDataSection,
+    WindowsSection,
 )
 from recsys.tabular.split_files import refuse_unlocated_paths
 from recsys.tabular.text_layout import TextLayout
+from recsys.tabular.window_sources import ColumnWindows
 from support.movielens_1m import TITLES, VALID_FROM, movie_genres, write_movielens_1m
 
 DAT = {"delimiter": "::", "quote_char": None, "header": False}
@@ -221,3 +223,41 @@ def test_a_relative_path_found_nowhere_names_data_dir(tmp_path: Path, monkeypatc
         ConfigError, match=r"^`dataset.train_path` is 'ratings.dat', relative .* set `dataset.data_dir`"
     ):
         refuse_unlocated_paths({"dataset.train_path": "ratings.dat"}, None)
+
+
+def test_windows_by_column_of_a_long_delimited_latin_1_file_keep_its_bytes(tmp_path: Path) -> None:
+    lines = [f"{k}::Misérables, Les: {k}::{ts}\n".encode("latin-1") for k, ts in enumerate([86400 + 5, 7, 86400 + 1])]
+    (tmp_path / "r.dat").write_bytes(b"".join(lines))
+    data = TabularDataSection(
+        format=CsvConfig(**DAT, encoding="latin-1", column_names=["k", "title", "ts"]),
+        label=LabelColumn(column="k"),
+        split=SplitByValue(column="ts", valid_from=10 * 86400),
+        windows=WindowsSection(by="column"),
+    )
+
+    windows = ColumnWindows(str(tmp_path / "r.dat"), data, "ts", 86400, str(tmp_path / "w")).windows()
+
+    assert [w.start for w in windows] == [0, 86400]
+    assert [Path(w.paths[0].removeprefix("file://")).read_bytes() for w in windows] == [lines[1], lines[0] + lines[2]]
+
+
+def test_a_resume_in_a_chunk_of_normalised_text_continues_with_the_same_rows(tmp_path: Path) -> None:
+    """The stand-in delimiter shortens a line and Latin-1 text lengthens it: the offsets a run resumes from are the
+    file's, in chunks of a few lines."""
+    folder = write_movielens_1m(tmp_path, num_users=6, per_user=8)
+    data = ml1m_schema(folder)
+    options: dict[str, Any] = {"batch_size": 3, "shuffle": True, "shuffle_buffer_size": 6, "seed": 3}
+    options |= {"read_chunk_bytes": 100, "drop_last": False, "max_malformed_rows": 0}
+
+    def reader() -> TabularReader:
+        return TabularReader(str(folder / "ratings.dat"), data, **options)
+
+    expected = [ids(b, "title") + ids(b, "userId") for step in reader() for b in step]
+    interrupted = reader()
+    head = [ids(b, "title") + ids(b, "userId") for _ in range(3) for b in next(interrupted)]
+    resumed = reader()
+    resumed.load_state_dict(interrupted.state_dict())
+
+    assert head + [ids(b, "title") + ids(b, "userId") for step in resumed for b in step] == expected
+    lines = (folder / "ratings.dat").read_text().splitlines()
+    assert sum(len(row) for row in expected) == 2 * sum(int(line.split("::")[3]) < VALID_FROM for line in lines)
