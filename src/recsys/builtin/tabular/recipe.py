@@ -160,6 +160,7 @@ def _encodings(
         paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
         every_row = files.reader(list(dict.fromkeys(paths)), split="all", encodings=None, batch_size=1, **options)
         orders = every_row.row_orders()
+        data.split.refuse_empty_splits(orders.split_values, scores_test=data.test_path is not None)
     ranked = Encodings({}, {}, ranks=orders.ranks)
     encodings = load_or_build_encodings(
         os.path.join(context.output_dir, ENCODINGS_FILE),

@@ -18,6 +18,7 @@ from recsys.tabular.labels import LabelColumn
 from recsys.tabular.schema import (
     CategoricalColumns,
     DenseColumns,
+    DerivedColumn,
     JoinedTable,
     SplitByValue,
     TabularDataSection,
@@ -261,3 +262,37 @@ def test_a_resume_in_a_chunk_of_normalised_text_continues_with_the_same_rows(tmp
     assert head + [ids(b, "title") + ids(b, "userId") for step in resumed for b in step] == expected
     lines = (folder / "ratings.dat").read_text().splitlines()
     assert sum(len(row) for row in expected) == 2 * sum(int(line.split("::")[3]) < VALID_FROM for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("valid_from", "test_from", "message"),
+    [
+        (
+            1339227125.0,
+            None,
+            r"`dataset.split.valid_from` must leave rows to validate, but is 1339227125 \(2012-06-09\)",
+        ),
+        (956703932.0, None, r"`dataset.split.valid_from` must leave rows to train on, but is 956703932 \(2000-04-25\)"),
+        (VALID_FROM, 2e9, r"`dataset.split.test_from` must leave rows to test, but is 2000000000 \(2033-05-18\)"),
+    ],
+)
+def test_a_time_split_that_leaves_a_split_no_row_stops_at_start_up(
+    tmp_path: Path, valid_from: float, test_from: float | None, message: str
+) -> None:
+    """ml-latest-small's cut (2012) on MovieLens-1M's ratings (2000-2003): the pass over every file that a history
+    makes at start-up sees the split column's range."""
+    folder = write_movielens_1m(tmp_path)
+    history = DerivedColumn(name="movie_history", source="movieId", transform="history", key="userId", length=5)
+    data = ml1m_schema(
+        folder,
+        derived=[history],
+        categorical=[*ml1m_schema(folder).categorical, CategoricalColumns(columns=["movie_history"], multi_hot=True)],
+        split=SplitByValue(column="timestamp", valid_from=valid_from, test_from=test_from),
+    )
+    values = TabularReader(str(folder / "ratings.dat"), data, split="all", batch_size=1).row_orders().split_values
+    assert values is not None and values[0] < VALID_FROM <= values[1] < 1046454591
+
+    if test_from is not None:
+        data.split.refuse_empty_splits(values, scores_test=False)  # A test split that no one scores is not refused.
+    with pytest.raises(ConfigError, match=message):
+        data.split.refuse_empty_splits(values, scores_test=True)
