@@ -119,7 +119,7 @@ def free_byte(data: npt.NDArray[np.uint8]) -> int:
     return int(free[0])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _replace_delimiters(data, pattern, quote, stand_in):  # type: ignore[no-untyped-def]
     """``data`` with each ``pattern`` outside quoted fields replaced by ``stand_in``, read as the tokeniser reads
     fields: a quote opens a field only at its start, a doubled quote inside is one, and no field spans lines."""

@@ -35,9 +35,11 @@ def test_a_bad_rating_ends_training_in_one_line_with_exit_2(
     ratings_path = tmp_path / "ratings.csv"
     ratings_path.write_text("\n".join(lines) + "\n")
     paths = [f"dataset.train_path={ratings_path}", f"dataset.valid_path={ratings_path}"]
+    # The preset's cut (2012) is later than these lines: a cut among them, so that the split leaves rows to validate.
+    cut = f"dataset.split.valid_from={sorted(int(line.rsplit(',', 1)[1]) for line in lines[1:])[100]}"
 
     code, _, err = run_main(
-        capsys, "train", "movielens_small", "-o", str(tmp_path / "out"), *paths, "dataset.max_malformed_rows=0"
+        capsys, "train", "movielens_small", "-o", str(tmp_path / "out"), *paths, cut, "dataset.max_malformed_rows=0"
     )
 
     assert code == 2
