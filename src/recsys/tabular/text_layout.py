@@ -109,8 +109,8 @@ class TextLayout:
 
 def free_byte(data: npt.NDArray[np.uint8]) -> int:
     """A control byte that ``data`` does not hold, to stand for its delimiter."""
-    counts = np.bincount(data, minlength=256)
-    free = _STAND_INS[counts[_STAND_INS] == 0]
+    present = _bytes_present(data)
+    free = _STAND_INS[~present[_STAND_INS]]
     if not len(free):
         raise UnreadableText(
             "a delimiter of several characters is read as a control byte the text lacks, but this text holds "
@@ -120,41 +120,54 @@ def free_byte(data: npt.NDArray[np.uint8]) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
+def _bytes_present(data):  # type: ignore[no-untyped-def]
+    present = np.zeros(256, np.bool_)
+    for byte in data:
+        present[byte] = True
+    return present
+
+
+@numba.njit(cache=True, nogil=True)
 def _replace_delimiters(data, pattern, quote, stand_in):  # type: ignore[no-untyped-def]
     """``data`` with each ``pattern`` outside quoted fields replaced by ``stand_in``, read as the tokeniser reads
     fields: a quote opens a field only at its start, a doubled quote inside is one, and no field spans lines."""
     out = np.empty(len(data), np.uint8)
-    size, i, n, width = 0, 0, len(data), len(pattern)
+    size, i, n, width, first = 0, 0, len(data), len(pattern), pattern[0]
     at_field_start = True
     while i < n:
         byte = data[i]
         if at_field_start and byte == quote:
-            out[size], size, i = byte, size + 1, i + 1
+            out[size] = byte
+            size += 1
+            i += 1
             while i < n and data[i] != 10:
                 byte = data[i]
-                out[size], size, i = byte, size + 1, i + 1
+                out[size] = byte
+                size += 1
+                i += 1
                 if byte == quote:
                     if i < n and data[i] == quote:
-                        out[size], size, i = quote, size + 1, i + 1
+                        out[size] = quote
+                        size += 1
+                        i += 1
                         continue
                     break
             at_field_start = False
             continue
-        if byte == 10:
-            out[size], size, i = byte, size + 1, i + 1
-            at_field_start = True
-            continue
-        matched = i + width <= n
-        for k in range(width):
-            if not matched or data[i + k] != pattern[k]:
-                matched = False
-                break
-        if matched:
-            out[size], size, i = stand_in, size + 1, i + width
-            at_field_start = True
-            continue
-        out[size], size, i = byte, size + 1, i + 1
-        at_field_start = False
+        if byte == first and i + width <= n:
+            k = 1
+            while k < width and data[i + k] == pattern[k]:
+                k += 1
+            if k == width:
+                out[size] = stand_in
+                size += 1
+                i += width
+                at_field_start = True
+                continue
+        out[size] = byte
+        size += 1
+        i += 1
+        at_field_start = byte == 10
     return out[:size]
 
 
