@@ -56,8 +56,8 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
     # A pattern of windows may match nothing yet (`follow` waits for them): the windows' own messages tell.
-    splits = ("train", "valid", "test") if data.windows.by == "none" else ("valid", "test")
-    located = {f"dataset.{split}_path": getattr(data, f"{split}_path") for split in splits}
+    named = ("train", "valid", "test") if data.windows.by == "none" else ("valid", "test")
+    located = {f"dataset.{split}_path": getattr(data, f"{split}_path") for split in named}
     refuse_unlocated_paths(
         located | {f"dataset.joins[{k}].path": join.path for k, join in enumerate(data.joins)}, data.data_dir
     )
