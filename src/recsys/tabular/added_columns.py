@@ -53,6 +53,9 @@ class RowOrders:
 
     histories: dict[str, History]
     ranks: EventRanks | None = None
+    split_values: tuple[float, float] | None = None
+    """The least and the greatest value of ``split.column`` in the well-formed rows (``None``: no such value), by
+    which a split by value that leaves training or validation no row stops at start-up."""
 
 
 class AddedColumns:
@@ -263,11 +266,15 @@ class AddedColumns:
         builders = {d.name: HistoryBuilder(self._tied_histories) for d in self._history_columns}
         split = self._schema.split
         events = EventRanksBuilder(split.tie_break is not None) if split.last_of is not None else None
+        low, high = np.inf, -np.inf
         for file_keys, file_numbers, valid in chunks:
             keys, numbers, bags = self._join(file_keys, file_numbers)
             if split.column is None:
                 continue  # Nothing to order (a schema without histories or leave-one-out).
             times, ties = numbers[split.column], self._ties(keys, len(valid))
+            known = times[valid & ~np.isnan(times)]
+            if len(known):
+                low, high = min(low, float(known.min())), max(high, float(known.max()))
             if events is not None:
                 assert split.last_of is not None
                 events.add(keys[split.last_of], times, ties, valid)
@@ -278,7 +285,7 @@ class AddedColumns:
                     source = keys[derived.source], np.arange(len(valid) + 1, dtype=np.int64)
                 builders[derived.name].add(keys[derived.key], times, source, valid, ties)
         histories = {name: builder.build() for name, builder in builders.items()}
-        return RowOrders(histories, None if events is None else events.build())
+        return RowOrders(histories, None if events is None else events.build(), (low, high) if low <= high else None)
 
     def counters(self) -> dict[str, KeyCounter]:
         """An empty counter per ``count`` and ``count_before`` column, for the pass that counts them."""

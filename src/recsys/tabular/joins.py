@@ -1,8 +1,9 @@
 """Side tables joined to the rows by key: the attributes of the items or users that the rows name.
 
-A side table is read whole at start-up by pyarrow (CSV/TSV with a header, or Parquet, through fsspec), its
-rows grouped by key. Keys are the 64-bit hashes of their text (``recsys.tabular.hashing``) under the basis
-of the rows' ``on`` column, so that a row's key, hashed by the tokeniser where it lies, finds its side rows
+A side table is read whole at start-up by pyarrow (CSV/TSV with a header or the options of its ``format``, or
+Parquet, through fsspec), its rows grouped by key. Keys are the 64-bit hashes of their text
+(``recsys.tabular.hashing``) under the basis of the rows' ``on`` column, so that a row's key, hashed by the
+tokeniser where it lies, finds its side rows
 with one binary search, and no text is held. A column the rows take is kept in the form its role needs:
 value keys (a categorical value), numbers (a dense value, or the source of a derived column), or bags of value
 keys (multi-hot: every value of every side row of the key, split by the group's ``separator``).
@@ -27,6 +28,7 @@ from recipes import DataError
 from recsys.tabular.hashing import text_keys
 from recsys.tabular.schema import JoinedTable, resolve_path
 from recsys.tabular.split_by_value import SplitByValue
+from recsys.tabular.text_layout import UnreadableText
 
 Bags = tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]
 """Value keys and the offsets of each row's values in them."""
@@ -125,7 +127,9 @@ def read_side_table(join: JoinedTable, split: SplitByValue) -> pa.Table:
     try:
         with fsspec.open(resolve_path(path), "rb", compression="infer") as file:
             data = file.read()
-        if path.endswith(".parquet"):
+        if join.format is not None:
+            table = join.format.read_side_table(data)
+        elif path.endswith(".parquet"):
             table = pq.read_table(io.BytesIO(data))
         else:
             # Every column as text: a key or value means what its text says ("007" stays "007").
@@ -139,6 +143,8 @@ def read_side_table(join: JoinedTable, split: SplitByValue) -> pa.Table:
             )
     except FileNotFoundError:
         raise DataError(f"The joined table {path} must exist, but does not.") from None
+    except UnreadableText as ex:
+        raise DataError(f"The joined table {path} must be text as its `format` says, but is not: {ex}.") from None
     except (pa.ArrowException, OSError) as ex:
         raise DataError(
             f"The joined table {path} must be a readable CSV/TSV or Parquet file, but is not: {ex}"
@@ -155,8 +161,11 @@ def read_side_table(join: JoinedTable, split: SplitByValue) -> pa.Table:
     return table.select(wanted)
 
 
-def side_numbers(path: str, name: str, values: pa.ChunkedArray) -> npt.NDArray[np.float64]:
-    """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError``."""
+def side_numbers(
+    path: str, name: str, values: pa.ChunkedArray, table: str = "the joined table"
+) -> npt.NDArray[np.float64]:
+    """The column's numbers (NaN where empty or null); a text that is no number is a ``DataError`` naming ``table``
+    and its ``path``."""
     if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
         return np.asarray(pc.cast(values, pa.float64()).fill_null(np.nan).to_numpy(), np.float64)
     texts = pc.utf8_trim_whitespace(values.cast(pa.string()))
@@ -166,8 +175,7 @@ def side_numbers(path: str, name: str, values: pa.ChunkedArray) -> npt.NDArray[n
     except pa.ArrowInvalid:
         bad = next(i for i, text in enumerate(texts.to_pylist()) if text and not _is_number(text))
         raise DataError(
-            f"The column '{name}' of the joined table {path} must hold numbers, but holds "
-            f"{texts[bad].as_py()!r} instead."
+            f"The column '{name}' of {table} {path} must hold numbers, but holds {texts[bad].as_py()!r} instead."
         ) from None
     return np.asarray(numbers.fill_null(np.nan).to_numpy(), np.float64)
 

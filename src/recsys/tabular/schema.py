@@ -17,6 +17,7 @@ validation and test rows by the value of a column (a time split).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from importlib.resources import files
@@ -63,6 +64,13 @@ def resolve_path(path: str) -> str:
     except ModuleNotFoundError:
         raise ValueError(f"The package of {path} must be installed, but '{package}' is not.") from None
     return str(root.joinpath(relative))
+
+
+def in_folder(folder: str, path: str | None) -> str | None:
+    """``path`` in ``folder`` if it is relative (no URL, no ``package://``, not absolute), else as it is."""
+    if path is None or "://" in path or os.path.isabs(os.path.expanduser(path)):
+        return path
+    return f"{folder}/{path}"
 
 
 @dataclass
@@ -160,7 +168,8 @@ class JoinedTable:
     """A side table whose columns join the rows by key: the attributes of an item or a user.
 
     It is read whole at start-up (meant for tables of items or users, not logs): a CSV/TSV file with a header
-    (tab-separated if its name ends in ``.tsv`` or ``.tsv.gz``) or a Parquet file (``.parquet``), through fsspec.
+    (tab-separated if its name ends in ``.tsv`` or ``.tsv.gz``) or a Parquet file (``.parquet``), through fsspec;
+    a text file of other options (MovieLens-1M's ``movies.dat``) says them in ``format``.
     Keys match by their text, as categorical values do. A row whose key the table lacks gets missing values
     (categorical id 0, a dense ``fill``). A key may have several rows: its values of a column then form a bag,
     which a categorical group takes with ``multi_hot: true``. When the table holds the ``split`` column, only
@@ -175,12 +184,20 @@ class JoinedTable:
     """The rows' column that holds the key; ``null``: the column named like ``key``."""
     columns: list[str] = field(default_factory=list)
     """The side table's columns that the rows take, by their names (which must be new to the rows)."""
+    format: Annotated[DataFormatConfig, DATA_FORMATS] | None = None
+    """The file's format and options, as ``dataset.format``'s (``csv`` or ``tsv``: ``delimiter``, ``header``,
+    ``column_names``, ``encoding``...); ``null``: by the name's extension, as above."""
 
     def __post_init__(self) -> None:
         if not self.path or not self.key or not self.columns:
             raise ValueError(
                 f"A join must name its `path`, `key` and `columns`, but has path={self.path!r}, key={self.key!r} and "
                 f"columns={self.columns!r}."
+            )
+        if self.format is not None and not self.format.reads_side_tables:
+            raise ValueError(
+                f"A join's `format` must be one that reads a whole side table (csv, tsv; null for Parquet), but is "
+                f"'{self.format.name}' instead."
             )
         self.columns = expand_names(self.columns)
         self.on = self.on or self.key
@@ -253,6 +270,11 @@ class TabularDataSection:
     """Validation files, as ``train_path``."""
     test_path: str | None = None
     """Optional: the ``test`` split of ``eval`` and ``predict``."""
+    data_dir: str | None = None
+    """The folder of the relative paths above and of the joins' (a local folder or an fsspec URL); ``null``: the
+    current directory. A preset for files of a known layout (``movielens_1m_din``: ``ratings.dat``, ``movies.dat``)
+    names the files and leaves their folder to you. The paths are made absolute at start-up, and a run's config
+    keeps them so."""
     format: Annotated[DataFormatConfig, DATA_FORMATS] = field(default_factory=DATA_FORMATS.default("csv"))
     """The files' format and its options: ``csv`` and ``tsv`` (``delimiter``, ``quote_char``, ``header``,
     ``column_names``), ``libsvm`` (also libFM: ``label idx:val ...``) and ``libffm`` (``label field:idx:val ...``;
@@ -290,6 +312,8 @@ class TabularDataSection:
     on a GPU (``recipes.parse_threads``)."""
 
     def __post_init__(self) -> None:
+        if self.data_dir is not None:
+            self._locate_in(self.data_dir)
         self.format.check(self)
         check_label_tasks(self.labels, self.added_columns)
         features = [*self.dense_columns, *self.categorical_columns]
@@ -321,6 +345,17 @@ class TabularDataSection:
         twice = sorted({name for name in added if added.count(name) > 1})
         if twice:
             raise ValueError(f"A joined or derived column must have a name of its own, but {twice} are added twice.")
+
+    def _locate_in(self, folder: str) -> None:
+        """Every relative path of the files and joins, in ``folder``."""
+        if not folder:
+            raise ValueError("`data_dir` must name a folder or be null, but is empty.")
+        base = folder.rstrip("/") if "://" in folder else os.path.abspath(os.path.expanduser(folder))
+        self.train_path, self.valid_path, self.test_path = (
+            in_folder(base, path) for path in (self.train_path, self.valid_path, self.test_path)
+        )
+        for join in self.joins:
+            join.path = in_folder(base, join.path) or join.path
 
     def _check_histories(self) -> None:
         """A history is a bag of keys: a multi-hot group hashes it; a dense group or a vocabulary cannot take it."""

@@ -4,9 +4,10 @@ column's values (a time split), or leave-one-out by key (``recsys.tabular.leave_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Annotated
 
-from recipes import Range
+from recipes import ConfigError, Range
 
 
 @dataclass
@@ -19,7 +20,9 @@ class SplitByValue:
     column: str | None = None
     """The numeric column; ``null``: every row of a split's files belongs to it."""
     valid_from: Annotated[float, Range()] | None = None
-    """Rows whose value is at least this are validation rows (up to ``test_from``); smaller values train."""
+    """Rows whose value is at least this are validation rows (up to ``test_from``); smaller values train. Where the
+    files are read whole at start-up (a ``history`` column), a cut that leaves training, validation or a scored test
+    split no row stops the run there, in one line."""
     test_from: Annotated[float, Range()] | None = None
     """Rows whose value is at least this are test rows (optional)."""
     last_of: str | None = None
@@ -70,6 +73,26 @@ class SplitByValue:
                 f"'{self.last_of}' like one of them."
             )
 
+    def refuse_empty_splits(self, values: tuple[float, float] | None, scores_test: bool) -> None:
+        """A cut that leaves training, validation or (``scores_test``: ``test_path`` is set) the test split no row,
+        given the least and greatest value of ``column`` in every configured file (``RowOrders.split_values``), is a
+        ``ConfigError``: found at the first validation, it would end a run after its training (MovieLens-1M's
+        ratings, of 2000-2003, cut where ml-latest-small's are, in 2012)."""
+        if values is None or self.valid_from is None or self.last_of is not None:
+            return
+        low, high = values
+        test_from = float("inf") if self.test_from is None or not scores_test else self.test_from
+        for empty, key, cut, rows in (
+            (low >= self.valid_from, "valid_from", self.valid_from, "train on"),
+            (high < self.valid_from, "valid_from", self.valid_from, "validate"),
+            (high < test_from < float("inf"), "test_from", test_from, "test"),
+        ):
+            if empty:
+                raise ConfigError(
+                    f"`dataset.split.{key}` must leave rows to {rows}, but is {_value(cut)} while the files' "
+                    f"`{self.column}` runs from {_value(low)} to {_value(high)}."
+                )
+
     def bounds(self, split: str) -> tuple[float, float] | None:
         """The ``[low, high)`` range of the column's values that ``split`` keeps; ``None``: every row (so for
         ``all``: the rows of every split, which a ``history`` gathers; with ``last_of``, a row's rank in its key
@@ -81,3 +104,11 @@ class SplitByValue:
         return {"train": (-float("inf"), self.valid_from), "valid": (self.valid_from, test_from)}.get(
             split, (test_from, float("inf"))
         )
+
+
+def _value(value: float) -> str:
+    """A value of the split column, with its date where it may be seconds since 1970 (years 1973 to 2100)."""
+    text = str(int(value)) if value.is_integer() else f"{value:g}"
+    if 1e8 <= value < 4.1e9:
+        return f"{text} ({datetime.fromtimestamp(value, timezone.utc):%Y-%m-%d})"
+    return text

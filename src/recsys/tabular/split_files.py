@@ -4,9 +4,10 @@ start-up rather than at its first validation, after training."""
 
 from __future__ import annotations
 
+import glob
 from typing import Any
 
-from recipes import DataError
+from recipes import ConfigError, DataError
 from recsys.data.stream import StreamingReader
 
 SPLIT_PATH_KEYS = {"train": "dataset.train_path", "valid": "dataset.valid_path", "test": "dataset.test_path"}
@@ -16,6 +17,20 @@ SPLIT_PATH_KEYS = {"train": "dataset.train_path", "valid": "dataset.valid_path",
 def paths_key(split: str) -> str:
     """The config key of ``split``'s files; the files of every split for ``all`` (a reader of histories)."""
     return SPLIT_PATH_KEYS.get(split, "dataset.train_path, valid_path and test_path")
+
+
+def refuse_unlocated_paths(paths: dict[str, str | None], data_dir: str | None) -> None:
+    """A relative local path (``{config key: path}``) that matches nothing in the current directory, with no
+    ``dataset.data_dir`` set, is refused naming both keys: a preset that names its files (``ratings.dat``) leaves
+    their folder to ``data_dir``."""
+    if data_dir is not None:
+        return
+    for key, path in paths.items():
+        if path and "://" not in path and not path.startswith(("/", "~")) and not glob.glob(path):
+            raise ConfigError(
+                f"`{key}` is {path!r}, relative to the current directory, which holds no such file: set "
+                "`dataset.data_dir` to the folder that holds it, or give its full path."
+            )
 
 
 def refuse_rowless_split(reader: StreamingReader[Any], split: str, num_files: int, header_lines: int) -> None:

@@ -28,7 +28,9 @@ from recsys.click.batch import CTRBatch
 from recsys.data.window_sequence import Window, WindowSequence
 from recsys.tabular.added_columns import times_out_of_range
 from recsys.tabular.formats.data_format import DataFormat
+from recsys.tabular.joins import side_numbers
 from recsys.tabular.schema import TabularDataSection
+from recsys.tabular.text_layout import UnreadableText, read_text_table
 
 TIME_FORMS = "YYYY-MM-DD, YYYY-MM-DD-HH (or THH), YYYYMMDD, YYYYMMDDHH, and an hour as hour=HH"
 """The forms of time recognised in a path, for messages."""
@@ -276,7 +278,6 @@ def _write_window(fs: Any, path: str, tables: Sequence[_Table], masks: Sequence[
 def _read_tables(paths: str, schema: TabularDataSection, column: str) -> list[_Table]:
     """The files of ``paths`` (CSV, TSV or Parquet): their time column (read by pyarrow) and their rows."""
     import pyarrow as pa
-    import pyarrow.csv as pa_csv
     import pyarrow.parquet as pq
 
     from recsys.tabular.formats.delimited_text import CsvConfig
@@ -298,13 +299,11 @@ def _read_tables(paths: str, schema: TabularDataSection, column: str) -> list[_T
             tables.append(_Table(table.column(column).to_numpy(zero_copy_only=False).astype(np.float64), table))
             continue
         assert text is not None
-        read = pa_csv.read_csv(
-            pa.BufferReader(data),
-            read_options=pa_csv.ReadOptions(column_names=None if text.header else text.column_names),
-            parse_options=pa_csv.ParseOptions(delimiter=text.field_delimiter, quote_char=text.quote_char or False),
-            convert_options=pa_csv.ConvertOptions(include_columns=[column], column_types={column: pa.float64()}),
-        )
-        values = read.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+        try:
+            read = read_text_table(data, text.layout, None if text.header else text.column_names, False, [column])
+        except UnreadableText as error:
+            raise DataError(f"{file.full_name} must be text as `dataset.format` says, but is not: {error}.") from None
+        values = side_numbers(file.full_name, column, read.column(column), table="the file")
         lines = [line for line in data.splitlines(keepends=True) if line.strip()]
         header, lines = (lines[0], lines[1:]) if text.header and lines else (b"", lines)
         if len(lines) != len(values):

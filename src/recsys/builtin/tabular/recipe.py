@@ -29,6 +29,7 @@ from recsys.tabular.cardinality import count_table_ids, load_or_count_cardinalit
 from recsys.tabular.formats.data_format import ColumnFormat, DataFormat, data_format
 from recsys.tabular.schema import HISTORY, TabularDataSection, resolve_path, with_full_keys
 from recsys.tabular.schema_metric_columns import single_valued_columns, value_names
+from recsys.tabular.split_files import refuse_unlocated_paths
 from recsys.tabular.value_texts import feature_value_texts
 from recsys.tabular.vocabulary import Encodings, load_or_build_encodings
 from recsys.tabular.window_sources import windowed_train_reader
@@ -54,6 +55,12 @@ def build_tabular(context: RecipeContext[TabularConfig]) -> RecipeParts:
     data = config.dataset
     if data.train_path is None or data.valid_path is None:
         raise ConfigError("`dataset.train_path` and `dataset.valid_path` must name files, but are not set.")
+    # A pattern of windows may match nothing yet (`follow` waits for them): the windows' own messages tell.
+    named = ("train", "valid", "test") if data.windows.by == "none" else ("valid", "test")
+    located = {f"dataset.{split}_path": getattr(data, f"{split}_path") for split in named}
+    refuse_unlocated_paths(
+        located | {f"dataset.joins[{k}].path": join.path for k, join in enumerate(data.joins)}, data.data_dir
+    )
     metric_columns(config, single_valued_columns(data, None))  # A column the schema lacks stops before any reading.
     tasks = data.tasks
     check_num_tasks(config.model, len(tasks or ()) or 1, tasks or ())
@@ -155,6 +162,7 @@ def _encodings(
         paths = [resolve_path(path) for path in (data.train_path, data.valid_path, data.test_path) if path]
         every_row = files.reader(list(dict.fromkeys(paths)), split="all", encodings=None, batch_size=1, **options)
         orders = every_row.row_orders()
+        data.split.refuse_empty_splits(orders.split_values, scores_test=data.test_path is not None)
     ranked = Encodings({}, {}, ranks=orders.ranks)
     encodings = load_or_build_encodings(
         os.path.join(context.output_dir, ENCODINGS_FILE),

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 
 from recipes import ConfigError, DataError
 from recsys.click.batch import CTRBatch, make_ctr_batch
@@ -33,6 +33,14 @@ from recsys.tabular.joins import Bags
 from recsys.tabular.row_arrays import object_array, split_rows
 from recsys.tabular.schema import TabularDataSection, expand_names
 from recsys.tabular.split_files import paths_key, refuse_rowless_split
+from recsys.tabular.text_layout import (
+    TextLayout,
+    UnreadableText,
+    check_delimiter,
+    csv_quoting,
+    encoding_name,
+    read_text_table,
+)
 from recsys.tabular.vocabulary import Encodings, KeyCounter, ValueCounts
 
 
@@ -42,21 +50,30 @@ class CsvConfig(DataFormatConfig):
 
     name: str = "csv"
     delimiter: str | None = None
-    """The field separator; ``null``: the format's (``,`` for csv, a tab for tsv)."""
+    """The field separator, one character or several (MovieLens-1M's ``::``, matched left to right outside quoted
+    fields); ``null``: the format's (``,`` for csv, a tab for tsv)."""
     quote_char: str | None = '"'
-    """Fields may be quoted with this (``null``: no quoting); a quoted field must not hold a newline."""
+    """Fields may be quoted with this (``null``: no quoting), one ASCII character that the delimiter does not hold;
+    a quoted field must not hold a newline."""
     header: bool = True
     """Whether each file's first line names the columns."""
     column_names: list[str] | None = None
     """The columns' names in file order, for files without a header (brace ranges allowed)."""
+    encoding: str = "utf-8"
+    """The files' text encoding, one that writes ASCII as ASCII (``latin-1`` for MovieLens-1M's ``.dat`` files,
+    ``cp1252``...); values are read as their text, so a title has one id whatever file it comes from."""
+
+    reads_side_tables: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.column_names is not None:
             self.column_names = expand_names(self.column_names)
         if not self.header and self.column_names is None:
             raise ValueError("`column_names` must name the columns of files without a header, but is not set.")
-        if self.delimiter is not None and len(self.delimiter) != 1:
-            raise ValueError(f"`delimiter` must be one character, but is {self.delimiter!r} instead.")
+        if self.quote_char is not None and (len(self.quote_char) != 1 or not self.quote_char.isascii()):
+            raise ValueError(f"`quote_char` must be one ASCII character or null, but is {self.quote_char!r} instead.")
+        check_delimiter(self.field_delimiter, self.quote_char)
+        encoding_name(self.encoding)  # An unknown encoding stops here.
 
     def check(self, schema: TabularDataSection) -> None:
         """Named columns must hold every column the schema reads from the file, and a sequence of the file's must be
@@ -84,6 +101,14 @@ class CsvConfig(DataFormatConfig):
     @property
     def field_delimiter(self) -> str:
         return self.delimiter or ","
+
+    @property
+    def layout(self) -> TextLayout:
+        return TextLayout(self.field_delimiter, self.quote_char, self.encoding)
+
+    def read_side_table(self, raw: bytes) -> pa.Table:
+        """A joined table's file, every column as text."""
+        return read_text_table(raw, self.layout, None if self.header else self.column_names, skip_header=False)
 
 
 @dataclass
@@ -117,6 +142,7 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
     ) -> None:
         self._schema = schema
         self._text = schema.format_options(CsvConfig)
+        self._text_layout = self._text.layout
         self._encodings = encodings or Encodings({}, {})
         self._split = split
         super().__init__(paths, paths_key=paths_key(split), **kwargs)
@@ -188,17 +214,10 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
     def column_texts(self, columns: Sequence[str]) -> Iterator[dict[str, pa.Array]]:
         """Each chunk of lines parsed by pyarrow's CSV parser with the format's delimiter and quoting, every column
         as text; a header line is skipped, a line of another number of fields left out."""
-        quote = self._text.quote_char or False
-        parse = pa_csv.ParseOptions(
-            delimiter=self._text.field_delimiter, quote_char=quote, invalid_row_handler=lambda _: "skip"
-        )
-        convert = pa_csv.ConvertOptions(column_types=dict.fromkeys(columns, pa.string()), include_columns=columns)
         for start, buffer in self.line_chunks(START):
-            header = self._text.header and start.offset == 0
-            read = pa_csv.ReadOptions(column_names=self._names, skip_rows=1 if header else 0)
-            table = pa_csv.read_csv(
-                pa.py_buffer(buffer), read_options=read, parse_options=parse, convert_options=convert
-            )
+            with self._decoding(start.file_index):
+                header = self._text.header and start.offset == 0
+                table = read_text_table(buffer, self._text_layout, self._names, header, list(columns))
             yield {name: table.column(name).combine_chunks() for name in columns}
 
     # The format -------------------------------------------------------------------------------
@@ -219,23 +238,27 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
     def _keys_of(self, buffer: bytes, file_index: int, at_file_start: bool) -> _Chunk:
         """The lines of a chunk as the kernel leaves them (keys where ids come later), with the added columns
         filled in, the rows outside the split marked invalid, and the multi-hot columns' keys."""
+        raw = buffer
+        with self._decoding(file_index):
+            buffer, delimiter = self._text_layout.normalize(raw)
         data = np.frombuffer(buffer, dtype=np.uint8)
         line_starts = delimited.line_starts(data)
-        line_ends = line_starts[1:]
+        # The file's line ends (a resume's offsets): its lines are the normalised text's (``text_layout``).
+        line_ends = line_starts[1:] if buffer is raw else delimited.line_starts(np.frombuffer(raw, np.uint8))[1:]
         skip = 1 if self._text.header and at_file_start else 0
         if skip:
-            self._check_header(buffer[: line_ends[0]], file_index)
+            self._check_header(buffer[: line_starts[1]], file_index, delimiter)
         lines = delimited.tokenize(
             data,
             line_starts,
             skip,
-            self._text.field_delimiter,
+            delimiter,
             self._text.quote_char,
             self._plan,
             (len(self._schema.dense_columns), len(self._key_slots), len(self._file_bags), len(self._number_slots)),
         )
         problems = {
-            int(line): self._problem(lines, int(line), buffer[line_starts[line] : line_ends[line]])
+            int(line): self._problem(lines, int(line), buffer[line_starts[line] : line_starts[line + 1]], delimiter)
             for line in np.flatnonzero(lines.codes > delimited.HEADER)
         }
         quote = self._text.quote_char
@@ -362,7 +385,9 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
                 f"`{paths_key(self._split)}` must name files that start with a header line, but {self.file_name(0)} "
                 "is empty."
             )
-        names = self._split_line(first.decode("utf-8-sig", errors="replace"))
+        with self._decoding(0):
+            line, delimiter = self._text_layout.normalize(first)
+        names = self._split_line(line.decode("utf-8-sig", errors="replace"), delimiter)
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise DataError(
@@ -370,26 +395,39 @@ class TabularReader(StreamingLineReader[CTRBatch], ColumnReader):
             )
         return names
 
-    def _split_line(self, text: str) -> list[str]:
-        quoting = {"quotechar": self._text.quote_char} if self._text.quote_char else {"quoting": csv.QUOTE_NONE}
-        row = next(csv.reader([text.rstrip("\r\n")], delimiter=self._text.field_delimiter, **quoting), [])
+    def _split_line(self, text: str, delimiter: str) -> list[str]:
+        """The fields of a line of normalised text (``text_layout``), split by ``delimiter``, the byte that stands for
+        the format's."""
+        row = next(csv.reader([text.rstrip("\r\n")], delimiter=delimiter, **csv_quoting(self._text.quote_char)), [])
         return [field.strip() for field in row]
 
-    def _check_header(self, line: bytes, file_index: int) -> None:
-        names = self._split_line(line.decode("utf-8-sig", errors="replace"))
+    @contextmanager
+    def _decoding(self, file_index: int) -> Iterator[None]:
+        """Text that is not of the format's encoding, or a chunk that leaves no byte to stand for a long delimiter,
+        is a ``DataError`` naming the file."""
+        try:
+            yield
+        except UnreadableText as error:
+            raise DataError(
+                f"{self.file_name(file_index)} must be {self._text.encoding} text (`dataset.format.encoding`) split "
+                f"by {self._text.field_delimiter!r}, but is not: {error}."
+            ) from None
+
+    def _check_header(self, line: bytes, file_index: int, delimiter: str) -> None:
+        names = self._split_line(line.decode("utf-8-sig", errors="replace"), delimiter)
         if names != self._names:
             raise DataError(
                 f"Line 1 of {self.file_name(file_index)} must name the columns {self._names} as the first file "
                 f"does, but names {names} instead."
             )
 
-    def _problem(self, lines: TokenizedLines, line: int, text: bytes) -> str:
+    def _problem(self, lines: TokenizedLines, line: int, text: bytes, delimiter: str) -> str:
         code, column = int(lines.codes[line]), int(lines.columns[line])
         if code == delimited.FIELD_COUNT:
             return f"it must have {len(self._names)} fields, but has {column} instead"
         if code == delimited.QUOTE:
             return "a quoted field must end with a quote, followed by the delimiter or the line's end"
-        fields = self._split_line(text.decode(errors="replace"))
+        fields = self._split_line(text.decode(errors="replace"), delimiter)
         task = self._schema.label_tasks[column] if code == delimited.NOT_A_LABEL else None
         if task is not None:  # The kernel names the task whose label is wrong.
             column = self._names.index(task.column)

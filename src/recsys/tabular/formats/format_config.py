@@ -8,7 +8,9 @@ any format, each of which reads a schema, is defined.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+import pyarrow as pa
 
 from components import Registry
 
@@ -20,6 +22,14 @@ class DataFormatConfig:
     cannot read."""
 
     name: str = "csv"
+    """The format, by its registered name (``csv``, ``tsv``, ``parquet``, ``libsvm``, ``libffm``...)."""
+
+    reads_side_tables: ClassVar[bool] = False
+    """Whether a join's ``format`` may be this one (``read_side_table``)."""
+
+    def read_side_table(self, raw: bytes) -> pa.Table:
+        """A joined table's whole file, every column as text (a format whose ``reads_side_tables``)."""
+        raise NotImplementedError(f"The format '{self.name}' reads no joined table.")
 
     def check(self, schema: Any) -> None:
         """Raise a ``ValueError`` (one line) for what the format cannot read in ``schema``, the

@@ -49,7 +49,7 @@ def test_csv_and_tsv_split_fields_by_their_own_delimiter_unless_told_otherwise()
          r"format 'parquet' \(from layer 0\). It is an option of csv, tsv.$"),
         ({"format": {"name": "csv", "num_fields": 3}}, r"'dataset.format.num_fields' for data format 'csv' .* libffm"),
         ({"format": "json"}, r"^`dataset.format.name` must be one of csv, libffm, libsvm, parquet, tsv, but is 'json'"),
-        ({"format": {"name": "csv", "delimiter": ";;"}}, r"`delimiter` must be one character, but is ';;' instead."),
+        ({"format": {"name": "csv", "delimiter": ';"'}}, r"`delimiter` must not hold the quote character '\"'"),
         ({"format": {"name": "csv", "header": False}}, r"`column_names` must name the columns of files without a"),
         ({"format": "libffm"}, r"^Invalid config in 'dataset': `num_fields` must be set for `format: libffm`, but"),
         (

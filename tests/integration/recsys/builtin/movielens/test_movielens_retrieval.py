@@ -1,11 +1,10 @@
 """The retrieval presets as a user runs them: ``movielens_two_tower`` validated by ranking every movie, the same
-figures on 1 and 2 ranks; ``movielens_sasrec`` on MovieLens-1M's own ``ratings.dat``; both exported for serving;
-misuse in one line."""
+figures on 1 and 2 ranks; ``movielens_1m_sasrec`` on MovieLens-1M's own ``ratings.dat``; both exported for
+serving; misuse in one line."""
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from support.cli_runs import assert_one_line_error, run_main
+from support.movielens_1m import write_movielens_1m
 from support.resume_helpers import check_ok, metric_history, run_recipes
 
 SHORT = ["trainer.max_num_steps=6", "trainer.validate_every_n_steps=6", "metrics.recorders.console=false"]
@@ -67,24 +67,10 @@ def test_two_tower_exports_its_query_tower_and_every_item_vector(tmp_path: Path)
     assert queries.shape == (3, 64)
 
 
-def write_ratings_dat(path: Path, num_users: int = 40, per_user: int = 15) -> None:
-    """Lines as MovieLens-1M's ``ratings.dat`` has them: ``UserID::MovieID::Rating::Timestamp``, no header."""
-    rng = random.Random(0)
-    lines = []
-    for user in range(1, num_users + 1):
-        for index, movie in enumerate(rng.sample(range(1, 300), per_user)):
-            lines.append(f"{user}::{movie}::{rng.randint(1, 5)}::{978300000 + 60 * index}")
-    path.write_text("\n".join(lines) + "\n")
+def test_sasrec_reads_movielens_1m_ratings_dat_given_its_folder(tmp_path: Path) -> None:
+    write_movielens_1m(tmp_path / "ml-1m")
 
-
-def test_sasrec_reads_movielens_1m_ratings_dat_given_its_path(tmp_path: Path) -> None:
-    write_ratings_dat(tmp_path / "ratings.dat")
-    paths = [f"dataset.{split}_path=ratings.dat" for split in ("train", "valid", "test")]
-    # "::" read as ":" with an empty field between: the columns named _1, _2, _3 are never read.
-    names = "[userId, _1, movieId, _2, rating, _3, timestamp]"
-    dat = f"dataset.format={{name: csv, delimiter: ':', header: false, column_names: {names}}}"
-
-    check_ok(run_recipes(tmp_path, "train", "movielens_sasrec", "-o", "out", *paths, dat, *SHORT, timeout=600))
+    check_ok(run_recipes(tmp_path, "train", "movielens_1m_sasrec", "-o", "out", "dataset.data_dir=ml-1m", *SHORT))
 
     assert metric_history(tmp_path / "out")["valid"][-1]["hr@50"] >= 0
     check_sasrec_export(tmp_path)
