@@ -8,7 +8,7 @@
 #      and off, blocking and async saves, kill -9 and resume, eval, predict, export-tables, runs
 #      moved between the GPU and the CPU);
 #   5. the hash map on the GPU against the CPU's;
-#   6. DIN's training step against the same model in plain torch (benchmarks/sequence_step.py).
+#   6. DIN's and SASRec's training steps against the same models in plain torch (benchmarks/sequence_step.py).
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR
 #
