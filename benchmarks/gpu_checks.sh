@@ -43,5 +43,5 @@ FILTER='^batch=|^summary|wait' part gpu_throughput 120 python3 benchmarks/gpu_th
 FILTER='^(PASS|FAIL|SKIP)|^gpu_paths' part gpu_paths 130 python3 benchmarks/gpu_paths.py "$out/paths" --device cuda \
     --jobs 8 --budget 120
 FILTER='_over_cpu' part hash_table_gpu 30 python3 benchmarks/hash_table_gpu.py --batches 5 --warmup 5
-FILTER='ratio_vs_torch' part sequence_step 60 python3 benchmarks/sequence_step.py --device cuda --rounds 10 --steps 3
+FILTER='ratio_vs_torch' part sequence_step 90 python3 benchmarks/sequence_step.py --device cuda --rounds 10 --steps 3
 echo "gpu_checks: $SECONDS s"

@@ -47,13 +47,19 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def registry_of(hint: Any) -> Registry | None:
-    """The registry a field's ``Annotated[..., REGISTRY]`` type chooses from, if any."""
+    """The registry a field's ``Annotated[..., REGISTRY]`` type chooses from, if any (also where the field may be
+    null: ``Annotated[..., REGISTRY] | None``)."""
+    optional = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
+    return next((found for found in map(_own_registry, (hint, *optional)) if found is not None), None)
+
+
+def _own_registry(hint: Any) -> Registry | None:
     return next((extra for extra in getattr(hint, "__metadata__", ()) if isinstance(extra, Registry)), None)
 
 
 def describe_type(hint: Any) -> str:
     """A type as a reader of a YAML file needs it: ``int >= 1 | null``, ``list of str``, ```none` | `bf16```."""
-    registry = registry_of(hint)
+    registry = _own_registry(hint)
     if registry is not None:
         return f"{registry.kind} by name" if not _is_dict(hint) else f"{registry.kind}s by name"
     origin = typing.get_origin(hint)
@@ -184,7 +190,7 @@ def walk(cls: type, prefix: str, root: str, found: Walk, skip: frozenset[str] = 
             meaning += f" One of: {names} ([their options](#{registry_anchor(registry)}))."
         elif element is not None:
             nested.append((element, dotted if element is hint else dotted + "[]"))
-            meaning += f" Its keys: [`{nested[-1][1]}`](#{root}.{dotted})."
+            meaning += f" Its keys: [`{nested[-1][1]}`](#{root}.{dotted.replace('[]', '')})."
         section.rows.append(Row(dotted, describe_type(hint), describe_default(default), meaning.strip()))
     for element, dotted in nested:
         walk(element, dotted, root, found, owner=owner)

@@ -39,6 +39,8 @@ COLOURS.add("blue", BlueConfig, "blue")
 class Source:
     path: str = ""
     """Where it comes from."""
+    colour: Annotated[ColourConfig, COLOURS] | None = None
+    """The source's own colour; ``None``: the outer one."""
 
 
 @dataclass
@@ -76,17 +78,23 @@ def test_types_read_as_a_yaml_writer_needs_them() -> None:
     assert describe(list[str]) == "list of str"
     assert describe(dict[str, PositiveInt]) == "map of str to int >= 1"
     assert describe(Annotated[ColourConfig, COLOURS]) == "colour by name"
+    assert describe(Annotated[ColourConfig, COLOURS] | None) == "colour by name | null"
 
 
 def test_a_walk_lists_every_key_with_its_nested_sections_and_the_registries_it_chooses_from() -> None:
     found = config_reference.walk(Outer, "", "example", config_reference.Walk(), owner="the example")
     keys = [[row.key for row in section.rows] for section in found.sections]
-    assert keys == [["mode", "inner", "sources", "colour", "forgotten"], ["inner.depth"], ["sources[].path"]]
+    assert keys == [
+        ["mode", "inner", "sources", "colour", "forgotten"],
+        ["inner.depth"],
+        ["sources[].path", "sources[].colour"],
+    ]
     rows = {row.key: row for section in found.sections for row in section.rows}
     assert rows["inner.depth"].type == "int >= 1 | null" and rows["inner.depth"].default == "`null`"
     assert rows["colour"].default == "`blue`"
     assert "One of: `blue`, `red`" in rows["colour"].meaning and "(#components-colour)" in rows["colour"].meaning
-    assert "(#example.inner)" in rows["inner"].meaning
+    assert "(#example.inner)" in rows["inner"].meaning and "(#example.sources)" in rows["sources"].meaning
+    assert "(#components-colour)" in rows["sources[].colour"].meaning  # a registry where null may stand too
     assert found.registries == {"colour": COLOURS}
     assert found.undocumented == [f"{__name__}.Outer.forgotten"]  # a section (`inner`) has its own heading
 
