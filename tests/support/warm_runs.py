@@ -241,7 +241,7 @@ def write_warm_python(path: Path) -> None:
 def client(argv: Sequence[str]) -> NoReturn:
     """``-m MODULE ARGS`` run by the warm interpreter named in the environment, as if this process were it."""
     env = dict(os.environ)
-    socket_path = env.pop(SOCKET_ENV)
+    socket_path = env[SOCKET_ENV]  # Kept: the ranks of the run's `train --nproc N` find the interpreter by it.
     module, args = argv[1], list(argv[2:])
     # Ended by the kernel with the process that started it, as a rank is with its launcher: the warm interpreter
     # then ends the run's parent, whose death ends a rank (``warm_interpreter.PARENT_VARIABLES``).
