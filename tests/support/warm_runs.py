@@ -63,7 +63,8 @@ class WarmInterpreter:
     def run_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` for a run forked here, with what makes the ranks of its ``train --nproc N`` forks from here too:
         torchrun starts them with ``$PYTHON_EXEC`` (``write_warm_python``'s, beside the socket), which finds this
-        interpreter by ``SOCKET_ENV``. A rank spends about 3.5 s of CPU importing before its first step otherwise."""
+        interpreter by ``SOCKET_ENV``. A new interpreter's rank spends 2 to 4 s of CPU
+        importing before its first step (2.3 s on an idle machine, 3.6 s on a busy one)."""
         socket_path = self.socket_path()
         return {**env, SOCKET_ENV: socket_path, "PYTHON_EXEC": str(Path(socket_path).with_name("python"))}
 
