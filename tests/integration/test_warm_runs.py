@@ -25,6 +25,7 @@ PROBE = textwrap.dedent(
         "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path0": sys.path[0], "cwd": os.getcwd(),
         "name": __name__, "probe_variable": os.environ.get("PROBE_VARIABLE"), "stdin": sys.stdin.read(),
         "numba": "numba" in sys.modules, "torch": "torch" in sys.modules,
+        "launcher_is_parent": os.environ.get("RECIPES_LAUNCHER_PID") == str(os.getppid()),
     }), flush=True)
     print("to stderr", file=sys.stderr)
     if sys.argv[1:] == ["wait"]:
@@ -48,13 +49,14 @@ def fresh(folder: Path, env: dict[str, str], *args: str) -> subprocess.Completed
     )
 
 
-def warm(folder: Path, env: dict[str, str], *args: str) -> tuple[int, str, str] | None:
+def warm(folder: Path, env: dict[str, str], *args: str, parent: int | None = None) -> tuple[int, str, str] | None:
     """The probe forked by the warm interpreter: exit code, stdout, stderr; None if it refused."""
     out, err = folder / "out.txt", folder / "err.txt"
     with open(os.devnull, "rb") as null, open(out, "wb") as stdout, open(err, "wb") as stderr:
         streams = (null.fileno(), stdout.fileno(), stderr.fileno())
         try:
-            started = warm_runs.start_run(warm_runs.WARM.socket_path(), "probe", args, folder, env, streams)
+            socket_path = warm_runs.WARM.socket_path()
+            started = warm_runs.start_run(socket_path, "probe", args, folder, env, streams, parent=parent)
         except warm_runs.Refused:
             return None
         returncode = started.wait(timeout=120)
@@ -79,12 +81,30 @@ def test_a_warm_run_has_the_folder_environment_command_line_streams_and_exit_cod
 
 
 def test_a_run_whose_start_up_variables_differ_is_refused_and_run_by_a_new_interpreter(probe_folder: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2"}
+    # numpy's OpenBLAS sizes its threads from it as the warm interpreter imports numpy.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1" if os.environ.get("OPENBLAS_NUM_THREADS") != "1" else "2"}
 
     assert warm(probe_folder, env) is None
-    with pytest.warns(UserWarning, match="a new interpreter ran -m recipes list: the environment differs in OMP_NUM"):
+    with pytest.warns(UserWarning, match="a new interpreter ran -m recipes list: the environment differs in OPENBLAS"):
         result = warm_runs.run([sys.executable, "-m", "recipes", "list"], probe_folder, env, timeout=120)
     assert result.returncode == 0 and "ctr_tiny" in result.stdout
+
+
+def test_a_rank_that_torchrun_starts_runs_warm_with_its_variables_and_its_launcher_for_parent(
+    probe_folder: Path,
+) -> None:
+    """What torchrun gives a rank (its variables, ``OMP_NUM_THREADS``) is no reason for a new interpreter, and the
+    launcher the rank must die with (``recipes.cli.launch.die_with_launcher``) is its parent, the waiter, there."""
+    launcher = os.getpid()  # This process stands for torchrun's launcher, which started the rank's client.
+    ranks = {"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "job", "RECIPES_LAUNCHER_PID": str(launcher)}
+    env = {**warm_runs.WARM.run_env(os.environ), **ranks}
+
+    ran = warm(probe_folder, env, parent=launcher)
+
+    assert ran is not None
+    seen = json.loads(ran[1])
+    assert seen["torch"] and seen["launcher_is_parent"]
+    assert Path(env["PYTHON_EXEC"]).is_file()  # The `python` torchrun starts the ranks with.
 
 
 def test_the_client_passes_signals_on_and_exits_with_the_runs_code(probe_folder: Path) -> None:

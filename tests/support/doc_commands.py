@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from support.paths import ROOT
-from support.warm_runs import SOCKET_ENV, WARM, warm_venv
+from support.warm_runs import WARM, warm_venv
 
 # What a command run in the folder finds of the checkout: linked, not copied (the tests read, never write them).
 CHECKOUT_ENTRIES = (
@@ -136,8 +136,8 @@ def run_until_it_waits(command: str, cwd: Path, env: Mapping[str, str], waiting:
 
 def env_with(extra: Mapping[str, str]) -> dict[str, str]:
     """The tests' environment for a command, with ``extra``; the numba cache of the checkout, and the warm
-    interpreter of ``checkout_folder``'s ``python``."""
-    env = dict(os.environ)
+    interpreter of ``checkout_folder``'s ``python`` and of the ranks torchrun starts (``WarmInterpreter.run_env``)."""
+    env = WARM.run_env(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
-    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", SOCKET_ENV: WARM.socket_path(), **extra})
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra})
     return env

@@ -51,7 +51,16 @@ START_UP_VARIABLES = (
     *("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_"),
     *("TORCH", "PYTORCH", "CUDA"),
 )
-EMULATED = frozenset({"PYTHONUNBUFFERED"})  # Its streams made unbuffered, as the interpreter makes them.
+# Emulated: PYTHONUNBUFFERED (its streams made unbuffered, as the interpreter makes them) and OMP_NUM_THREADS (torch's
+# threads set to it, as torch sets them from it), which torchrun gives its ranks.
+EMULATED = frozenset({"PYTHONUNBUFFERED", "OMP_NUM_THREADS"})
+# What torchrun gives its ranks, read when they run, not while anything above is imported.
+LAUNCH_VARIABLES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC")
+# Variables that name a run's parent: a rank of `train --nproc N` must die with its launcher, whose pid it is given
+# (recipes.cli.launch.die_with_launcher). A rank forked here has the waiter for its parent, not the launcher that
+# started its client: there the variable names the waiter, which ends when the client does (the launcher ending
+# it), so the rank dies with its launcher still.
+PARENT_VARIABLES = ("RECIPES_LAUNCHER_PID",)
 
 STANDARD_STREAMS = 3
 MAX_REQUEST_BYTES = 1 << 20
@@ -108,11 +117,17 @@ def _wait_on_a_run(connection: socket.socket, start_up_env: dict[str, str]) -> t
     differing = sorted(
         key
         for key in {*start_up_env, *env}
-        if key.startswith(START_UP_VARIABLES) and key not in EMULATED and start_up_env.get(key) != env.get(key)
+        if key.startswith(START_UP_VARIABLES)
+        and not key.startswith(LAUNCH_VARIABLES)
+        and key not in EMULATED
+        and start_up_env.get(key) != env.get(key)
     )
     if differing:
         _send(connection, {"refused": f"the environment differs in {', '.join(differing)}"})
         os._exit(0)
+    for name in PARENT_VARIABLES:
+        if request.get("parent") is not None and env.get(name) == str(request["parent"]):
+            env[name] = str(os.getpid())
     pid = os.fork()
     if pid == 0:
         connection.close()
@@ -120,6 +135,9 @@ def _wait_on_a_run(connection: socket.socket, start_up_env: dict[str, str]) -> t
     for descriptor in descriptors:
         os.close(descriptor)
     _send(connection, {"pid": pid})
+    run_ended = os.pidfd_open(pid)
+    if run_ended not in select.select([connection, run_ended], [], [])[0]:
+        os._exit(0)  # The client has ended (nothing else comes from it): so does the run's parent.
     _, status = os.waitpid(pid, 0)
     _send(connection, {"returncode": os.waitstatus_to_exitcode(status)})
     os._exit(0)
@@ -156,6 +174,10 @@ def become_the_run(request: dict[str, Any], descriptors: list[int]) -> None:
 
     tempfile.tempdir = None  # Found again from this environment's TMPDIR.
     numpy.random.seed()  # A new interpreter's numpy generator starts from fresh entropy (`random` reseeds at fork).
+    if "OMP_NUM_THREADS" in os.environ:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     if os.environ.get("PYTHONUNBUFFERED"):
         for name in ("stdout", "stderr"):
             stream = getattr(sys, name)

@@ -3,16 +3,19 @@ warm interpreter that has imported torch (``support.warm_interpreter``, one per 
 run), as a process of its own with the command's folder, environment, streams and exit code.
 
 Only runs that end by themselves go this way (``run``, and the documents' commands through ``warm_venv``'s
-``python``); the tests that signal or kill a run, or time its start, start it in a new interpreter as before. So do
-the runs whose environment differs from the tests' in what the interpreter reads as it starts: the warm interpreter
-refuses them. Run as a script (``python warm_runs.py -m recipes ARGS``), this module is the client a shell command
-runs: the run gets its standard streams, its signals are passed on to the run, and its exit code is the run's.
+``python``), and the ranks of a ``train --nproc N`` that ``run`` started (torchrun starts them with ``$PYTHON_EXEC``,
+``write_warm_python``'s); the tests that signal or kill a run, or time its start, start it in a new interpreter as
+before, and so start its ranks. So do the runs whose environment differs from the tests' in what the interpreter
+reads as it starts: the warm interpreter refuses them. Run as a script (``python warm_runs.py -m recipes ARGS``),
+this module is the client a shell command runs: the run gets its standard streams, its signals are passed on to the
+run, and its exit code is the run's.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import io
 import json
 import locale
@@ -38,6 +41,7 @@ SOCKET_ENV = "RECIPES_TEST_WARM_SOCKET"
 WARM_PACKAGES = frozenset({"recipes", "recsys"})
 # What the client passes on to the run: a stop (Ctrl-C, SIGTERM), a terminal closing, the user signals.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
 PYTHON_NAMES = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 
 
@@ -56,9 +60,18 @@ class WarmInterpreter:
                 self._socket_path = self._start()
             return self._socket_path
 
+    def run_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` for a run forked here, with what makes the ranks of its ``train --nproc N`` forks from here too:
+        torchrun starts them with ``$PYTHON_EXEC`` (``write_warm_python``'s, beside the socket), which finds this
+        interpreter by ``SOCKET_ENV``. A new interpreter's rank spends 2 to 4 s of CPU
+        importing before its first step (2.3 s on an idle machine, 3.6 s on a busy one)."""
+        socket_path = self.socket_path()
+        return {**env, SOCKET_ENV: socket_path, "PYTHON_EXEC": str(Path(socket_path).with_name("python"))}
+
     def _start(self) -> str:
         folder = tempfile.mkdtemp(prefix="warm-interpreter-")
         path = os.path.join(folder, "socket")
+        write_warm_python(Path(folder) / "python")
         errors = open(os.path.join(folder, "stderr"), "w+b")  # noqa: SIM115 - the server's, kept open as it runs
         server = subprocess.Popen(
             [sys.executable, str(SERVER), path],
@@ -111,10 +124,18 @@ class Refused(Exception):
 
 
 def start_run(
-    socket_path: str, module: str, args: Sequence[str], cwd: Path | str, env: Mapping[str, str], streams: Sequence[int]
+    socket_path: str,
+    module: str,
+    args: Sequence[str],
+    cwd: Path | str,
+    env: Mapping[str, str],
+    streams: Sequence[int],
+    parent: int | None = None,
 ) -> WarmRun:
     """``python -m MODULE ARGS`` forked by the warm interpreter at ``socket_path``, with ``streams`` (stdin, stdout,
-    stderr descriptors) as its own; ``Refused`` where the run needs a new interpreter."""
+    stderr descriptors) as its own; ``Refused`` where the run needs a new interpreter. ``parent``: the pid of the
+    process that started the caller as its ``python`` (torchrun's launcher for a rank), whom the run must take
+    for its parent (``warm_interpreter.PARENT_VARIABLES``)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(socket_path)
@@ -122,7 +143,8 @@ def start_run(
         errors = Path(socket_path).with_name("stderr")
         said = errors.read_text(errors="replace") if errors.is_file() else ""
         raise RuntimeError(f"the warm interpreter at {socket_path} has ended ({error}); it said:\n{said}") from None
-    request = json.dumps({"module": module, "args": list(args), "cwd": str(cwd), "env": dict(env)}).encode() + b"\n"
+    fields = {"module": module, "args": list(args), "cwd": str(cwd), "env": dict(env), "parent": parent}
+    request = json.dumps(fields).encode() + b"\n"
     sent = socket.send_fds(connection, [request], list(streams))
     connection.sendall(request[sent:])
     replies = connection.makefile("rb")
@@ -160,7 +182,8 @@ def run(
     if module is not None:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as null:
             try:
-                started = start_run(WARM.socket_path(), *module, cwd, env, (null.fileno(), out.fileno(), err.fileno()))
+                streams = (null.fileno(), out.fileno(), err.fileno())
+                started = start_run(WARM.socket_path(), *module, cwd, WARM.run_env(env), streams)
             except Refused as refused:
                 warnings.warn(f"a new interpreter ran {shlex.join(command[1:])}: {refused}", stacklevel=2)
             else:
@@ -193,29 +216,39 @@ def warm_venv(folder: Path) -> Path:
     (folder / "bin").mkdir()
     for entry in (prefix / "bin").iterdir():
         (folder / "bin" / entry.name).symlink_to(entry)
+    for name in PYTHON_NAMES:
+        path = folder / "bin" / name
+        path.unlink(missing_ok=True)
+        write_warm_python(path)
+    return folder
+
+
+def write_warm_python(path: Path) -> None:
+    """A ``python`` at ``path`` that runs ``-m`` of a module of ``WARM_PACKAGES`` through this module's client when
+    the environment names a warm interpreter (``SOCKET_ENV``), and anything else with this Python. A first ``-u``
+    (torchrun starts its ranks so) is read as ``PYTHONUNBUFFERED``, which the warm interpreter emulates."""
     warm = "|".join(sorted(WARM_PACKAGES))
-    shim = (
+    path.write_text(
         "#!/usr/bin/env bash\n"
+        'if [[ "${1-}" == -u ]]; then export PYTHONUNBUFFERED=1; shift; fi\n'
         f'if [[ "${{1-}}" == -m && "${{2-}}" =~ ^({warm})(\\.|$) && -n "${{{SOCKET_ENV}-}}" ]]; then\n'
         f'  exec {shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} "$@"\n'
         "fi\n"
         f'exec {shlex.quote(sys.executable)} "$@"\n'
     )
-    for name in PYTHON_NAMES:
-        path = folder / "bin" / name
-        path.unlink(missing_ok=True)
-        path.write_text(shim)
-        path.chmod(0o755)
-    return folder
+    path.chmod(0o755)
 
 
 def client(argv: Sequence[str]) -> NoReturn:
     """``-m MODULE ARGS`` run by the warm interpreter named in the environment, as if this process were it."""
     env = dict(os.environ)
-    socket_path = env.pop(SOCKET_ENV)
+    socket_path = env[SOCKET_ENV]  # Kept: the ranks of the run's `train --nproc N` find the interpreter by it.
     module, args = argv[1], list(argv[2:])
+    # Ended by the kernel with the process that started it, as a rank is with its launcher: the warm interpreter
+    # then ends the run's parent, whose death ends a rank (``warm_interpreter.PARENT_VARIABLES``).
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
-        started = start_run(socket_path, module, args, os.getcwd(), env, (0, 1, 2))
+        started = start_run(socket_path, module, args, os.getcwd(), env, (0, 1, 2), parent=os.getppid())
     except Refused:
         os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
 

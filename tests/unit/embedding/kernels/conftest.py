@@ -88,9 +88,10 @@ def run_steps(config: SparseOptimizerConfig, table: Table, steps: list[StepInput
 
 def assert_matches_reference(
     config: SparseOptimizerConfig, num_rows: int, dim: int, steps: list[StepInputs], backend: str
-) -> None:
+) -> Table:
     """Run ``steps`` with ``backend`` and with the reference on copies of one table; they must
-    agree to float32 rounding, and rows no step touched must be bitwise untouched."""
+    agree to float32 rounding, and rows no step touched must be bitwise untouched. Returns the table ``backend``
+    left (on the CPU), which started as ``random_table(config, num_rows, dim)``."""
     initial = random_table(config, num_rows, dim)
     expected, actual = initial.clone(), initial.clone().to(backend_device(backend))
     run_steps(config, expected, steps, "reference")
@@ -108,6 +109,7 @@ def assert_matches_reference(
     for name in initial.state:
         assert torch.equal(actual.state[name][~touched], initial.state[name][~touched])
     assert touched.any() == (not torch.equal(actual.weight, initial.weight))
+    return actual
 
 
 def assert_bitwise_same_across_threads(config: SparseOptimizerConfig, initial: Table, steps: list[StepInputs]) -> None:
@@ -159,5 +161,5 @@ def determinism_check() -> Callable[[SparseOptimizerConfig, Table, list[StepInpu
 
 
 @pytest.fixture
-def reference_check() -> Callable[[SparseOptimizerConfig, int, int, list[StepInputs], str], None]:
+def reference_check() -> Callable[[SparseOptimizerConfig, int, int, list[StepInputs], str], Table]:
     return assert_matches_reference
