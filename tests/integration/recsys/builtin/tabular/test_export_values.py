@@ -114,4 +114,4 @@ def test_the_texts_beside_the_ids_give_the_ids_the_readers_give(
     (tmp_path / "train.csv").rename(tmp_path / "moved.csv")  # The recipe's readers, and the pass, open the files.
     code, _, err = run_main(capsys, "export", "out", "-o", "after_move")
     assert code == 2 and not (tmp_path / "after_move").exists()
-    assert_one_line_error(err, "must name existing files", "train.csv")
+    assert_one_line_error(err, "holds no such file", "train.csv")
