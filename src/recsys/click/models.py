@@ -125,17 +125,18 @@ class _ServingDense(nn.Module):
 
 
 def pooled_input(module: nn.Module, feature: str) -> PooledInput:
-    """Which table of ``module`` pools ``feature``, with its dim and pooling."""
+    """Which table of ``module`` pools ``feature``, with its dim and pooling. A table that does not pool (a
+    sequence's) is served for its one-id-a-row feature (the sequence's candidate, whose row a model reads as it is):
+    the sum of that one row."""
     if isinstance(module, ShardedEmbeddingCollection):
         table = next(table for table in module.tables if feature in table.features)
-        if table.pooling == "none":
-            raise ValueError(f"Table '{table.name}' must pool its rows to be served, but its pooling is none.")
-        return PooledInput(table.name, feature, table.dim, table.pooling)
+        return PooledInput(table.name, feature, table.dim, "sum" if table.pooling == "none" else table.pooling)
     if isinstance(module, DenseEmbeddingBags):
         name = module.table_of[feature]
         bag = module.bags[name]
-        assert isinstance(bag, nn.EmbeddingBag)
-        return PooledInput(name, feature, bag.embedding_dim, "mean" if bag.mode == "mean" else "sum")
+        assert isinstance(bag, (nn.Embedding, nn.EmbeddingBag))
+        mean = isinstance(bag, nn.EmbeddingBag) and bag.mode == "mean"
+        return PooledInput(name, feature, bag.embedding_dim, "mean" if mean else "sum")
     raise TypeError(f"An embedding module must be sparse tables or embedding bags, but is {type(module).__name__}.")
 
 

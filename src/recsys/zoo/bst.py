@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from components import PositiveInt
-from recipes import ConfigError, DenseForServing, PooledInput, SequenceInput
+from recipes import ConfigError, DenseForServing, SequenceInput
 from recsys.click.batch import CTRBatch
 from recsys.click.models import ServedSequenceModel, TaskModel, mlp_with_dropout, pooled_input, task_logits
 from recsys.models.embeddings import table_of
@@ -103,12 +103,7 @@ class BST(TaskModel):
     def dense_for_serving(self) -> DenseForServing:
         """The blocks and the deep MLP over the looked-up vectors (the candidate's its row) and the sequence's rows,
         padded."""
-        inputs = tuple(
-            PooledInput(*table_of(self.embeddings, name), "sum")
-            if name == self.candidate
-            else pooled_input(self.embeddings, name)
-            for name in self.vectors
-        )
+        inputs = tuple(pooled_input(self.embeddings, name) for name in self.vectors)
         sequence = SequenceInput(*table_of(self.embeddings, self.sequence), self.max_len)
         return DenseForServing(
             ServedSequenceModel(self), self.num_dense, inputs, self.served_outputs(), sequences=(sequence,)

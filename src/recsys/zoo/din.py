@@ -147,13 +147,7 @@ class DIN(TaskModel):
     def dense_for_serving(self) -> DenseForServing:
         """The deep MLP and the activation units over the looked-up vectors (a sequence without a candidate pooled
         by its mean, as the model pools it) and each attended sequence's rows, padded."""
-        candidates = set(self.candidates.values())  # One id a row, in a table of rows unpooled: the row itself.
-        inputs = [
-            PooledInput(*table_of(self.embeddings, name), "sum")
-            if name in candidates
-            else pooled_input(self.embeddings, name)
-            for name in self.vectors
-        ]
+        inputs = [pooled_input(self.embeddings, name) for name in self.vectors]
         inputs += [PooledInput(*table_of(self.embeddings, name), "mean") for name in self._attended(False)]
         sequences = tuple(
             SequenceInput(*table_of(self.embeddings, name), self.sequence_lengths[name])
