@@ -28,6 +28,7 @@ from embedding.lookup import (
     make_lookup,
     send_all_ids,
     sends_ids,
+    staged_rows,
 )
 from embedding.memory import check_memory, rank_bytes
 from embedding.optimizers import SparseOptimizerConfig
@@ -36,6 +37,9 @@ from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_s
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
 from embedding.table_config import EmbeddingTableConfig, check_tables
+from embedding.tiered_state import load_tiered_group, tiered_group_states
+from embedding.tiers.row_cache import StagedRecords
+from embedding.tiers.store_opener import StoreOpener
 from gang import FakeGang, Gang, ReduceOperation
 
 
@@ -66,6 +70,7 @@ class ShardedEmbeddingCollection(nn.Module):
         seed: int = 0,
         optimizer: SparseOptimizerConfig | None = None,
         replicate_max_bytes: int = DEFAULT_REPLICATE_MAX_BYTES,
+        storage_dir: str | None = None,
     ) -> None:
         super().__init__()
         check_tables(tables)
@@ -77,8 +82,12 @@ class ShardedEmbeddingCollection(nn.Module):
         """This rank's bytes of rows and hash maps: checked against the available memory (the optimizer
         state is the sparse optimizer's, which checks its own)."""
         check_memory(self.memory_bytes, self.gang.device, self.gang.rank)
+        self.storage_dir = storage_dir
+        """Where the stores of the tables on disk go (a folder per rank), read when a store first opens: a run
+        sets its own, in its output directory."""
+        stores = StoreOpener(lambda: self.storage_dir, self.gang.rank, self.optimizer)
         self.groups: list[ShardGroup] = build_groups(
-            self.tables, self.plan, self.gang.size, self.gang.rank, seed, self.gang.device
+            self.tables, self.plan, self.gang.size, self.gang.rank, seed, self.gang.device, stores
         )
         self.shards: Mapping[str, TableShard] = {
             shard.config.name: shard for group in self.groups for shard in group.shards
@@ -98,6 +107,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 )
             prepared.used = True
             lookups, bags, sent = prepared.lookups, prepared.bags, prepared.sent
+            for lookup, staged in zip(lookups, prepared.staged):
+                lookup.staged = staged
         else:
             features = features.to(self.gang.device)
             (lookups, bags), sent = self._prepare(features, self.training), None
@@ -119,7 +130,10 @@ class ShardedEmbeddingCollection(nn.Module):
         of each distinct id's gradients that every rank sends the others."""
         _check_features(self.tables, features)
         lookups = [make_lookup(group, self.gang, training) for group in self.groups]
-        sorts = [training and group.dynamic is None and not sends_ids(group, self.gang) for group in self.groups]
+        sorts = [
+            training and group.dynamic is None and group.tier is None and not sends_ids(group, self.gang)
+            for group in self.groups
+        ]
         return lookups, [group_bags(group, features, sort) for group, sort in zip(self.groups, sorts)]
 
     @property
@@ -141,7 +155,22 @@ class ShardedEmbeddingCollection(nn.Module):
         """
         lookups, bags = self._prepare(features, training=True)
         sent = send_all_ids(gang, lookups, bags)
-        return features.with_prepared(PreparedLookup(self, lookups, bags, sent, _versions(features)))
+        staged = self._read_ahead(bags, sent)
+        return features.with_prepared(PreparedLookup(self, lookups, bags, sent, _versions(features), staged))
+
+    def _read_ahead(self, bags: Sequence[Bags], sent: SentIds | None) -> list[StagedRecords | None]:
+        """For each tiered group, the records of the rows its lookup will read that its cache lacks now: the ids
+        of the batch (or, sent to their owners, those this rank received)."""
+        staged: list[StagedRecords | None] = []
+        exchanged = 0
+        for group, bags_of_group in zip(self.groups, bags):
+            rows = bags_of_group.ids
+            if sends_ids(group, self.gang):
+                assert sent is not None, "Ids of a sharded table were sent."
+                rows = sent.payloads[exchanged][:, 0] - group.shards[0].row_start
+                exchanged += 1
+            staged.append(staged_rows(group, rows) if group.tier is not None else None)
+        return staged
 
     def hash_table_statistics(self) -> dict[str, dict[str, float]]:
         """Per hash table, over all ranks: rows used, load factor, and the ids admitted, rejected
@@ -166,21 +195,31 @@ class ShardedEmbeddingCollection(nn.Module):
 
         Like ``nn.Module.state_dict``, the tensors of fixed tables share storage with the live
         tables: save or copy them before the next optimizer step. A hash table's piece is a copy
-        (see :mod:`embedding.dynamic_state`), as training lookups change its slots.
+        (see :mod:`embedding.dynamic_state`), as training lookups change its slots, and so is a
+        tiered table's, which holds the rows steps have written (see :mod:`embedding.tiered_state`).
         """
-        state = shard_states(shard for shard in self.shards.values() if shard.dynamic is None)
+        state = shard_states(
+            shard for group in self.groups if group.tier is None for shard in group.shards if shard.dynamic is None
+        )
         for shard in self.shards.values():
             if shard.dynamic is not None:
                 state["tables"][shard.config.name] = hash_shard_state(shard)
+        for group in self.groups:
+            if group.tier is not None:
+                state["tables"].update(tiered_group_states(group))
         return state
 
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
         """Copy in the rows this rank owns from the sharded state dicts of every rank of a
         saving job, whatever its number of ranks or placements."""
-        load_shard_states([shard for shard in self.shards.values() if shard.dynamic is None], pieces)
+        on_device = [group for group in self.groups if group.tier is None]
+        load_shard_states([shard for group in on_device for shard in group.shards if shard.dynamic is None], pieces)
         for shard in self.shards.values():
             if shard.dynamic is not None:
                 load_hash_shard(shard, pieces)
+        for group in self.groups:
+            if group.tier is not None:
+                load_tiered_group(group, pieces)
 
 
 @dataclass
@@ -194,6 +233,8 @@ class PreparedLookup:
     bags: list[Bags]
     sent: SentIds | None
     versions: tuple[int, ...]  # of the features' tensors: a change in place would make the prepared input stale
+    staged: list[StagedRecords | None]
+    """Per group, a tiered group's records read ahead (see ``TieredRows.prefetch``)."""
     used: bool = False
 
 

@@ -10,14 +10,13 @@ it: an evicted id leaves nothing behind.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from embedding.hash_index import HashIndex, HashPolicy
-from embedding.id_hashing import init_rows_by_key
+from embedding.id_hashing import init_rows_by_key, init_salt
 from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
 
 _CPU = torch.device("cpu")
@@ -46,8 +45,7 @@ class DynamicRows:
                 f"{config.hash_policy.min_count} instead: no id would ever be admitted."
             )
         self.default_row = capacity
-        self._salt = zlib.crc32(f"{seed}/{config.name}".encode())
-        self._init_scale = config.init_scale if config.init_scale is not None else (1.0 / config.num_rows) ** 0.5
+        self._salt = init_salt(seed, config.name)
         self.state_fill: dict[str, float] = {}
         """The value each optimizer state starts from, by state name; set by the optimizer."""
 
@@ -76,10 +74,12 @@ class DynamicRows:
         keys = self.index.keys_of(slots)
         rows = slots.to(weight.device)
         if weight.device.type == "cpu":
-            init_rows_by_key(weight.numpy(), rows.numpy(), keys, self._salt, self._init_scale, self._normal)
+            init_rows_by_key(weight.numpy(), rows.numpy(), keys, self._salt, self.config.initial_scale, self._normal)
         else:
             values = torch.empty((keys.size, weight.size(1)), dtype=torch.float32)
-            init_rows_by_key(values.numpy(), np.arange(keys.size), keys, self._salt, self._init_scale, self._normal)
+            init_rows_by_key(
+                values.numpy(), np.arange(keys.size), keys, self._salt, self.config.initial_scale, self._normal
+            )
             weight[rows] = values.to(weight.device)
         for name, tensor in optimizer_state.items():
             tensor[rows] = self.state_fill[name]

@@ -7,6 +7,8 @@ have started from on another. ``mix64`` and ``reduce_hash`` compile for the CPU 
 
 from __future__ import annotations
 
+import zlib
+
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -42,10 +44,10 @@ def owner_ranks(ids: npt.NDArray[np.int64], num_ranks: int) -> npt.NDArray[np.in
     return owners
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, parallel=True)
 def _init_kernel(weight, rows, keys, salt, scale, normal):  # type: ignore[no-untyped-def]
     dim = weight.shape[1]
-    for i in range(rows.size):
+    for i in numba.prange(rows.size):
         base = mix64(np.uint64(keys[i]) ^ salt)
         for column in range(dim):
             first = mix64(base + np.uint64(2 * column + 1))
@@ -57,6 +59,11 @@ def _init_kernel(weight, rows, keys, salt, scale, normal):  # type: ignore[no-un
             else:
                 value = (2.0 * uniform - 1.0) * scale
             weight[rows[i], column] = value
+
+
+def init_salt(seed: int, table: str) -> int:
+    """What the initial rows of ``table`` hash their ids with: the run's seed and the table's name."""
+    return zlib.crc32(f"{seed}/{table}".encode())
 
 
 def init_rows_by_key(

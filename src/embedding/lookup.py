@@ -22,6 +22,7 @@ from embedding.id_hashing import owner_ranks
 from embedding.kernels import SortedIds
 from embedding.kernels.cpu import count_distinct, sum_by_id
 from embedding.sharding import GradRecord, ShardGroup
+from embedding.tiers.row_cache import StagedRecords
 from gang import Gang
 
 
@@ -59,6 +60,9 @@ class TableLookup(ABC):
     takes its gradient, in pieces that concatenate to ``[num_bags, dim]`` (one per feature),
     and records the rows' gradients on the groups that own them."""
 
+    staged: StagedRecords | None = None
+    """A tiered group's records read ahead for this lookup (by a train pipeline)."""
+
     @abstractmethod
     def forward(self, bags: Bags) -> torch.Tensor: ...
 
@@ -89,11 +93,27 @@ def _readable_in_place(grad_pieces: Sequence[torch.Tensor]) -> tuple[torch.Tenso
     return tuple(p if p.size(1) <= 1 or p.stride(1) == 1 else p.contiguous() for p in grad_pieces)
 
 
-def _local_rows(group: ShardGroup, ids: torch.Tensor, row_start: int, training: bool) -> torch.Tensor:
-    """The rows of ``group``'s buffer that this rank's share of ``ids`` (global rows, or a hash table's ids) read."""
+def _local_rows(
+    group: ShardGroup, ids: torch.Tensor, row_start: int, training: bool, staged: StagedRecords | None = None
+) -> torch.Tensor:
+    """The rows of ``group``'s buffer that this rank's share of ``ids`` (global rows, or a hash table's ids) read:
+    in a tiered group, the places of the cache they were brought into (with the records ``staged`` ahead)."""
     if group.dynamic is not None:
         return group.dynamic.rows(ids, group.weight, group.optimizer_state, training)
-    return ids - row_start if row_start else ids
+    rows = ids - row_start if row_start else ids
+    return group.places_of(rows, training, staged) if group.tier is not None else rows
+
+
+def _done_reading(group: ShardGroup, places: torch.Tensor, training: bool) -> None:
+    """After an evaluation lookup of a tiered group has read its rows: unpin them (a training lookup's stay pinned
+    until the update)."""
+    if group.tier is not None and not training:
+        group.tier.release([places.cpu().numpy()])
+
+
+def staged_rows(group: ShardGroup, rows: torch.Tensor) -> StagedRecords | None:
+    """The records of ``rows`` (of the buffer) that a tiered ``group``'s cache lacks, read now for a later lookup."""
+    return group.tier.prefetch(rows) if group.tier is not None else None
 
 
 class LocalLookup(TableLookup):
@@ -105,11 +125,13 @@ class LocalLookup(TableLookup):
         self._bags: Bags | None = None
 
     def forward(self, bags: Bags) -> torch.Tensor:
-        if self._group.dynamic is not None:
-            rows = _local_rows(self._group, bags.ids, 0, self._training)
+        if self._group.dynamic is not None or self._group.tier is not None:
+            rows = _local_rows(self._group, bags.ids, 0, self._training, self.staged)
             bags = Bags(rows, bags.offsets, bags.scales, bags.one_id_per_bag)
         self._bags = bags
-        return _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
+        pooled = _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
+        _done_reading(self._group, bags.ids, self._training)
+        return pooled
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
         self._group.record(self._local_record(_readable_in_place(grad_pieces)))
@@ -204,12 +226,15 @@ class AllToAllLookup(TableLookup):
         recv_ids, recv_bag, scale_bits = payload.unbind(1)
         self._recv_scales = scale_bits.to(torch.int32).view(torch.float32).contiguous()
         recv_starts = _partial_bag_starts(recv_bag, _segment_starts(recv_counts))
-        self._local_ids = _local_rows(self._group, recv_ids.contiguous(), self._shard.row_start, self._training)
+        self._local_ids = _local_rows(
+            self._group, recv_ids.contiguous(), self._shard.row_start, self._training, self.staged
+        )
         self._partial_of_id = torch.cumsum(recv_starts, 0) - 1
         partial_offsets = torch.cat(
             [torch.nonzero(recv_starts).flatten(), torch.tensor([recv_ids.numel()], device=recv_ids.device)]
         )
         partials = _weighted_sum(self._group.weight, self._local_ids, partial_offsets, self._recv_scales)
+        _done_reading(self._group, self._local_ids, self._training)
         requester = torch.repeat_interleave(torch.arange(self._gang.size, device=recv_ids.device), recv_counts)
         self._partials_per_requester = torch.bincount(requester[recv_starts], minlength=self._gang.size).tolist()
         return partials

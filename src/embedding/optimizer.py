@@ -125,6 +125,13 @@ class SparseOptimizer:
                 backend=self._backend,
                 sorted_ids=grads.sorted_ids,
             )
+        self._release_cached_rows()
+
+    def _release_cached_rows(self) -> None:
+        """Unpin the rows that tiered tables' training lookups pinned: updated now, or never to be."""
+        for group in self._groups:
+            if group.tier is not None:
+                group.tier.release()
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The tables and their optimizer state: what ``step`` changes."""
@@ -134,6 +141,7 @@ class SparseOptimizer:
         self._grad_multiplier = 1.0
         for group in self._groups:
             group.grads.clear()
+        self._release_cached_rows()
 
     def state_dict(self) -> dict[str, Any]:
         groups = [{key: value for key, value in group.items() if key != "params"} for group in self.param_groups]

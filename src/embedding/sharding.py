@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import zlib
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from embedding.dynamic_rows import DynamicRows
+from embedding.id_hashing import init_rows_by_key, init_salt
 from embedding.kernels import SortedIds
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
-from embedding.table_config import EmbeddingTableConfig
-
-INIT_BLOCK_ROWS = 1 << 16
-"""Rows are initialised in blocks with a generator of their own, so that a rank initialises
-only its rows and still gets exactly the values one process would have for them."""
-
+from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
+from embedding.tiers.row_cache import StagedRecords, TieredRows
+from embedding.tiers.store_opener import FreshRecords, StoreOpener
 
 _HUGE_PAGE_BYTES = 2 << 20
 
@@ -60,6 +57,8 @@ class TableShard:
     optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
     dynamic: DynamicRows | None = None
     """A hash table's slots: which id each row holds (``None`` for a fixed table)."""
+    state_fill: dict[str, float] = field(default_factory=dict)
+    """Each optimizer state's initial value, by name: what a row no step has touched holds."""
 
     @property
     def num_rows(self) -> int:
@@ -82,6 +81,9 @@ class ShardGroup:
     optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: list[GradRecord] = field(default_factory=list)
     dynamic: DynamicRows | None = None
+    tier: TieredRows | None = None
+    """Off the device (host or disk storage): the cache whose places ``weight`` and the state are, over the
+    store of every row. Lookups translate rows to places (:meth:`places_of`)."""
     _grad_rows_buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -93,6 +95,14 @@ class ShardGroup:
         """The optimizer override of the group's tables (``None``: the collection default)."""
         return self.shards[0].config.optimizer
 
+    def places_of(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
+        """Where ``rows`` (of the buffer) are in a tiered group's cache, brought in and pinned (see
+        :meth:`embedding.tiers.row_cache.TieredRows.install`); the buffers follow a cache that grew."""
+        assert self.tier is not None, "Only a tiered group has places."
+        places = self.tier.install(rows, training, staged)
+        self.weight, self.optimizer_state = self.tier.weight, self.tier.optimizer_state
+        return places
+
     def set_optimizer_state(self, state: dict[str, torch.Tensor], fill: Mapping[str, float]) -> None:
         """Take ``state`` for the whole buffer, and give every shard its rows of it; ``fill`` is
         each state's initial value, which a hash table's reused row starts from again.
@@ -100,10 +110,18 @@ class ShardGroup:
         Each tensor is moved to memory backed by huge pages, like the weights (see
         :func:`empty_on_huge_pages`), as the update reads and writes its rows with theirs.
         """
-        state = {key: _copy_on_huge_pages(tensor) for key, tensor in state.items()}
+        if self.tier is not None:
+            self.tier.set_optimizer_state(state, fill)
+            state = self.tier.optimizer_state
+        else:
+            state = {key: _copy_on_huge_pages(tensor) for key, tensor in state.items()}
         self.optimizer_state = state
         if self.dynamic is not None:
             self.dynamic.state_fill = dict(fill)
+        for shard in self.shards:
+            shard.state_fill = dict(fill)
+        if self.tier is not None:  # the shards' rows are in the store: only the group knows where
+            return
         for shard, offset in zip(self.shards, self.buffer_offsets):
             shard.optimizer_state = {key: tensor[offset : offset + shard.num_rows] for key, tensor in state.items()}
 
@@ -152,8 +170,10 @@ def build_groups(
     rank: int,
     seed: int,
     device: torch.device,
+    stores: StoreOpener | None = None,
 ) -> list[ShardGroup]:
-    """Allocate and initialise this rank's shards of ``tables``, grouped into buffers."""
+    """Allocate and initialise this rank's shards of ``tables``, grouped into buffers; a group of tables off
+    the device gets a cache over a store that ``stores`` opens (see :mod:`embedding.tiers`)."""
     members: dict[Hashable, list[EmbeddingTableConfig]] = {}
     groups = []
     for table in tables:
@@ -162,7 +182,7 @@ def build_groups(
             groups.append(_hash_group(table, sharding, rank, gang_size, seed, device))
             continue
         if gang_size == 1 or sharding.placement == "replicated":
-            key: Hashable = (table.dim, table.optimizer)
+            key: Hashable = (table.dim, table.optimizer, table.storage)
         else:
             key = table.name
         members.setdefault(key, []).append(table)
@@ -171,6 +191,14 @@ def build_groups(
         ranges = [plan[table.name].local_rows(rank) for table in group_tables]
         sizes = [end - start for start, end in ranges]
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        if group_tables[0].storage.tiered:
+            if stores is None:
+                raise EmbeddingConfigError(
+                    f"Table '{group_tables[0].name}' is stored on {group_tables[0].storage.tier}, which needs a "
+                    "store: build it in a ShardedEmbeddingCollection."
+                )
+            groups.append(_tiered_group(group_tables, plan, ranges, offsets, seed, device, stores))
+            continue
         weight = empty_on_huge_pages((sum(sizes), group_tables[0].dim), device)
         shards = []
         for table, (start, end), offset in zip(group_tables, ranges, offsets):
@@ -179,6 +207,30 @@ def build_groups(
             shards.append(TableShard(table, plan[table.name], start, end, shard_weight))
         groups.append(ShardGroup(shards, offsets, weight))
     return groups
+
+
+def _tiered_group(
+    tables: Sequence[EmbeddingTableConfig],
+    plan: Mapping[str, TableSharding],
+    ranges: Sequence[tuple[int, int]],
+    offsets: Sequence[int],
+    seed: int,
+    device: torch.device,
+    stores: StoreOpener,
+) -> ShardGroup:
+    """Tables whose rows live in a store, with a cache of them on ``device``; no row is allocated or initialised
+    here: a row is initialised from its id when first read."""
+    num_rows = sum(end - start for start, end in ranges)
+    fresh = FreshRecords(tables, ranges, offsets, seed)
+    storage, dim = tables[0].storage, tables[0].dim
+    cache_rows = storage.cache_size(num_rows, stores.floats_per_row(tables[0]) * 4)
+    tier = TieredRows(
+        lambda width: stores.open(tables, num_rows, width, fresh), fresh, storage, cache_rows, dim, device
+    )
+    shards = [
+        TableShard(table, plan[table.name], start, end, tier.weight) for table, (start, end) in zip(tables, ranges)
+    ]
+    return ShardGroup(shards, list(offsets), tier.weight, tier=tier)
 
 
 def _hash_group(
@@ -220,21 +272,18 @@ def _copy_on_huge_pages(tensor: torch.Tensor) -> torch.Tensor:
 def init_rows(
     config: EmbeddingTableConfig, row_start: int, row_end: int, seed: int, device: torch.device
 ) -> torch.Tensor:
-    """The initial values of rows ``[row_start, row_end)`` of the table of ``config``."""
-    scale = config.init_scale if config.init_scale is not None else (1.0 / config.num_rows) ** 0.5
-    weight = torch.empty((row_end - row_start, config.dim), dtype=torch.float32, device=device)
-    first_block = row_start // INIT_BLOCK_ROWS
-    for block in range(first_block, -(-row_end // INIT_BLOCK_ROWS)):
-        block_start = block * INIT_BLOCK_ROWS
-        block_end = min(block_start + INIT_BLOCK_ROWS, config.num_rows)
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{config.name}/{block}".encode()))
-        if config.initializer == "uniform":
-            values = torch.rand((block_end - block_start, config.dim), generator=generator) * (2 * scale) - scale
-        else:
-            values = torch.randn((block_end - block_start, config.dim), generator=generator) * scale
-        start, end = max(block_start, row_start), min(block_end, row_end)
-        weight[start - row_start : end - row_start] = values[start - block_start : end - block_start]
-    return weight
+    """The initial values of rows ``[row_start, row_end)`` of the table of ``config``.
+
+    Each row's values are a function of the seed, the table's name and the row's id alone (the
+    hash tables' rule, :func:`embedding.id_hashing.init_rows_by_key`): a row starts from the same
+    values whichever rank, range or storage tier holds it, and a tier that keeps its rows on disk
+    initialises a row when first touched, so that creating a table costs no time.
+    """
+    weight = torch.empty((row_end - row_start, config.dim), dtype=torch.float32)
+    rows = torch.arange(row_end - row_start, dtype=torch.int64).numpy()
+    normal = config.initializer == "normal"
+    init_rows_by_key(weight.numpy(), rows, rows + row_start, init_salt(seed, config.name), config.initial_scale, normal)
+    return weight.to(device)
 
 
 def _concat(records: list[GradRecord]) -> GradRecord:

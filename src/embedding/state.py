@@ -2,9 +2,11 @@
 
 A rank's piece is ``{"tables": {name: {"row_start", "row_end", "num_rows", "weight",
 "optimizer_state": {state name: tensor}}}}``: tensors, ints and strs only, so that
-``torch.load(weights_only=True)`` reads it. Loading takes the pieces of every rank of the
-saving job and copies the rows this rank owns now, which reshards a checkpoint to any number
-of ranks or placement. Where the pieces are written is the checkpoint package's business.
+``torch.load(weights_only=True)`` reads it. A table stored off the device saves
+only the rows steps have written, listed in ``"row_ids"`` (see :mod:`embedding.tiered_state`).
+Loading takes the pieces of every rank of the saving job and copies the rows this rank owns
+now, which reshards a checkpoint to any number of ranks or placement. Where the pieces are
+written is the checkpoint package's business.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-from embedding.sharding import TableShard
+from embedding.sharding import TableShard, init_rows
 
 
 class ShardedStateError(ValueError):
@@ -52,15 +54,20 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
             saved = piece["tables"].get(name)
             if saved is None:
                 continue
-            _check_shape(shard, saved)
+            check_saved_shape(shard, saved)
             start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
             if start >= end:
                 continue
-            target = slice(start - shard.row_start, end - shard.row_start)
-            source = slice(start - saved["row_start"], end - saved["row_start"])
-            shard.weight[target] = saved["weight"][source]
+            whole = slice(start - shard.row_start, end - shard.row_start)
+            if "row_ids" in saved:  # a tiered table's: the rows it does not list are fresh
+                shard.weight[whole] = init_rows(shard.config, start, end, saved["init_seed"], shard.weight.device)
+                for key, tensor in shard.optimizer_state.items():
+                    tensor[whole] = shard.state_fill[key]
+            rows, source = saved_rows_in_range(saved, start, end)
+            target = (rows - shard.row_start).to(shard.weight.device)
+            shard.weight[target] = saved["weight"][source].to(shard.weight.device)
             _copy_optimizer_state(shard, saved["optimizer_state"], target, source)
-            covered[target] = True
+            covered[whole] = True
         if not bool(covered.all()):
             missing = shard.row_start + int(torch.nonzero(~covered)[0])
             raise ShardedStateError(
@@ -68,7 +75,18 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
             )
 
 
-def _check_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
+def saved_rows_in_range(saved: Mapping[str, Any], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global rows in ``[start, end)`` that a piece holds, and where they are in its tensors: all of them in a
+    whole piece, the listed ones (``row_ids``) in a tiered table's."""
+    if "row_ids" not in saved:
+        rows = torch.arange(start, end, dtype=torch.int64)
+        return rows, rows - saved["row_start"]
+    row_ids = saved["row_ids"]
+    index = torch.nonzero((row_ids >= start) & (row_ids < end)).flatten()
+    return row_ids[index], index
+
+
+def check_saved_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
     if saved.get("kind") == "hash":
         raise ShardedStateError(
             f"Table '{shard.config.name}' is a fixed table, but the checkpoint holds a hash table of that name: "
@@ -83,7 +101,7 @@ def _check_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
 
 
 def _copy_optimizer_state(
-    shard: TableShard, saved_state: Mapping[str, torch.Tensor], target: slice, source: slice
+    shard: TableShard, saved_state: Mapping[str, torch.Tensor], target: torch.Tensor, source: torch.Tensor
 ) -> None:
     if not saved_state or not shard.optimizer_state:
         return
@@ -93,4 +111,4 @@ def _copy_optimizer_state(
             f"{sorted(shard.optimizer_state)} in the checkpoint, but has {sorted(saved_state)} instead."
         )
     for key, tensor in shard.optimizer_state.items():
-        tensor[target] = saved_state[key][source]
+        tensor[target] = saved_state[key][source].to(tensor.device)

@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 from embedding.hash_index import HashPolicy
 from embedding.optimizers import SparseOptimizerConfig
+from embedding.tiers.storage_config import TableStorage
 
 Pooling = Literal["sum", "mean", "none"]
 """How the ids of one sample are combined: summed, averaged, or kept as one row each."""
@@ -41,7 +42,9 @@ class EmbeddingTableConfig:
     one table (the DLRM layout), each still getting its own output. ``init_scale`` is the bound
     of the uniform initializer or the standard deviation of the normal one; by default it is
     ``sqrt(1 / num_rows)``, torchrec's default bound. ``optimizer`` overrides the sparse
-    optimizer of the collection for this table, ``placement`` the planner's choice.
+    optimizer of the collection for this table, ``placement`` the planner's choice. ``storage``
+    keeps the rows on the device (the default), or on the host or disk behind a cache of hot rows
+    (:mod:`embedding.tiers`).
     """
 
     name: str
@@ -56,6 +59,7 @@ class EmbeddingTableConfig:
     placement: Placement | None = field(default=None)
     kind: TableKind = "fixed"
     hash_policy: HashPolicy = field(default_factory=HashPolicy)
+    storage: TableStorage = field(default_factory=TableStorage)
 
     def __post_init__(self) -> None:
         # Configs read from YAML carry lists; a tuple keeps the config hashable and frozen.
@@ -79,8 +83,18 @@ class EmbeddingTableConfig:
         if self.placement is not None:
             _check_choice(self.name, "placement", self.placement, PLACEMENTS)
         _check_choice(self.name, "kind", self.kind, get_args(TableKind))
+        if self.storage.tiered and self.placement == "replicated":
+            raise EmbeddingConfigError(
+                f"`placement` of table '{self.name}' must be table_wise or row_wise when it is stored on "
+                f"{self.storage.tier} (every rank would cache rows that the others change), but is replicated instead."
+            )
         if self.kind == "hash":
             self._check_hash_table()
+            if self.storage.tiered:
+                raise EmbeddingConfigError(
+                    f"`storage` of hash table '{self.name}' must be device (hash tables keep their rows on the "
+                    f"device; a fixed table may live on host or disk), but is {self.storage.tier} instead."
+                )
         if self.init_scale is not None and self.init_scale < 0.0:
             raise EmbeddingConfigError(
                 f"`init_scale` of table '{self.name}' must be at least 0, but is {self.init_scale} instead."
@@ -107,6 +121,11 @@ class EmbeddingTableConfig:
                 f"`placement` of hash table '{self.name}' must be row_wise (rows sharded by a hash of the id), but is "
                 f"{self.placement} instead."
             )
+
+    @property
+    def initial_scale(self) -> float:
+        """The uniform initializer's bound or the normal one's standard deviation."""
+        return self.init_scale if self.init_scale is not None else (1.0 / self.num_rows) ** 0.5
 
     @property
     def num_bytes(self) -> int:

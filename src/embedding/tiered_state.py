@@ -1,0 +1,107 @@
+"""Checkpoint pieces of tables stored off the device: the rows that steps have written, by id.
+
+A tiered table's piece is a fixed table's piece (see :mod:`embedding.state`) with ``row_ids``: the
+global rows it holds, sorted; every other row of ``[row_start, row_end)`` is at its initial
+values with fresh optimizer state, which loading derives again. So saving a table bigger than
+memory writes the rows the run touched, not the table, and such a piece loads into a table on any
+tier and any number of ranks as a whole piece would.
+
+Saving writes the cache's changed rows back first; loading forgets the cache and the store's
+written rows, then writes the pieces' rows into the store, whence lookups bring them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedding.sharding import ShardGroup
+from embedding.state import ShardedStateError, check_saved_shape, saved_rows_in_range
+
+
+def tiered_group_states(group: ShardGroup) -> dict[str, Any]:
+    """The pieces of a tiered group's tables (a copy: the store changes as training goes on)."""
+    tier = group.tier
+    assert tier is not None
+    tier.flush()
+    store = tier.store
+    pieces = {}
+    for shard, offset in zip(group.shards, group.buffer_offsets):
+        written = np.flatnonzero(store.written[offset : offset + shard.num_rows]).astype(np.int64)
+        records = torch.from_numpy(store.read(written + offset))
+        pieces[shard.config.name] = {
+            "row_start": shard.row_start,
+            "row_end": shard.row_end,
+            "num_rows": shard.config.num_rows,
+            "row_ids": torch.from_numpy(written + shard.row_start),
+            "init_seed": tier.fresh.seed,
+            "weight": records[:, : tier.dim].clone(),
+            "optimizer_state": _split_state(records[:, tier.dim :], tier.state_widths, tier.optimizer_state),
+        }
+    return pieces
+
+
+def load_tiered_group(group: ShardGroup, pieces: Sequence[Mapping[str, Any]]) -> None:
+    """Every row of the group's tables from ``pieces`` (whole or tiered), written into its store."""
+    tier = group.tier
+    assert tier is not None
+    tier.clear()
+    store = tier.store
+    for shard, offset in zip(group.shards, group.buffer_offsets):
+        name = shard.config.name
+        covered = torch.zeros(shard.num_rows, dtype=torch.bool)
+        for piece in pieces:
+            saved = piece["tables"].get(name)
+            if saved is None:
+                continue
+            check_saved_shape(shard, saved)
+            start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
+            if start >= end:
+                continue
+            covered[start - shard.row_start : end - shard.row_start] = True
+            rows, index = saved_rows_in_range(saved, start, end)
+            records = np.empty((rows.numel(), store.width), dtype=np.float32)
+            buffer_rows = (rows - shard.row_start + offset).numpy()
+            tier.fresh(buffer_rows, records)  # the state of a piece saved without an optimizer stays fresh
+            records[:, : tier.dim] = saved["weight"][index].numpy()
+            _copy_saved_state(name, records, tier.dim, tier.state_widths, saved["optimizer_state"], index)
+            store.write(buffer_rows, records)
+        if not bool(covered.all()):
+            missing = shard.row_start + int(torch.nonzero(~covered)[0])
+            raise ShardedStateError(
+                f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
+            )
+
+
+def _split_state(
+    columns: torch.Tensor, widths: Mapping[str, int], like: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    state, column = {}, 0
+    for key, width in widths.items():
+        state[key] = columns[:, column : column + width].reshape(-1, *like[key].shape[1:]).clone()
+        column += width
+    return state
+
+
+def _copy_saved_state(
+    name: str,
+    records: np.ndarray,
+    dim: int,
+    widths: Mapping[str, int],
+    saved_state: Mapping[str, torch.Tensor],
+    index: torch.Tensor,
+) -> None:
+    if not saved_state or not widths:
+        return
+    if saved_state.keys() != widths.keys():
+        raise ShardedStateError(
+            f"The optimizer state of table '{name}' must have the keys {sorted(widths)} in the checkpoint, but has "
+            f"{sorted(saved_state)} instead."
+        )
+    column = dim
+    for key, width in widths.items():
+        records[:, column : column + width] = saved_state[key][index].reshape(-1, width).numpy()
+        column += width
