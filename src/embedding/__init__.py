@@ -6,12 +6,13 @@ from embedding.eviction import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.hash_index import HashPolicy, TableFullError
 from embedding.id_hashing import mix64
+from embedding.memory import TierNeed
 from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimizerStateError
 from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import TableSharding, plan_sharding
 from embedding.sharding import init_rows
-from embedding.state import ShardedStateError
+from embedding.state import ShardedStateError, initial_rows, saved_rows_in_range
 from embedding.table_config import (
     PLACEMENTS,
     EmbeddingConfigError,
@@ -22,12 +23,16 @@ from embedding.table_config import (
     Pooling,
     TableKind,
 )
+from embedding.tiers import CacheEviction, StorageTier, TableStorage
+from embedding.tiers.stores import DamagedStoreError
 
 __all__ = [
     "EVICTION_POLICIES",
     "PLACEMENTS",
     "SPARSE_OPTIMIZERS",
+    "CacheEviction",
     "CombinedOptimizer",
+    "DamagedStoreError",
     "EmbeddingConfigError",
     "EmbeddingTableConfig",
     "EvictionConfig",
@@ -49,10 +54,15 @@ __all__ = [
     "SparseOptimizerError",
     "SparseOptimizerSpec",
     "SparseOptimizerStateError",
+    "StorageTier",
     "TableFullError",
     "TableKind",
     "TableSharding",
+    "TableStorage",
+    "TierNeed",
     "init_rows",
+    "initial_rows",
     "mix64",
     "plan_sharding",
+    "saved_rows_in_range",
 ]

@@ -30,7 +30,7 @@ from embedding.lookup import (
     sends_ids,
     staged_rows,
 )
-from embedding.memory import check_memory, rank_bytes
+from embedding.memory import check_tiers, rank_bytes, tier_needs
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
@@ -79,9 +79,10 @@ class ShardedEmbeddingCollection(nn.Module):
         self.gang = gang if gang is not None else FakeGang()
         self.plan: Mapping[str, TableSharding] = plan_sharding(self.tables, self.gang.size, replicate_max_bytes)
         self.memory_bytes = rank_bytes(self.tables, self.plan, self.gang.rank)
-        """This rank's bytes of rows and hash maps: checked against the available memory (the optimizer
-        state is the sparse optimizer's, which checks its own)."""
-        check_memory(self.memory_bytes, self.gang.device, self.gang.rank)
+        """This rank's bytes of rows and hash maps (a tiered table's: its cache's) in the memory that computes."""
+        self.tier_needs = tier_needs(self.tables, self.plan, self.gang.rank, self.optimizer)
+        """Each table's bytes on this rank, rows and optimizer state, near (computing) and far (host or disk)."""
+        check_tiers(self.tier_needs, self.gang.device, self.gang.rank)
         self.storage_dir = storage_dir
         """Where the stores of the tables on disk go (a folder per rank), read when a store first opens: a run
         sets its own, in its output directory."""

@@ -11,6 +11,7 @@ adds (an evaluation, which has none, needs only the rows).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -43,12 +44,99 @@ def state_bytes(num_rows: int, dim: int, optimizer: SparseOptimizerConfig) -> in
 
 
 def rank_bytes(tables: Sequence[EmbeddingTableConfig], plan: Mapping[str, TableSharding], rank: int) -> int:
-    """The bytes of ``rank``'s shards of ``tables``: rows and hash maps."""
+    """The bytes of ``rank``'s shards of ``tables`` in the memory that computes: rows and hash maps, or, for a
+    table stored off the device, its cache's rows."""
     total = 0
     for table in tables:
-        start, end = plan[table.name].local_rows(rank)
-        total += shard_bytes(table, end - start)
+        total += shard_bytes(table, cached_rows(table, plan, rank, table.dim + 1))
     return total
+
+
+def cached_rows(table: EmbeddingTableConfig, plan: Mapping[str, TableSharding], rank: int, floats_per_row: int) -> int:
+    """The rows of ``table`` that ``rank`` holds in the memory that computes: all its rows on the device, else its
+    cache's (sized by records of ``floats_per_row``)."""
+    start, end = plan[table.name].local_rows(rank)
+    if not table.storage.tiered:
+        return end - start
+    return table.storage.cache_size(end - start, floats_per_row * 4)
+
+
+@dataclass(frozen=True)
+class TierNeed:
+    """What one table's shard takes: ``near`` bytes in the memory that computes (rows and state, or its cache), and
+    ``far`` bytes on its tier off the device (host memory or disk; 0 on the device)."""
+
+    table: EmbeddingTableConfig
+    near: int
+    far: int
+
+
+def tier_needs(
+    tables: Sequence[EmbeddingTableConfig],
+    plan: Mapping[str, TableSharding],
+    rank: int,
+    optimizer: SparseOptimizerConfig,
+) -> list[TierNeed]:
+    """Each table's bytes on ``rank``, rows with the optimizer state of its optimizer (its own, else ``optimizer``)."""
+    needs = []
+    for table in tables:
+        floats = spec_of(table.optimizer or optimizer).floats_per_row(table.dim)
+        start, end = plan[table.name].local_rows(rank)
+        near_rows = cached_rows(table, plan, rank, floats)
+        near = shard_bytes(table, near_rows) + near_rows * (floats - table.dim) * 4
+        far = (end - start) * floats * 4 if table.storage.tiered else 0
+        needs.append(TierNeed(table, near, far))
+    return needs
+
+
+def check_tiers(needs: Sequence[TierNeed], device: torch.device, rank: int) -> None:
+    """Raise, naming each table to move and the tier that would hold it, if the tables do not fit their tiers.
+
+    The memory that computes holds the tables on ``device`` and the others' caches; host memory holds the tables
+    on ``host`` (on a CPU the two are one memory). Where one is short, its biggest tables move first, until the
+    rest fit: off a GPU to ``host`` while host memory has room, else to ``disk``.
+    """
+    one_memory = device.type != "cuda"
+    near = sum(need.near for need in needs) + (sum(_on_host(need) for need in needs) if one_memory else 0)
+    host = 0 if one_memory else sum(_on_host(need) for need in needs)
+    near_free = available_bytes(device)
+    host_free = None if one_memory else available_bytes(torch.device("cpu"))
+    near_over = 0 if near_free is None else near - near_free
+    host_over = 0 if host_free is None else host - host_free
+    if near_over <= 0 and host_over <= 0:
+        return
+    moves = []
+    for need in sorted(needs, key=lambda need: need.near + _on_host(need), reverse=True):
+        tier = need.table.storage.tier
+        if need.table.kind == "hash":  # a hash table stays on the device
+            continue
+        if near_over > 0 and (tier == "device" or (one_memory and tier == "host")):
+            size = need.near + _on_host(need)
+            to_host = tier == "device" and host_free is not None and host + size <= host_free
+            host += size if to_host else 0
+            moves.append(f"'{need.table.name}' ({_gib(size)} GiB) on {'host' if to_host else 'disk'}")
+            near_over -= size
+        elif host_over > 0 and tier == "host":
+            moves.append(f"'{need.table.name}' ({_gib(need.far)} GiB) on disk")
+            host_over -= need.far
+    where = (
+        f"store {', '.join(moves)} (`model.embeddings.tables.<name>.storage`), " if moves else "use smaller caches, "
+    )
+    short = f"{_gib(near)} GiB on rank {rank} ({device.type})"
+    if host_free is not None and host > host_free:
+        short += f" and {_gib(host)} GiB of host memory"
+    raise TableMemoryError(
+        f"The sparse tables need {short} for rows, optimizer state and caches, but only {_gib(near_free or 0)} GiB "
+        f"are available: {where}use fewer or smaller tables, or more ranks."
+    )
+
+
+def _on_host(need: TierNeed) -> int:
+    return need.far if need.table.storage.tier == "host" else 0
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f}"
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from embedding.sharding import TableShard, init_rows
+from embedding.table_config import EmbeddingTableConfig
 
 
 class ShardedStateError(ValueError):
@@ -60,7 +61,7 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
                 continue
             whole = slice(start - shard.row_start, end - shard.row_start)
             if "row_ids" in saved:  # a tiered table's: the rows it does not list are fresh
-                shard.weight[whole] = init_rows(shard.config, start, end, saved["init_seed"], shard.weight.device)
+                shard.weight[whole] = initial_rows(saved, shard.config.name, start, end).to(shard.weight.device)
                 for key, tensor in shard.optimizer_state.items():
                     tensor[whole] = shard.state_fill[key]
             rows, source = saved_rows_in_range(saved, start, end)
@@ -73,6 +74,20 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
             raise ShardedStateError(
                 f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
             )
+
+
+def initial_rows(saved: Mapping[str, Any], table: str, start: int, end: int) -> torch.Tensor:
+    """The initial values of rows ``[start, end)`` of the table a tiered piece is of, as the run that saved it
+    started them (from the piece's seed, initializer and scale): the values of the rows it does not list."""
+    config = EmbeddingTableConfig(
+        table,
+        int(saved["num_rows"]),
+        int(saved["weight"].size(1)),
+        ("_",),
+        initializer=saved["initializer"],
+        init_scale=float(saved["init_scale"]),
+    )
+    return init_rows(config, start, end, int(saved["init_seed"]), torch.device("cpu"))
 
 
 def saved_rows_in_range(saved: Mapping[str, Any], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

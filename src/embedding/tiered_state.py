@@ -2,7 +2,8 @@
 
 A tiered table's piece is a fixed table's piece (see :mod:`embedding.state`) with ``row_ids``: the
 global rows it holds, sorted; every other row of ``[row_start, row_end)`` is at its initial
-values with fresh optimizer state, which loading derives again. So saving a table bigger than
+values with fresh optimizer state, which loading derives again from the piece's ``init_seed``,
+``initializer`` and ``init_scale`` (:func:`embedding.state.initial_rows`). So saving a table bigger than
 memory writes the rows the run touched, not the table, and such a piece loads into a table on any
 tier and any number of ranks as a whole piece would.
 
@@ -38,6 +39,8 @@ def tiered_group_states(group: ShardGroup) -> dict[str, Any]:
             "num_rows": shard.config.num_rows,
             "row_ids": torch.from_numpy(written + shard.row_start),
             "init_seed": tier.fresh.seed,
+            "initializer": shard.config.initializer,
+            "init_scale": shard.config.initial_scale,
             "weight": records[:, : tier.dim].clone(),
             "optimizer_state": _split_state(records[:, tier.dim :], tier.state_widths, tier.optimizer_state),
         }

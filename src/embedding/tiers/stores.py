@@ -15,6 +15,7 @@ that its resident memory stays the cache's and not the file's.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import mmap
 import os
@@ -38,7 +39,8 @@ _MADV_DONTNEED = 4
 
 
 class DamagedStoreError(EmbeddingConfigError):
-    """Raised when an existing disk store is not the store of this table: damaged, truncated, or another's."""
+    """Raised when an existing disk store is not the store of this table (damaged, truncated, or another's) or
+    is in use by another process."""
 
 
 class RowStore(ABC):
@@ -118,8 +120,17 @@ class DiskStore(RowStore):
             with open(path, "wb") as file:
                 file.write(header)
                 file.truncate(size)
-        with open(path, "r+b") as file:
-            self._map = mmap.mmap(file.fileno(), size)
+        self._file = open(path, "r+b")  # noqa: SIM115 (held open: its lock says the store is in use)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise DamagedStoreError(
+                f"The disk store of table '{table}' at {path} must be this process's alone, but another process "
+                "has it open (a run of the same output directory?): stop that one, or set another storage "
+                "directory."
+            ) from None
+        self._map = mmap.mmap(self._file.fileno(), size)
         self._records = np.frombuffer(self._map, dtype=np.float32, offset=_HEADER_BYTES).reshape(num_rows, width)
 
     @property

@@ -31,7 +31,7 @@ import pyarrow.parquet as pa_parquet
 import torch
 
 from checkpoint import LoadedCheckpoint
-from embedding import ShardedStateError
+from embedding import ShardedStateError, initial_rows, saved_rows_in_range
 from recipes.cli.job import checkpoint_step, read_only_checkpoints
 from recipes.errors import UserError
 
@@ -161,7 +161,12 @@ def _add_piece(tables: dict[tuple[str, str], TableRows], key: tuple[str, str], p
         table.covered = np.zeros(int(piece["num_rows"]), dtype=np.bool_)
     start, end = int(piece["row_start"]), int(piece["row_end"])
     if end > start and not table.covered[start:end].all():
-        table.fixed_rows[start:end] = _rows(weight)
+        if "row_ids" in piece:  # a table stored off the device: the rows no step wrote are at their initial values
+            table.fixed_rows[start:end] = _rows(initial_rows(piece, key[1], start, end))
+            rows, index = saved_rows_in_range(piece, start, end)
+            table.fixed_rows[rows.numpy()] = _rows(weight[index])
+        else:
+            table.fixed_rows[start:end] = _rows(weight)
         table.covered[start:end] = True
 
 

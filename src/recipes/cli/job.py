@@ -41,7 +41,13 @@ from recipes.training.batch_size import configured_batch_size
 from recipes.training.parallel import tensor_parallel
 from recipes.training.parts import RecipeContext, RecipeParts, check_units
 from recipes.training.protocols import ShardedStateful
-from recipes.training.sparse_tables import find_sparse_tables, refuse_features_without_tables, sharded_state_with_tables
+from recipes.training.sparse_tables import (
+    TABLE_STORES,
+    find_sparse_tables,
+    place_table_stores,
+    refuse_features_without_tables,
+    sharded_state_with_tables,
+)
 from recipes.training.step_checks import ConfiguredBatchSize
 
 log = logging.getLogger(__name__)
@@ -163,9 +169,11 @@ class BuiltParts:
     """The config's train batch size, where a field is typed ``GlobalBatchSize``: the first step checks it."""
 
 
-def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
+def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str, scratch_stores: str | None = None) -> BuiltParts:
     """What the recipe builds, checked: its units set up, every sparse table found, checkpointed, and fed only
-    features it looks up; the train batch size (``GlobalBatchSize``) a multiple of the DP ranks."""
+    features it looks up; the train batch size (``GlobalBatchSize``) a multiple of the DP ranks. Tables stored on
+    disk keep their stores in the run's ``table_stores`` folder unless configured elsewhere; with
+    ``scratch_stores`` (a job that only scores), all in there, away from a run that may be training."""
     config = job.config
     batch_size = configured_batch_size(config)
     if batch_size is not None:
@@ -180,6 +188,10 @@ def build_parts(job: ResolvedJob, gangs: Gangs, output_dir: str) -> BuiltParts:
     tensor_parallel(parts.train_unit.model, gangs)
     tables = find_sparse_tables(parts.train_unit.model)
     refuse_features_without_tables(tables)
+    if scratch_stores is None:
+        place_table_stores(tables, f"{output_dir}/{TABLE_STORES}")
+    else:
+        place_table_stores(tables, scratch_stores, replace=True)
     return BuiltParts(parts, tables, sharded_state_with_tables(tables, parts.sharded_state), batch_size)
 
 

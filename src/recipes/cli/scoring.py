@@ -10,6 +10,7 @@ validation during training takes, so the metrics agree to the last bit on the sa
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -65,11 +66,13 @@ def loaded_checkpoint(spec: JobSpec, checkpoint: str, split: str, one_unit: bool
     # The run's own config ranks its checkpoints: a preset's may leave the score's direction unset (once,
     # `eval PRESET OUTPUT_DIR --checkpoint best` of a run scored by a loss loaded the checkpoint of the highest loss).
     ranking = run_config(output_dir)
-    with job_gangs(job.config, output_dir) as gangs:
+    with contextlib.ExitStack() as stack:
+        gangs = stack.enter_context(job_gangs(job.config, output_dir))
         manager = checkpoint_manager(ranking, output_dir, gangs, clean_up=False)
         choose = partial(checkpoint_step, manager, checkpoint, output_dir)
         choose()
-        built = build_parts(job, gangs, output_dir)
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="table-stores-"))
+        built = build_parts(job, gangs, output_dir, scratch_stores=scratch)
         validations = _split_validations(built.parts, split, one_unit)
         step = manager.read(choose, partial(_load_model, manager, built, gangs))
         built.parts.train_unit.model.eval()

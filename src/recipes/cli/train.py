@@ -136,7 +136,8 @@ def assemble_trainer(
     model_bank = build_model_bank(parts.train_unit.model, built.sharded_state, config.checkpoint, gangs)
     if resume_step is None:
         model_bank.load()
-    if use_pipeline(config.trainer.pipeline, device):
+    reads_disk = any(table.storage.tier == "disk" for collection in tables.values() for table in collection.tables)
+    if use_pipeline(config.trainer.pipeline, device, reads_disk):
         parts.train_reader = PipelinedReader(parts.train_reader, list(tables.values()), device, gangs)
     model = data_parallel(parts.train_unit.model, gangs)
     parts.train_unit.model = model

@@ -76,10 +76,11 @@ class TrainerSection:
     """``auto``: this rank's CUDA device if there is one, else the CPU."""
     pipeline: bool | Literal["auto"] = "auto"
     """Read the next step, and send its sparse ids to their tables' owners, while a step computes
-    (``recipes.training.pipeline``); the results are the same either way. ``auto``: on a GPU, and on a CPU where the
-    pipeline's thread has a core of its own (the ranks' compute threads leave one of the node's cores) or the
-    job spans several nodes; on a CPU whose cores the step's threads take, its thread would make every
-    parallel region of the step wait for it (docs/benchmarks.md, "Training on a shared machine")."""
+    (``recipes.training.pipeline``); the results are the same either way. ``auto``: on a GPU, with tables stored on
+    disk (their rows are read ahead too), and on a CPU where the pipeline's thread has a core of its own (the
+    ranks' compute threads leave one of the node's cores) or the job spans several nodes; on a CPU whose cores the
+    step's threads take, its thread would make every parallel region of the step wait for it (docs/benchmarks.md,
+    "Training on a shared machine")."""
     keep_freed_memory: bool = True
     """Have glibc's malloc keep freed host memory (up to 1 GiB) for the next step rather than give it back
     to the system, for the step to fault it in again (``recipes.runtime.host_memory``; DLRM at batch 8192: 1.10x the

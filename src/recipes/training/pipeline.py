@@ -82,17 +82,17 @@ class _Worker:
                 future.set_exception(ex)
 
 
-def use_pipeline(setting: bool | Literal["auto"], device: torch.device) -> bool:
+def use_pipeline(setting: bool | Literal["auto"], device: torch.device, reads_disk: bool = False) -> bool:
     """``trainer.pipeline``'s choice for a rank on ``device``, said in the log where ``auto`` turns it off.
 
-    The thread overlaps waiting (a GPU step, another node's answer) and work of its own with the step. On a
-    CPU whose cores the step's threads all take, there is no waiting to overlap and its work preempts a thread
-    of every parallel region: ``dlrm_criteo_tiny`` on 2 idle cores ran 32,000 samples/s with it, 61,000
-    without (docs/benchmarks.md, "Training on a shared machine").
+    The thread overlaps waiting (a GPU step, another node's answer, a table's rows read from disk: ``reads_disk``)
+    and work of its own with the step. On a CPU whose cores the step's threads all take, there is no waiting to
+    overlap and its work preempts a thread of every parallel region: ``dlrm_criteo_tiny`` on 2 idle cores ran
+    32,000 samples/s with it, 61,000 without (docs/benchmarks.md, "Training on a shared machine").
     """
     if setting != "auto":
         return setting
-    if device.type != "cpu" or leaves_a_core() or spans_several_nodes():
+    if device.type != "cpu" or reads_disk or leaves_a_core() or spans_several_nodes():
         return True
     log.info(
         "Train pipeline: off (trainer.pipeline: auto): the step's threads take every core of this node, so the "

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import fsspec
 from torch import nn
 from torch.optim import Optimizer
 
@@ -24,6 +25,7 @@ from embedding import (
     SparseFeatureError,
     SparseFeatures,
     SparseOptimizer,
+    TierNeed,
 )
 from recipes.config.resolution import ConfigError
 from recipes.training.protocols import ShardedStateful
@@ -135,6 +137,31 @@ def refuse_features_without_tables(collections: Mapping[str, ShardedEmbeddingCol
         collection.register_forward_pre_hook(check)
 
 
+TABLE_STORES = "table_stores"
+"""The folder of a run's output directory that holds its tables' disk stores, where no directory is configured."""
+
+
+def place_table_stores(
+    collections: Mapping[str, ShardedEmbeddingCollection], directory: str, *, replace: bool = False
+) -> None:
+    """Give the disk stores of every collection without a directory of its own (with ``replace``, of every one)
+    ``directory``, which must be local: a store is a file mapped into memory. Checked here, at start-up, not when
+    the first store opens mid-run."""
+    for collection in collections.values():
+        if not any(t.storage.tier == "disk" for t in collection.tables):
+            continue
+        if collection.storage_dir is not None and not replace:
+            continue
+        protocol, path = fsspec.core.split_protocol(directory)
+        if protocol not in (None, "file", "local"):
+            table = next(t.name for t in collection.tables if t.storage.tier == "disk")
+            raise ConfigError(
+                f"The disk store of table '{table}' must be in a local directory, but would be in {directory}: "
+                "set `model.embeddings.storage_dir` to a folder on local disk."
+            )
+        collection.storage_dir = path
+
+
 def hash_table_metrics(collections: Mapping[str, ShardedEmbeddingCollection]) -> dict[str, float]:
     """``hash_tables/<table>/<statistic>`` for every hash table: rows used, load factor, admitted, rejected and
     evicted ids (see ``ShardedEmbeddingCollection.hash_table_statistics``). Collective."""
@@ -147,20 +174,16 @@ def hash_table_metrics(collections: Mapping[str, ShardedEmbeddingCollection]) ->
 
 
 def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) -> list[str]:
-    """One line per table: rows, dim, placement, optimizer and the bytes this rank holds (rows and state)."""
+    """One line per table: rows, dim, placement, optimizer, where its rows live and the bytes this rank holds
+    (rows and state, or a cache of them, in the memory that computes; the whole shard on host or disk)."""
     lines, total = [], 0
     for path, collection in collections.items():
-        for table in collection.tables:
-            shard = collection.shards[table.name]
+        for table, need in zip(collection.tables, collection.tier_needs):
             config = table.optimizer or collection.optimizer
-            held = shard.weight.numel() * shard.weight.element_size()
-            held += sum(state.numel() * state.element_size() for state in shard.optimizer_state.values())
-            if shard.dynamic is not None:
-                held += shard.dynamic.index.nbytes
-            total += held
+            total += need.near
             lines.append(
                 f"sparse table '{table.name}' ({_where(path)}): {_layout(table, collection)}, "
-                f"{config.name} lr={config.lr:g}, {_human_bytes(held)} on rank {collection.gang.rank}, "
+                f"{config.name} lr={config.lr:g}, {_storage(table, need, collection.gang.rank)}, "
                 f"features {', '.join(table.features)}"
             )
     if collections:
@@ -179,6 +202,17 @@ def _layout(table: EmbeddingTableConfig, collection: ShardedEmbeddingCollection)
     return (
         f"hash table of {table.num_rows:,} rows x {table.dim} (min_count {policy.min_count}, admit_probability "
         f"{policy.admit_probability:g}, eviction {policy.eviction}), sharded by id over {ranks}"
+    )
+
+
+def _storage(table: EmbeddingTableConfig, need: TierNeed, rank: int) -> str:
+    """Where the rows live and what they take: ``24.0 MiB on rank 0``, or the tier's bytes and the cache's."""
+    if not table.storage.tiered:
+        return f"{_human_bytes(need.near)} on rank {rank}"
+    storage = table.storage
+    return (
+        f"stored on {storage.tier} ({_human_bytes(need.far)} on rank {rank}) with a cache of "
+        f"{_human_bytes(need.near)} ({storage.eviction})"
     )
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from embedding import (
     EVICTION_POLICIES,
     SPARSE_OPTIMIZERS,
+    CacheEviction,
     EmbeddingTableConfig,
     EvictionConfig,
     HashPolicy,
@@ -25,6 +26,8 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizerConfig,
+    StorageTier,
+    TableStorage,
     init_rows,
 )
 from gang import Gang
@@ -49,6 +52,29 @@ class HashTableSection:
 
 
 @dataclass
+class CacheSection:
+    """The cache of hot rows in front of a table stored on ``host`` or ``disk``."""
+
+    rows: PositiveInt | None = None
+    """Rows the cache holds (each with its optimizer state); null: as many as ``bytes`` hold, else a fifth of
+    the table's rows (FBGEMM's default)."""
+    bytes: PositiveInt | None = None
+    """Bytes of rows and optimizer state the cache holds; null: see ``rows``."""
+    eviction: CacheEviction = "lru"
+    """Which cached row a missing one replaces: ``lru`` the least recently looked up, ``lfu`` the least often."""
+
+
+@dataclass
+class TableStorageSection:
+    """Where one table's rows live, over the section's ``storage`` and ``cache``."""
+
+    storage: StorageTier | None = None
+    """``device``, ``host`` or ``disk`` for this table; null: the section's ``storage``."""
+    cache: CacheSection | None = None
+    """This table's cache; null: the section's ``cache``."""
+
+
+@dataclass
 class EmbeddingSection:
     dim: PositiveInt = 16
     """The embedding dimension of every table."""
@@ -58,6 +84,18 @@ class EmbeddingSection:
     placement: Literal["auto", "table_wise", "row_wise", "replicated"] = "auto"
     """Where the sparse tables' rows live. ``auto``: the planner's choice (on several ranks, tables up to 8 MiB
     replicated, a table over a rank's share of all bytes row-wise, the rest whole, balancing bytes and lookups)."""
+    storage: StorageTier = "device"
+    """Where the sparse tables' rows and optimizer state live: ``device`` (the memory that computes: RAM on a CPU,
+    HBM on a GPU), ``host`` (host memory, a cache of hot rows on the GPU) or ``disk`` (a file per table and rank on
+    local disk, a cache of hot rows in memory: for tables bigger than memory). Rows start from the same values and
+    train to the same values on every tier."""
+    cache: CacheSection = field(default_factory=CacheSection)
+    """The cache of hot rows of the tables on ``host`` or ``disk``."""
+    tables: dict[str, TableStorageSection] = field(default_factory=dict)
+    """Per table by name: its own ``storage`` and ``cache`` (``{item_id: {storage: disk}}``)."""
+    storage_dir: str | None = None
+    """The local directory of the tables' disk stores (a folder per rank); null: ``table_stores`` in the run's
+    output directory. ``eval`` and ``predict`` keep theirs in a temporary directory."""
     sparse_optimizer: Annotated[SparseOptimizerConfig, SPARSE_OPTIMIZERS] = field(
         default_factory=lambda: RowwiseAdagradConfig(lr=0.05)
     )
@@ -141,6 +179,7 @@ def build_embeddings(
     table names key the start-up report and the initial values, so two sets must not share them.
     ``init_scale`` overrides the tables' default initial range; 0 starts them at zero.
     """
+    _check_table_names(section, tables)
     tables = [
         TableSpec(prefix + t.name, t.num_rows, t.features, t.pooling, t.dim if dim is None else dim) for t in tables
     ]
@@ -148,6 +187,12 @@ def build_embeddings(
     if section.backend == "dense":
         if section.kind == "hash":
             raise ConfigError("`embeddings.kind` hash needs `embeddings.backend` sparse, but the backend is dense.")
+        tiered = [t.name for t in tables if table_storage(section, t.name.removeprefix(prefix)).tiered]
+        if tiered:
+            raise ConfigError(
+                f"`embeddings.backend` must be sparse for a table stored off the device, but is dense (table "
+                f"'{tiered[0]}' is stored on {table_storage(section, tiered[0].removeprefix(prefix)).tier})."
+            )
         return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
@@ -161,10 +206,34 @@ def build_embeddings(
             placement=placement,
             kind=section.kind,
             hash_policy=section.hash.to_policy(),
+            storage=table_storage(section, t.name.removeprefix(prefix)),
         )
         for t in tables
     ]
-    return ShardedEmbeddingCollection(configs, gang, seed=seed, optimizer=section.sparse_optimizer)
+    return ShardedEmbeddingCollection(
+        configs, gang, seed=seed, optimizer=section.sparse_optimizer, storage_dir=section.storage_dir
+    )
+
+
+def table_storage(section: EmbeddingSection, table: str) -> TableStorage:
+    """Where ``table``'s rows live: its own entry of ``section.tables`` over the section's."""
+    own = section.tables.get(table, TableStorageSection())
+    cache = own.cache if own.cache is not None else section.cache
+    tier = own.storage if own.storage is not None else section.storage
+    return TableStorage(tier, cache_rows=cache.rows, cache_bytes=cache.bytes, eviction=cache.eviction)
+
+
+def _check_table_names(section: EmbeddingSection, tables: Sequence[TableSpec]) -> None:
+    names = [t.name for t in tables]
+    for name, own in section.tables.items():
+        if name not in names:
+            raise ConfigError(
+                f"`embeddings.tables` must name tables of the model ({', '.join(names)}), but names '{name}' instead."
+            )
+        if own.cache is not None and own.cache.rows is not None and own.cache.bytes is not None:
+            raise ConfigError(f"`embeddings.tables.{name}.cache` must set rows or bytes, but sets both.")
+    if section.cache.rows is not None and section.cache.bytes is not None:
+        raise ConfigError("`embeddings.cache` must set rows or bytes, but sets both.")
 
 
 def table_of(embeddings: nn.Module, feature: str) -> tuple[str, str, int]:

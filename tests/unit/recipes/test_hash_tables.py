@@ -75,5 +75,5 @@ def test_tables_larger_than_memory_stop_at_start_up_naming_the_bytes(
     )
 
     assert code == 2
-    assert err.startswith("error: The sparse tables need ") and " GiB on rank 0 (cpu), but only " in err
+    assert err.startswith("error: The sparse tables need ") and " GiB on rank 0 (cpu) for rows, optimizer " in err
     assert len(err.strip().splitlines()) == 1
