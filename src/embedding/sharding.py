@@ -282,7 +282,9 @@ def init_rows(
     weight = torch.empty((row_end - row_start, config.dim), dtype=torch.float32)
     rows = torch.arange(row_end - row_start, dtype=torch.int64).numpy()
     normal = config.initializer == "normal"
-    init_rows_by_key(weight.numpy(), rows, rows + row_start, init_salt(seed, config.name), config.initial_scale, normal)
+    init_rows_by_key(
+        weight.numpy(), rows, rows + row_start, init_salt(seed, config.name), config.initial_scale, normal, True
+    )
     return weight.to(device)
 
 

@@ -1,0 +1,118 @@
+"""``dlrm_criteo_tiny`` with its tables on disk or host behind a cache of 16 rows, far fewer than the rows one step
+touches: the same checkpoints, metrics and tables as on the device, on 1 and 2 ranks; killed with ``kill -9`` mid-run
+(every step writes rows back and reads the next step's ahead) and resumed bit-exact; a damaged store refused
+(GitHub issue 48)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pa_parquet
+import pytest
+
+from support.resume_helpers import (
+    DLRM_60_STEPS,
+    assert_bitwise_equal,
+    assert_same_training,
+    check_ok,
+    committed_steps,
+    final_states,
+    kill_hard,
+    metric_history,
+    one_line_error,
+    run_recipes,
+    start_recipes,
+    tensorboard_scalars,
+    wait_for_checkpoint,
+)
+
+PRESET = "dlrm_criteo_tiny"
+FINAL_STEP = 60
+SMALL = (*DLRM_60_STEPS, "dataset.num_embeddings_per_feature=[500]", "metrics.recorders.console=false")
+ON_DISK = ("model.embeddings.storage=disk", "model.embeddings.cache.rows=16", "trainer.pipeline=true")
+
+
+def train(cwd: Path, output_dir: Path, *overrides: str, nproc: int = 1) -> subprocess.CompletedProcess[str]:
+    launch = ["--nproc", str(nproc)] if nproc > 1 else []
+    return run_recipes(cwd, "train", PRESET, "-o", str(output_dir), *SMALL, *overrides, *launch, timeout=300)
+
+
+def exported_tables(cwd: Path, output_dir: Path) -> dict[str, list[list[float]]]:
+    """The last checkpoint's tables as ``export-tables`` writes them: every row, by table."""
+    destination = output_dir.parent / f"{output_dir.name}_tables"
+    check_ok(run_recipes(cwd, "export-tables", str(output_dir), "-o", str(destination)))
+    return {path.stem: pa_parquet.read_table(path).to_pydict()["embedding"] for path in destination.glob("*.parquet")}
+
+
+def assert_same_arithmetic(cwd: Path, reference: Path, tiered: Path) -> None:
+    """The same dense model, optimizer, metrics, curves and tables: the checkpoints' table pieces differ in form
+    only (a tiered table saves the rows steps wrote)."""
+    shared_ref, rank_ref = final_states(reference, FINAL_STEP)
+    shared_new, rank_new = final_states(tiered, FINAL_STEP)
+    assert_bitwise_equal(shared_ref, shared_new, "shared state")
+    assert_bitwise_equal(rank_ref["metrics"], rank_new["metrics"], "metrics")
+    assert metric_history(reference) == metric_history(tiered)
+    assert tensorboard_scalars(reference, "valid", "auc") == tensorboard_scalars(tiered, "valid", "auc")
+    assert exported_tables(cwd, reference) == exported_tables(cwd, tiered)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_tables_on_disk_train_bit_identically_to_tables_on_the_device(tmp_path: Path, nproc: int) -> None:
+    reference, on_disk = tmp_path / "device", tmp_path / "disk"
+    # On 2 ranks, rows split over both (a table off the device is never replicated, where the planner would
+    # replicate these small tables on the device: another order of float sums).
+    placement = ["model.embeddings.placement=row_wise"] if nproc > 1 else []
+    check_ok(train(tmp_path, reference, *placement, nproc=nproc))
+    result = check_ok(train(tmp_path, on_disk, *ON_DISK, *placement, nproc=nproc))
+
+    assert "stored on disk" in result.stdout and "with a cache of" in result.stdout
+    assert sorted(path.name for path in (on_disk / "table_stores").iterdir()) == [
+        f"rank_{rank}" for rank in range(nproc)
+    ]
+    assert_same_arithmetic(tmp_path, reference, on_disk)
+
+
+def test_tables_on_host_with_a_per_table_cache_train_bit_identically(tmp_path: Path) -> None:
+    reference, on_host = tmp_path / "device", tmp_path / "host"
+    check_ok(train(tmp_path, reference))
+    per_table = ("model.embeddings.storage=host", "model.embeddings.tables={C1: {storage: disk, cache: {rows: 4}}}")
+    check_ok(train(tmp_path, on_host, *per_table, "model.embeddings.cache={rows: 32, eviction: lfu}"))
+
+    assert_same_arithmetic(tmp_path, reference, on_host)
+
+
+def test_kill_9_mid_run_with_tables_on_disk_then_the_same_command_ends_bit_exact(tmp_path: Path) -> None:
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    check_ok(train(tmp_path, reference, *ON_DISK))
+    process = start_recipes(tmp_path, "train", PRESET, "-o", str(resumed), *SMALL, *ON_DISK)
+    wait_for_checkpoint(resumed, 20, process)
+    kill_hard(process)
+    assert max(committed_steps(resumed)) < FINAL_STEP
+
+    check_ok(train(tmp_path, resumed, *ON_DISK))
+
+    assert "Resumed from the checkpoint of step" in (resumed / "logs" / "rank_0.log").read_text()
+    assert_same_training(reference, resumed, FINAL_STEP)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_disk_store_is_refused_in_one_line_and_kept(tmp_path: Path, damage: str) -> None:
+    output_dir = tmp_path / "run"
+    check_ok(train(tmp_path, output_dir, *ON_DISK, "trainer.max_num_steps=20"))
+    store = sorted((output_dir / "table_stores" / "rank_0").iterdir())[0]
+    if damage == "truncated":
+        with open(store, "r+b") as file:
+            file.truncate(store.stat().st_size // 2)
+    else:
+        with open(store, "r+b") as file:
+            file.write(b"not a row store")
+    before = store.read_bytes()
+
+    result = train(tmp_path, output_dir, *ON_DISK, "trainer.max_num_steps=40")
+
+    assert result.returncode == 2
+    line = one_line_error(result)
+    assert str(store) in line and "nothing was changed" in line
+    assert store.read_bytes() == before
+    assert max(committed_steps(output_dir)) == 20
