@@ -11,6 +11,8 @@ would train or resume silently wrong, so it stops the run at start-up instead.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -150,16 +152,32 @@ def place_table_stores(
     for collection in collections.values():
         if not any(t.storage.tier == "disk" for t in collection.tables):
             continue
-        if collection.storage_dir is not None and not replace:
-            continue
-        protocol, path = fsspec.core.split_protocol(directory)
+        own = collection.storage_dir if collection.storage_dir is not None and not replace else directory
+        protocol, path = fsspec.core.split_protocol(own)
         if protocol not in (None, "file", "local"):
             table = next(t.name for t in collection.tables if t.storage.tier == "disk")
             raise ConfigError(
-                f"The disk store of table '{table}' must be in a local directory, but would be in {directory}: "
+                f"The disk store of table '{table}' must be in a local directory, but would be in {own}: "
                 "set `model.embeddings.storage_dir` to a folder on local disk."
             )
         collection.storage_dir = path
+        _check_disk_space(collection, path)
+
+
+def _check_disk_space(collection: ShardedEmbeddingCollection, directory: str) -> None:
+    """Stop if the disk of ``directory`` lacks room for this rank's disk stores at their full size (a store grows
+    as rows are written: a full disk found mid-run would end the run)."""
+    needed = sum(need.far for need in collection.tier_needs if need.table.storage.tier == "disk")
+    existing = directory
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        raise ConfigError(
+            f"The disk stores of the sparse tables need {needed / 2**30:.1f} GiB in {directory} on rank "
+            f"{collection.gang.rank}, but only {free / 2**30:.1f} GiB are free: free some, set "
+            "`model.embeddings.storage_dir` to a bigger disk, or use more ranks."
+        )
 
 
 def hash_table_metrics(collections: Mapping[str, ShardedEmbeddingCollection]) -> dict[str, float]:
