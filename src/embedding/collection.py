@@ -170,7 +170,8 @@ class ShardedEmbeddingCollection(nn.Module):
                 assert sent is not None, "Ids of a sharded table were sent."
                 rows = sent.payloads[exchanged][:, 0] - group.shards[0].row_start
                 exchanged += 1
-            staged.append(staged_rows(group, rows) if group.tier is not None else None)
+            # A hash table's slots are known only once its index has looked the ids up, in the forward.
+            staged.append(staged_rows(group, rows) if group.tier is not None and group.dynamic is None else None)
         return staged
 
     def hash_table_statistics(self) -> dict[str, dict[str, float]]:
@@ -206,7 +207,7 @@ class ShardedEmbeddingCollection(nn.Module):
             if shard.dynamic is not None:
                 state["tables"][shard.config.name] = hash_shard_state(shard)
         for group in self.groups:
-            if group.tier is not None:
+            if group.tier is not None and group.dynamic is None:
                 state["tables"].update(tiered_group_states(group))
         return state
 
@@ -219,7 +220,7 @@ class ShardedEmbeddingCollection(nn.Module):
             if shard.dynamic is not None:
                 load_hash_shard(shard, pieces)
         for group in self.groups:
-            if group.tier is not None:
+            if group.tier is not None and group.dynamic is None:
                 load_tiered_group(group, pieces)
 
 

@@ -57,10 +57,15 @@ class DynamicRows:
         training: bool,
     ) -> torch.Tensor:
         """The buffer rows of ``ids``; in training, admitting and inserting them first."""
-        slots, inserted = self.index.look_up(ids, training, self.config.name)
+        slots, inserted = self.look_up(ids, training)
         if inserted.numel():
-            self._reset(inserted, weight, optimizer_state)
+            self.reset(inserted, inserted, weight, optimizer_state)
         return torch.where(slots < 0, self.default_row, slots)
+
+    def look_up(self, ids: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot of each of ``ids`` (-1: none), and the slots given to new ids, which :meth:`reset` must start
+        before anything reads them (a table stored off the device brings the slots into its cache first)."""
+        return self.index.look_up(ids, training, self.config.name)
 
     def keep_updates(self, rows: torch.Tensor) -> torch.Tensor | None:
         """Which of ``rows`` may be updated (``None``: all): every one but the default row."""
@@ -70,9 +75,16 @@ class DynamicRows:
     def statistics(self) -> dict[str, float]:
         return self.index.statistics()
 
-    def _reset(self, slots: torch.Tensor, weight: torch.Tensor, optimizer_state: Mapping[str, torch.Tensor]) -> None:
+    def reset(
+        self,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        weight: torch.Tensor,
+        optimizer_state: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Rows ``rows`` of ``weight`` and the state get the initial values of the ids now in ``slots``."""
         keys = self.index.keys_of(slots)
-        rows = slots.to(weight.device)
+        rows = rows.to(weight.device)
         if weight.device.type == "cpu":
             init_rows_by_key(weight.numpy(), rows.numpy(), keys, self._salt, self.config.initial_scale, self._normal)
         else:

@@ -29,6 +29,7 @@ from embedding.hash_index import resize_sketch
 from embedding.id_hashing import owner_ranks
 from embedding.sharding import TableShard
 from embedding.state import ShardedStateError
+from embedding.tiered_state import read_records, write_records
 
 _SAVED_INDEX_KEYS = ("step", "slots", "keys", "last_seen", "frequency", "sketch", "counters")
 
@@ -37,15 +38,19 @@ def hash_shard_state(shard: TableShard) -> dict[str, Any]:
     """A copy of ``shard``'s used rows and index: lookups in training change both before the next step."""
     assert shard.dynamic is not None
     index = shard.dynamic.index.state_dict()
-    rows = torch.from_numpy(index["slots"]).to(shard.weight.device)
+    if shard.tier is not None:  # rows in the store, read as they are after the cache's write-back
+        weight, state = read_records(shard.tier, torch.from_numpy(index["slots"]))
+    else:
+        rows = torch.from_numpy(index["slots"]).to(shard.weight.device)
+        weight, state = shard.weight.detach()[rows], {name: t[rows] for name, t in shard.optimizer_state.items()}
     return {
         "kind": "hash",
         "num_rows": shard.config.num_rows,
         "dim": shard.config.dim,
         "rank": shard.dynamic.rank,
         "num_ranks": shard.dynamic.num_ranks,
-        "weight": shard.weight.detach()[rows],
-        "optimizer_state": {name: tensor[rows] for name, tensor in shard.optimizer_state.items()},
+        "weight": weight,
+        "optimizer_state": state,
         "index": {key: _tensor(index[key]) for key in _SAVED_INDEX_KEYS},
     }
 
@@ -166,6 +171,9 @@ def _scores_kernel(score: Score) -> Any:
 
 
 def _copy_rows(shard: TableShard, weight: torch.Tensor, state: Mapping[str, torch.Tensor], slots: torch.Tensor) -> None:
+    if shard.tier is not None:
+        write_records(shard.tier, slots.cpu(), weight.cpu(), {k: v.cpu() for k, v in state.items()}, shard.config.name)
+        return
     rows = slots.to(shard.weight.device)
     shard.weight[rows] = weight.to(shard.weight.device)
     if state and shard.optimizer_state:

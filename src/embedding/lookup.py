@@ -99,9 +99,24 @@ def _local_rows(
     """The rows of ``group``'s buffer that this rank's share of ``ids`` (global rows, or a hash table's ids) read:
     in a tiered group, the places of the cache they were brought into (with the records ``staged`` ahead)."""
     if group.dynamic is not None:
-        return group.dynamic.rows(ids, group.weight, group.optimizer_state, training)
+        if group.tier is None:
+            return group.dynamic.rows(ids, group.weight, group.optimizer_state, training)
+        return _hash_places(group, ids, training)
     rows = ids - row_start if row_start else ids
     return group.places_of(rows, training, staged) if group.tier is not None else rows
+
+
+def _hash_places(group: ShardGroup, ids: torch.Tensor, training: bool) -> torch.Tensor:
+    """The cache places of a tiered hash table's ids: their slots brought in, an id without a slot reading the
+    zero place (the default row), and a slot given to a new id starting afresh once in the cache."""
+    assert group.dynamic is not None and group.tier is not None
+    slots, inserted = group.dynamic.look_up(ids, training)
+    places = torch.full_like(slots, group.dynamic.default_row)
+    found = slots >= 0
+    places[found] = group.places_of(slots[found], training)
+    if inserted.numel():  # brought in with the last id's row
+        group.dynamic.reset(inserted, group.places_of(inserted, training), group.weight, group.optimizer_state)
+    return places
 
 
 def _done_reading(group: ShardGroup, places: torch.Tensor, training: bool) -> None:

@@ -28,13 +28,14 @@ class TableMemoryError(EmbeddingConfigError):
     """Raised when a rank's shards of the tables would not fit into its available memory."""
 
 
-def shard_bytes(table: EmbeddingTableConfig, num_rows: int) -> int:
-    """The bytes of ``num_rows`` rows of ``table`` (and of a hash table's map)."""
-    total = num_rows * table.dim * 4
-    if table.kind == "hash":
-        total += int(num_rows * _HASH_BYTES_PER_SLOT)
-        if table.hash_policy.min_count > 1:
-            total += SKETCH_DEPTH * max(num_rows, 1024) * 4
+def hash_map_bytes(table: EmbeddingTableConfig, num_rows: int) -> int:
+    """The bytes of the map of a hash table's shard of ``num_rows`` slots (0 for a fixed table): it stays in the
+    memory that computes whatever the rows' tier."""
+    if table.kind != "hash":
+        return 0
+    total = int(num_rows * _HASH_BYTES_PER_SLOT)
+    if table.hash_policy.min_count > 1:
+        total += SKETCH_DEPTH * max(num_rows, 1024) * 4
     return total
 
 
@@ -48,7 +49,8 @@ def rank_bytes(tables: Sequence[EmbeddingTableConfig], plan: Mapping[str, TableS
     table stored off the device, its cache's rows."""
     total = 0
     for table in tables:
-        total += shard_bytes(table, cached_rows(table, plan, rank, table.dim + 1))
+        start, end = plan[table.name].local_rows(rank)
+        total += cached_rows(table, plan, rank, table.dim + 1) * table.dim * 4 + hash_map_bytes(table, end - start)
     return total
 
 
@@ -83,7 +85,7 @@ def tier_needs(
         floats = spec_of(table.optimizer or optimizer).floats_per_row(table.dim)
         start, end = plan[table.name].local_rows(rank)
         near_rows = cached_rows(table, plan, rank, floats)
-        near = shard_bytes(table, near_rows) + near_rows * (floats - table.dim) * 4
+        near = near_rows * floats * 4 + hash_map_bytes(table, end - start)
         far = (end - start) * floats * 4 if table.storage.tiered else 0
         needs.append(TierNeed(table, near, far))
     return needs

@@ -59,6 +59,8 @@ class TableShard:
     """A hash table's slots: which id each row holds (``None`` for a fixed table)."""
     state_fill: dict[str, float] = field(default_factory=dict)
     """Each optimizer state's initial value, by name: what a row no step has touched holds."""
+    tier: TieredRows | None = None
+    """Its group's cache and store, for a table stored off the device (``weight`` is then the cache's)."""
 
     @property
     def num_rows(self) -> int:
@@ -179,7 +181,7 @@ def build_groups(
     for table in tables:
         sharding = plan[table.name]
         if table.kind == "hash":
-            groups.append(_hash_group(table, sharding, rank, gang_size, seed, device))
+            groups.append(_hash_group(table, sharding, rank, gang_size, seed, device, stores))
             continue
         if gang_size == 1 or sharding.placement == "replicated":
             key: Hashable = (table.dim, table.optimizer, table.storage)
@@ -217,27 +219,51 @@ def _tiered_group(
     seed: int,
     device: torch.device,
     stores: StoreOpener,
+    slots: bool = False,
 ) -> ShardGroup:
     """Tables whose rows live in a store, with a cache of them on ``device``; no row is allocated or initialised
-    here: a row is initialised from its id when first read."""
+    here: a row is initialised from its id when first read. ``slots``: a hash table's, whose slots start afresh
+    when an id takes them (their fresh record is zeros), and whose cache has a zero place for its default row."""
     num_rows = sum(end - start for start, end in ranges)
-    fresh = FreshRecords(tables, ranges, offsets, seed)
+    fresh = FreshRecords(tables, ranges, offsets, seed, by_id=not slots)
     storage, dim = tables[0].storage, tables[0].dim
     cache_rows = storage.cache_size(num_rows, stores.floats_per_row(tables[0]) * 4)
     tier = TieredRows(
-        lambda width: stores.open(tables, num_rows, width, fresh), fresh, storage, cache_rows, dim, device
+        lambda width: stores.open(tables, num_rows, width, fresh),
+        fresh,
+        storage,
+        cache_rows,
+        dim,
+        device,
+        zero_place=slots,
     )
     shards = [
-        TableShard(table, plan[table.name], start, end, tier.weight) for table, (start, end) in zip(tables, ranges)
+        TableShard(table, plan[table.name], start, end, tier.weight, tier=tier)
+        for table, (start, end) in zip(tables, ranges)
     ]
     return ShardGroup(shards, list(offsets), tier.weight, tier=tier)
 
 
 def _hash_group(
-    table: EmbeddingTableConfig, sharding: TableSharding, rank: int, gang_size: int, seed: int, device: torch.device
+    table: EmbeddingTableConfig,
+    sharding: TableSharding,
+    rank: int,
+    gang_size: int,
+    seed: int,
+    device: torch.device,
+    stores: StoreOpener | None,
 ) -> ShardGroup:
-    """A hash table's shard: its slots, all free, then the default row (zeros)."""
+    """A hash table's shard: its slots, all free, then the default row (zeros); off the device, a cache of slots
+    whose zero place is the default row."""
     start, end = sharding.local_rows(rank)
+    if table.storage.tiered:
+        if stores is None:
+            raise EmbeddingConfigError(f"Table '{table.name}' is stored on {table.storage.tier}, which needs a store.")
+        group = _tiered_group([table], {table.name: sharding}, [(start, end)], [0], seed, device, stores, slots=True)
+        assert group.tier is not None and group.tier.zero_place is not None
+        group.dynamic = group.shards[0].dynamic = DynamicRows(table, end - start, seed, rank, gang_size, device)
+        group.dynamic.default_row = group.tier.zero_place
+        return group
     weight = empty_on_huge_pages((end - start + 1, table.dim), device)
     weight.zero_()
     dynamic = DynamicRows(table, end - start, seed, rank, gang_size, device)

@@ -90,11 +90,6 @@ class EmbeddingTableConfig:
             )
         if self.kind == "hash":
             self._check_hash_table()
-            if self.storage.tiered:
-                raise EmbeddingConfigError(
-                    f"`storage` of hash table '{self.name}' must be device (hash tables keep their rows on the "
-                    f"device; a fixed table may live on host or disk), but is {self.storage.tier} instead."
-                )
         if self.init_scale is not None and self.init_scale < 0.0:
             raise EmbeddingConfigError(
                 f"`init_scale` of table '{self.name}' must be at least 0, but is {self.init_scale} instead."

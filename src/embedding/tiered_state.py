@@ -21,6 +21,28 @@ import torch
 
 from embedding.sharding import ShardGroup
 from embedding.state import ShardedStateError, check_saved_shape, saved_rows_in_range
+from embedding.tiers.row_cache import TieredRows
+
+
+def read_records(tier: TieredRows, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The current values of buffer rows ``rows`` of a tiered group, and their optimizer state (copies)."""
+    tier.flush()
+    records = torch.from_numpy(tier.store.read(rows.numpy().astype(np.int64)))
+    return records[:, : tier.dim].clone(), _split_state(records[:, tier.dim :], tier.state_widths, tier.optimizer_state)
+
+
+def write_records(
+    tier: TieredRows, rows: torch.Tensor, weight: torch.Tensor, state: Mapping[str, torch.Tensor], name: str
+) -> None:
+    """Write ``weight`` (and ``state``, where given) as buffer rows ``rows`` of a tiered group, after forgetting
+    everything it held (a load)."""
+    tier.clear()
+    buffer_rows = rows.numpy().astype(np.int64)
+    records = np.empty((buffer_rows.size, tier.store.width), dtype=np.float32)
+    tier.fresh(buffer_rows, records)
+    records[:, : tier.dim] = weight.numpy()
+    _copy_saved_state(name, records, tier.dim, tier.state_widths, state, torch.arange(buffer_rows.size))
+    tier.store.write(buffer_rows, records)
 
 
 def tiered_group_states(group: ShardGroup) -> dict[str, Any]:

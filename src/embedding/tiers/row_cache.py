@@ -36,6 +36,9 @@ WAYS = 16
 
 _MIN_OVERFLOW = 1024
 
+_RESERVED = -2
+"""The overflow tag of the zero place."""
+
 _KEPT_WRITES = 64
 """Write-backs remembered, to tell which records read ahead went stale; older reads are read again."""
 
@@ -62,6 +65,7 @@ class TieredRows:
         cache_rows: int,
         dim: int,
         device: torch.device,
+        zero_place: bool = False,
     ) -> None:
         self._open_store = open_store
         self._store: RowStore | None = None
@@ -83,6 +87,10 @@ class TieredRows:
         self.optimizer_state: dict[str, torch.Tensor] = {}
         self.state_widths: dict[str, int] = {}
         self._allocate(self.cached_places + _MIN_OVERFLOW)
+        self.zero_place = self.cached_places if zero_place else None
+        """A place that holds zeros and takes no update, for lookups that find no row (a hash table's ids without
+        one): kept out of the overflow's free places."""
+        self._reserve_zero_place()
 
     @property
     def store(self) -> RowStore:
@@ -110,6 +118,11 @@ class TieredRows:
             self.optimizer_state = {key: _grown(state, num_places) for key, state in self.optimizer_state.items()}
         self._overflow_tags = overflow
         self._stack_free_overflow()
+
+    def _reserve_zero_place(self) -> None:
+        if self.zero_place is not None:
+            self._overflow_tags[self.zero_place - self.cached_places] = _RESERVED
+            self._stack_free_overflow()
 
     def _stack_free_overflow(self) -> None:
         free = np.flatnonzero(self._overflow_tags == kernels.EMPTY)[::-1] + self.cached_places
@@ -172,8 +185,8 @@ class TieredRows:
             if places is None:
                 places, self._pinned = self._pinned, []
             for slots in places:
-                kernels.unpin(slots, self._pins)
-            used = np.flatnonzero(self._overflow_tags != kernels.EMPTY)
+                kernels.unpin(slots if self.zero_place is None else slots[slots != self.zero_place], self._pins)
+            used = np.flatnonzero(self._overflow_tags >= 0)
             done = used[self._pins[used + self.cached_places] == 0]
             if done.size:
                 overflow, rows = done + self.cached_places, self._overflow_tags[done]
@@ -191,7 +204,7 @@ class TieredRows:
             places = np.flatnonzero(self._dirty[: self.cached_places] & (self._tags != kernels.EMPTY))
             if places.size:
                 self._write_back(self._tags[places], places)
-            overflow = np.flatnonzero(self._overflow_tags != kernels.EMPTY)
+            overflow = np.flatnonzero(self._overflow_tags >= 0)
             places = overflow + self.cached_places
             dirty = self._dirty[places]
             if dirty.any():
@@ -205,6 +218,7 @@ class TieredRows:
             self._overflow_of.clear()
             self._overflow_tags[:] = kernels.EMPTY
             self._stack_free_overflow()
+            self._reserve_zero_place()
             self.store.clear()
 
     def _grow(self) -> None:

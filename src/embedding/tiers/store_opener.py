@@ -31,10 +31,16 @@ class FreshRecords:
     """Each table's global rows held here, one after the other in the buffer from ``offsets``."""
     offsets: Sequence[int]
     seed: int
+    by_id: bool = True
+    """``False``: a hash table's slots, which start afresh when an id takes them: zeros until then."""
     states: list[tuple[int, float]] = field(default_factory=list)
 
     def __call__(self, rows: npt.NDArray[np.int64], out: npt.NDArray[np.float32]) -> None:
         dim = self.tables[0].dim
+        if not self.by_id:
+            out[:, :dim] = 0.0
+            self._fill_states(out)
+            return
         table_of_row = np.searchsorted(np.asarray(self.offsets), rows, side="right") - 1
         values = np.empty((rows.size, dim), dtype=np.float32)
         for index, (table, (row_start, _), offset) in enumerate(zip(self.tables, self.ranges, self.offsets)):
@@ -44,7 +50,10 @@ class FreshRecords:
                 normal = table.initializer == "normal"
                 init_rows_by_key(values, mine, keys, init_salt(self.seed, table.name), table.initial_scale, normal)
         out[:, :dim] = values
-        column = dim
+        self._fill_states(out)
+
+    def _fill_states(self, out: npt.NDArray[np.float32]) -> None:
+        column = self.tables[0].dim
         for width, value in self.states:
             out[:, column : column + width] = value
             column += width

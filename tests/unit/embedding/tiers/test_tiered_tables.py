@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from embedding import EmbeddingTableConfig, ShardedEmbeddingCollection, SparseFeatures, SparseOptimizer
+from embedding import (
+    EVICTION_POLICIES,
+    EmbeddingTableConfig,
+    HashPolicy,
+    ShardedEmbeddingCollection,
+    SparseFeatures,
+    SparseOptimizer,
+)
 from embedding.optimizers import sparse_optimizer_config
 from embedding.tiers import TableStorage
 from support.jagged_ids import jagged
+from support.resume_helpers import assert_bitwise_equal
 
 NUM_ROWS = 500
 
@@ -89,3 +98,40 @@ def test_tiered_tables_train_bit_identically_to_the_device(
     assert on_device.keys() == tiered.keys()
     for key in on_device:
         assert torch.equal(on_device[key], tiered[key]), key
+
+
+def hash_tables(storage: TableStorage) -> list[EmbeddingTableConfig]:
+    policy = HashPolicy(min_count=2, eviction=EVICTION_POLICIES.default("lru")())
+    return [EmbeddingTableConfig("h", 64, 4, ("x", "y", "z"), kind="hash", hash_policy=policy, storage=storage)]
+
+
+def train_hash(storage: TableStorage, tmp_path: Path, num_steps: int = 12) -> dict[str, Any]:
+    """A hash table of 64 slots for a few hundred ids (ids admitted, refused and evicted all along), trained and
+    saved."""
+    collection = ShardedEmbeddingCollection(
+        hash_tables(storage), seed=5, optimizer=sparse_optimizer_config("adam", lr=0.1), storage_dir=str(tmp_path)
+    )
+    sparse = SparseOptimizer(collection)
+    head = torch.linspace(-1, 1, 4)
+    for features in batches(num_steps):
+        sparse.zero_grad()
+        outputs = collection(features)
+        sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values()).backward()
+        sparse.step()
+    return collection.sharded_state_dict()
+
+
+@pytest.mark.parametrize(
+    "storage", [TableStorage("host", cache_rows=4), TableStorage("disk", cache_rows=16, eviction="lfu")]
+)
+def test_tiered_hash_tables_train_and_save_bit_identically_to_the_device(storage: TableStorage, tmp_path: Path) -> None:
+    on_device = train_hash(TableStorage(), tmp_path / "device")
+    tiered = train_hash(storage, tmp_path / "tiered")
+
+    assert on_device["tables"]["h"]["index"]["counters"][-1] > 0  # ids were evicted
+    assert_bitwise_equal(on_device, tiered)
+
+    reloaded = ShardedEmbeddingCollection(hash_tables(storage), seed=5, storage_dir=str(tmp_path / "reloaded"))
+    SparseOptimizer(reloaded, sparse_optimizer_config("adam", lr=0.1))
+    reloaded.load_sharded_state_dict([tiered])
+    assert_bitwise_equal(reloaded.sharded_state_dict(), on_device)
