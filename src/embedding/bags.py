@@ -41,7 +41,7 @@ def group_bags(group: ShardGroup, features: SparseFeatures, sort: bool = False) 
     uniform = len({(feature.ids.numel(), num_bags(table, feature)) for (table, _), feature in zip(pairs, jagged)}) == 1
     sorted_ids, one_id_offsets = None, None
     if jagged[0].ids.device.type == "cpu":
-        ids, sorted_ids = compiled_ids(pairs, jagged, buffer_offsets, group.weight.size(0) if sort else None)
+        ids, sorted_ids = compiled_ids(pairs, jagged, buffer_offsets, group.num_buffer_rows if sort else None)
         one_id_offsets = compiled_one_id_offsets(pairs, jagged) if uniform else None
     elif uniform:
         ids = uniform_ids(pairs, jagged, buffer_offsets)

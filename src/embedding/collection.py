@@ -131,8 +131,12 @@ class ShardedEmbeddingCollection(nn.Module):
         of each distinct id's gradients that every rank sends the others."""
         _check_features(self.tables, features)
         lookups = [make_lookup(group, self.gang, training) for group in self.groups]
+        # A tiered group's update takes cache places, not rows: its rows are sorted only where replicas send them.
         sorts = [
-            training and group.dynamic is None and group.tier is None and not sends_ids(group, self.gang)
+            training
+            and group.dynamic is None
+            and not sends_ids(group, self.gang)
+            and (group.tier is None or self.gang.size > 1)
             for group in self.groups
         ]
         return lookups, [group_bags(group, features, sort) for group, sort in zip(self.groups, sorts)]

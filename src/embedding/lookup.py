@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -138,8 +138,11 @@ class LocalLookup(TableLookup):
         self._group = group
         self._training = training
         self._bags: Bags | None = None
+        self._given: Bags | None = None
+        """The bags as given: rows of the buffer (sorted, where sorted), before a tiered group's places."""
 
     def forward(self, bags: Bags) -> torch.Tensor:
+        self._given = bags
         if self._group.dynamic is not None or self._group.tier is not None:
             rows = _local_rows(self._group, bags.ids, 0, self._training, self.staged)
             bags = Bags(rows, bags.offsets, bags.scales, bags.one_id_per_bag)
@@ -181,8 +184,10 @@ class ReplicatedLookup(LocalLookup):
         return pooled
 
     def backward(self, grad_pieces: Sequence[torch.Tensor]) -> None:
-        assert self._layout is not None and self._bags is not None, "A training forward made the layout."
-        bags, weight = self._bags, self._group.weight
+        # The rows as given travel: a tiered group's places are this rank's own, so each rank finds its places for
+        # every rank's rows once they are here.
+        assert self._layout is not None and self._given is not None, "A training forward made the layout."
+        bags, weight = self._given, self._group.weight
         pieces = _readable_in_place(grad_pieces)
         if bags.sorted_ids is not None:
             distinct = self._layout.num_rows
@@ -192,7 +197,10 @@ class ReplicatedLookup(LocalLookup):
         else:
             bag_of_each_id = bags.bag_of_each_id() if self._layout.sends_bags else None
             local = LocalGrads(bags.ids, pieces, bag_of_each_id, bags.scales)
-        self._group.record(gather_grads(self._gang, local, self._layout, weight.size(1)))
+        record = gather_grads(self._gang, local, self._layout, weight.size(1))
+        if self._group.tier is not None:
+            record = replace(record, ids=self._group.places_of(record.ids, training=True))
+        self._group.record(record)
 
 
 class AllToAllLookup(TableLookup):

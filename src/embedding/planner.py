@@ -84,7 +84,7 @@ def plan_sharding(
             placements[table.name] = "row_wise"  # slots split evenly; ids go to ranks by a hash
         elif table.placement is not None:
             placements[table.name] = table.placement
-        elif world_size > 1 and table.num_bytes <= replicate_max_bytes and not table.storage.tiered:
+        elif world_size > 1 and table.num_bytes <= replicate_max_bytes:
             placements[table.name] = "replicated"
         elif world_size > 1 and table.num_bytes > total_bytes / world_size:
             placements[table.name] = "row_wise"

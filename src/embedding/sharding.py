@@ -89,6 +89,11 @@ class ShardGroup:
     _grad_rows_buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
+    def num_buffer_rows(self) -> int:
+        """The rows of the group's buffer: of its store for a tiered group, whose ``weight`` is a cache of them."""
+        return sum(shard.num_rows for shard in self.shards) if self.tier is not None else self.weight.size(0)
+
+    @property
     def placement(self) -> str:
         return self.shards[0].sharding.placement
 

@@ -83,11 +83,6 @@ class EmbeddingTableConfig:
         if self.placement is not None:
             _check_choice(self.name, "placement", self.placement, PLACEMENTS)
         _check_choice(self.name, "kind", self.kind, get_args(TableKind))
-        if self.storage.tiered and self.placement == "replicated":
-            raise EmbeddingConfigError(
-                f"`placement` of table '{self.name}' must be table_wise or row_wise when it is stored on "
-                f"{self.storage.tier} (every rank would cache rows that the others change), but is replicated instead."
-            )
         if self.kind == "hash":
             self._check_hash_table()
         if self.init_scale is not None and self.init_scale < 0.0:

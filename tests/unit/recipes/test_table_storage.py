@@ -36,11 +36,6 @@ ONE_STEP = ("trainer.max_num_steps=1", "dataset.synthetic_rows=2000", "metrics.r
         ),
         (
             "dlrm_criteo_tiny",
-            ["model.embeddings.storage=disk", "model.embeddings.placement=replicated"],
-            "`placement` of table 'C1' must be table_wise or row_wise when it is stored on disk",
-        ),
-        (
-            "dlrm_criteo_tiny",
             ["model.embeddings.storage=disk", "model.embeddings.backend=dense"],
             "`embeddings.backend` must be sparse for a table stored off the device, but is dense (table 'C1'",
         ),

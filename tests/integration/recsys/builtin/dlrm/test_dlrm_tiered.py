@@ -62,11 +62,8 @@ def assert_same_arithmetic(cwd: Path, reference: Path, tiered: Path) -> None:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_tables_on_disk_train_bit_identically_to_tables_on_the_device(tmp_path: Path, nproc: int) -> None:
     reference, on_disk = tmp_path / "device", tmp_path / "disk"
-    # On 2 ranks, rows split over both (a table off the device is never replicated, where the planner would
-    # replicate these small tables on the device: another order of float sums).
-    placement = ["model.embeddings.placement=row_wise"] if nproc > 1 else []
-    check_ok(train(tmp_path, reference, *placement, nproc=nproc))
-    result = check_ok(train(tmp_path, on_disk, *ON_DISK, *placement, nproc=nproc))
+    check_ok(train(tmp_path, reference, nproc=nproc))  # on 2 ranks the planner replicates these small tables
+    result = check_ok(train(tmp_path, on_disk, *ON_DISK, nproc=nproc))
 
     assert "stored on disk" in result.stdout and "with a cache of" in result.stdout
     assert sorted(path.name for path in (on_disk / "table_stores").iterdir()) == [
@@ -96,13 +93,14 @@ def test_tables_on_host_with_a_per_table_cache_train_bit_identically(tmp_path: P
 
 def test_kill_9_mid_run_with_tables_on_disk_then_the_same_command_ends_bit_exact(tmp_path: Path) -> None:
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    check_ok(train(tmp_path, reference, *ON_DISK))
-    process = start_recipes(tmp_path, "train", PRESET, "-o", str(resumed), *SMALL, *ON_DISK)
+    sharded = (*ON_DISK, "model.embeddings.placement=row_wise")  # each rank holds a range of every table's rows
+    check_ok(train(tmp_path, reference, *sharded, nproc=2))
+    process = start_recipes(tmp_path, "train", PRESET, "-o", str(resumed), *SMALL, *sharded, "--nproc", "2")
     wait_for_checkpoint(resumed, 20, process)
     kill_hard(process)
     assert max(committed_steps(resumed)) < FINAL_STEP
 
-    check_ok(train(tmp_path, resumed, *ON_DISK))
+    check_ok(train(tmp_path, resumed, *sharded, nproc=2))
 
     assert "Resumed from the checkpoint of step" in (resumed / "logs" / "rank_0.log").read_text()
     assert_same_training(reference, resumed, FINAL_STEP)
