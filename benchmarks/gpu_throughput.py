@@ -99,6 +99,7 @@ _SPARSE_KERNELS = ("units_kernel", "long_rows_kernel")
 
 @dataclass(frozen=True)
 class Result:
+    storage: str
     batch: int
     dim: int
     samples_per_s: float
@@ -112,8 +113,9 @@ class Result:
 
     def line(self) -> str:
         shares = " ".join(f"{name}={share:.0%}" for name, share in self.shares.items())
+        tier = f"storage={self.storage} " if self.storage != "device" else ""
         return (
-            f"batch={self.batch} dim={self.dim} samples_per_s={self.samples_per_s:.0f} "
+            f"{tier}batch={self.batch} dim={self.dim} samples_per_s={self.samples_per_s:.0f} "
             f"reader_samples_per_s={self.reader_samples_per_s:.0f} step_ms={self.step_ms:.1f} "
             f"profiled_step_ms={self.profiled_step_ms:.1f} {shares}"
         )
@@ -178,7 +180,7 @@ class Plan:
         return self.warmup + self.timed + self.profiled
 
 
-def overrides(args: argparse.Namespace, data: Data, batch: int, dim: int, plan: Plan) -> list[str]:
+def overrides(args: argparse.Namespace, data: Data, storage: str, batch: int, dim: int, plan: Plan) -> list[str]:
     """What ``python -m recipes train dlrm_criteo`` would be given for this configuration."""
     return [
         f"dataset.train_path={data.train_glob}",
@@ -187,6 +189,8 @@ def overrides(args: argparse.Namespace, data: Data, batch: int, dim: int, plan: 
         f"dataset.num_embeddings_per_feature=[{args.rows}]",
         f"dataset.parse_threads={'null' if args.parse_threads is None else args.parse_threads}",
         f"model.embeddings.dim={dim}",
+        f"model.embeddings.storage={storage}",
+        f"model.embeddings.cache.rows={max(1, int(args.rows * args.cache_fraction))}",
         "model.bottom_dims=[512,256]",
         "model.top_dims=[1024,1024,512,256]",
         f"trainer.device={args.device}",
@@ -296,10 +300,10 @@ def annotate(owner: Any, method: str, phase: str) -> None:
     setattr(owner, method, annotated)
 
 
-def run_config(args: argparse.Namespace, data: Data, batch: int, dim: int, output_dir: Path) -> Result:
+def run_config(args: argparse.Namespace, data: Data, storage: str, batch: int, dim: int, output_dir: Path) -> Result:
     """Train one configuration through the real Trainer; its rates and breakdown."""
     plan = Plan.of(args.warmup_steps, args.steps, args.profile_steps)
-    job = resolve_job(JobSpec(PRESET, str(output_dir), overrides=overrides(args, data, batch, dim, plan)))
+    job = resolve_job(JobSpec(PRESET, str(output_dir), overrides=overrides(args, data, storage, batch, dim, plan)))
     device = torch.device(args.device)
     trace_path = output_dir / "trace.json"
     with job_gangs(job.config, str(output_dir)) as gangs:
@@ -327,6 +331,7 @@ def run_config(args: argparse.Namespace, data: Data, batch: int, dim: int, outpu
             recorder.close()
         reader_rate = input_pipeline_rate(train_reader.wrapped, batch, args.reader_steps, device, gangs)
     return Result(
+        storage=storage,
         batch=batch,
         dim=dim,
         samples_per_s=plan.timed * batch / clock.seconds(plan.warmup, end_of_timed),
@@ -485,6 +490,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batches", type=int, nargs="+", default=[16_384, 65_536], help="global batch sizes")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="embedding dims")
     parser.add_argument("--rows", type=int, default=500_000, help="rows of each of the 26 tables")
+    parser.add_argument(
+        "--storages",
+        nargs="+",
+        choices=("device", "host", "disk"),
+        default=["device"],
+        help="the tables' storage tiers, each run in turn (the first is the baseline of `ratio_vs_device`)",
+    )
+    parser.add_argument(
+        "--cache-fraction", type=float, default=0.2, help="a tiered table's cache, as a share of its rows"
+    )
     parser.add_argument("--warmup-steps", type=int, default=30)
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=10, help="steps under torch.profiler, after the timed")
@@ -523,6 +538,25 @@ def summary(results: Sequence[Result], args: argparse.Namespace, seconds: float)
     )
 
 
+STORAGE_GOAL = 0.6
+"""Issue 48: tables on ``host`` behind a device cache of a fifth of their rows, at least 0.6x the all-device rate."""
+
+
+def storage_ratios(results: Sequence[Result]) -> list[str]:
+    """Each tiered configuration's samples/s over the same batch and dim with every table on the device."""
+    on_device = {(r.batch, r.dim): r.samples_per_s for r in results if r.storage == "device"}
+    lines = []
+    for result in results:
+        baseline = on_device.get((result.batch, result.dim))
+        if result.storage != "device" and baseline:
+            ratio = result.samples_per_s / baseline
+            lines.append(
+                f"storage={result.storage} batch={result.batch} dim={result.dim} ratio_vs_device={ratio:.2f} "
+                f"(goal {STORAGE_GOAL} for host: {'met' if ratio >= STORAGE_GOAL else 'NOT met'})"
+            )
+    return lines
+
+
 def describe_device(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
@@ -545,17 +579,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             flush=True,
         )
         results = []
-        for dim in args.dims:
-            for batch in args.batches:
-                output_dir = (args.output_dir or scratch / "runs") / f"batch{batch}_dim{dim}"
-                shutil.rmtree(output_dir, ignore_errors=True)
-                results.append(run_config(args, data, batch, dim, output_dir))
-                print(results[-1].line(), flush=True)
-                if args.device == "cuda":
-                    print(results[-1].sync_line(), flush=True)
-                gc.collect()
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
+        for storage in args.storages:
+            for dim in args.dims:
+                for batch in args.batches:
+                    output_dir = (args.output_dir or scratch / "runs") / f"{storage}_batch{batch}_dim{dim}"
+                    shutil.rmtree(output_dir, ignore_errors=True)
+                    results.append(run_config(args, data, storage, batch, dim, output_dir))
+                    print(results[-1].line(), flush=True)
+                    if args.device == "cuda":
+                        print(results[-1].sync_line(), flush=True)
+                    gc.collect()
+                    if args.device == "cuda":
+                        torch.cuda.empty_cache()
+        for line in storage_ratios(results):
+            print(line, flush=True)
         print(summary(results, args, time.perf_counter() - started), flush=True)
 
 

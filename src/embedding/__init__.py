@@ -1,7 +1,7 @@
 """Sparse embedding tables sharded over a gang, and their fused sparse optimizers."""
 
 from embedding.bags import SparseFeatureError
-from embedding.collection import PreparedLookup, ShardedEmbeddingCollection
+from embedding.collection import PreparedLookup, ReadAhead, ShardedEmbeddingCollection
 from embedding.eviction import EVICTION_POLICIES, EvictionConfig, EvictionSpec
 from embedding.features import JaggedIds, SparseFeatures
 from embedding.hash_index import HashPolicy, TableFullError
@@ -44,6 +44,7 @@ __all__ = [
     "Placement",
     "Pooling",
     "PreparedLookup",
+    "ReadAhead",
     "RowwiseAdagradConfig",
     "ShardedEmbeddingCollection",
     "ShardedStateError",

@@ -113,6 +113,10 @@ class ShardedEmbeddingCollection(nn.Module):
         else:
             features = features.to(self.gang.device)
             (lookups, bags), sent = self._prepare(features, self.training), None
+            if isinstance(prepared, ReadAhead) and not prepared.used:
+                prepared.used = True
+                for lookup, staged in zip(lookups, prepared.staged):
+                    lookup.staged = staged
         pairs_by_group = [table_features(group) for group in self.groups]
         sizes = [[num_bags(table, features[feature]) for table, feature in pairs] for pairs in pairs_by_group]
         pooled = _PooledLookup.apply(self._grad_anchor, lookups, bags, sizes, sent)
@@ -162,6 +166,25 @@ class ShardedEmbeddingCollection(nn.Module):
         sent = send_all_ids(gang, lookups, bags)
         staged = self._read_ahead(bags, sent)
         return features.with_prepared(PreparedLookup(self, lookups, bags, sent, _versions(features), staged))
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether a train pipeline on a GPU has rows to read ahead (:meth:`read_ahead`): of a fixed table stored off
+        the device that this rank looks up itself."""
+        return any(self._reads_ahead(group) for group in self.groups)
+
+    def _reads_ahead(self, group: ShardGroup) -> bool:
+        return group.tier is not None and group.dynamic is None and not sends_ids(group, self.gang)
+
+    def read_ahead(self, features: SparseFeatures) -> SparseFeatures:
+        """``features`` (on the host) carrying the records their later training forward (on a GPU) will bring into
+        the caches of tables stored off the device, read now: what a train pipeline on a GPU prepares ahead, where
+        the rest of the forward's preparation must wait for the features on the device."""
+        staged = [
+            staged_rows(group, group_bags(group, features).ids) if self._reads_ahead(group) else None
+            for group in self.groups
+        ]
+        return features.with_prepared(ReadAhead(self, staged))
 
     def _read_ahead(self, bags: Sequence[Bags], sent: SentIds | None) -> list[StagedRecords | None]:
         """For each tiered group, the records of the rows its lookup will read that its cache lacks now: the ids
@@ -241,6 +264,16 @@ class PreparedLookup:
     versions: tuple[int, ...]  # of the features' tensors: a change in place would make the prepared input stale
     staged: list[StagedRecords | None]
     """Per group, a tiered group's records read ahead (see ``TieredRows.prefetch``)."""
+    used: bool = False
+
+
+@dataclass
+class ReadAhead:
+    """A training forward's records read ahead by ``owner`` (per group; ``None`` for a group with none), on the
+    host, while the features were on their way to a GPU (see ``ShardedEmbeddingCollection.read_ahead``)."""
+
+    owner: ShardedEmbeddingCollection
+    staged: list[StagedRecords | None]
     used: bool = False
 
 

@@ -83,7 +83,16 @@ class TieredRows:
         self._pinned: list[npt.NDArray[np.int64]] = []
         self._writes = 0
         self._written_rows: list[npt.NDArray[np.int64]] = []
-        self.statistics = {"lookups": 0, "hits": 0, "fetched": 0, "written_back": 0, "read_seconds": 0.0}
+        self.statistics = {
+            "lookups": 0,
+            "hits": 0,
+            "fetched": 0,
+            "read_ahead": 0,
+            "written_back": 0,
+            "read_seconds": 0.0,
+        }
+        """Rows looked up, found cached, brought in (of them, read ahead), written back, and the seconds spent
+        reading records when they were needed."""
         self.optimizer_state: dict[str, torch.Tensor] = {}
         self.state_widths: dict[str, int] = {}
         self._allocate(self.cached_places + _MIN_OVERFLOW)
@@ -257,6 +266,7 @@ class TieredRows:
                 found &= ~np.isin(rows, changed)
             records[found] = staged.records[position[found]]
             unread &= ~found
+            self.statistics["read_ahead"] += int(found.sum())
         if unread.any():
             records[unread] = self.store.read(rows[unread])
         self.store.release_pages()

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import torch
 
-from embedding import PreparedLookup, ShardedEmbeddingCollection, SparseFeatures
+from embedding import PreparedLookup, ReadAhead, ShardedEmbeddingCollection, SparseFeatures
 from gang import Gang, Gangs
 from recipes.runtime.threads import leaves_a_core, spans_several_nodes
 from recipes.training.data_reader import DataReader
@@ -54,7 +54,7 @@ class _Read:
 
     state: dict[str, Any]
     batches: list[Any] | None = None
-    prepared: list[PreparedLookup] = field(default_factory=list)
+    prepared: list[PreparedLookup | ReadAhead] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -120,9 +120,11 @@ class PipelinedReader(DataReader[BatchT]):
         self._device = device
         self._id_gangs = _id_gangs(collections, gangs) if device.type == "cpu" else {}
         self._prefetching = [collection for collection in collections if id(collection) in self._id_gangs]
+        if device.type == "cuda":  # only rows of tables off the device are read ahead, on the host
+            self._prefetching = [collection for collection in collections if collection.reads_ahead]
         self._worker = _Worker()
         self._pending: Future[_Read] | None = None
-        self._handed_over: list[PreparedLookup] = []
+        self._handed_over: list[PreparedLookup | ReadAhead] = []
         """What was prepared for the step last handed to the Trainer: its forward has used it since, or not."""
         self._on_main_thread = False
         self._num_reads = 0
@@ -200,24 +202,28 @@ class PipelinedReader(DataReader[BatchT]):
             self._on_main_thread = True  # checked by the main thread once this read is done
         if self._device.type == "cuda":
             read.batches = [_map_tensors(batch, _pinned) for batch in read.batches]
-        elif prefetch and not self._on_main_thread:
+        if prefetch and not self._on_main_thread:
             try:
                 read.batches = [self._prepare_ahead(batch, read.prepared) for batch in read.batches]
             except BaseException as ex:
                 read.error = ex
         return read
 
-    def _prepare_ahead(self, batch: Any, prepared: list[PreparedLookup]) -> Any:
-        """``batch`` with its sparse features carrying what each collection prepared ahead for them."""
+    def _prepare_ahead(self, batch: Any, prepared: list[PreparedLookup | ReadAhead]) -> Any:
+        """``batch`` with its sparse features carrying what each collection prepared ahead for them: on a CPU, their
+        lookups with the ids sent ahead; for a GPU, the rows of tables off the device read ahead."""
         found = list(_sparse_features_in(batch))
         carrying = list(found)
         for collection in self._prefetching:
             features = _features_of(collection, found)
             if features is not None:
                 index = found.index(features)
-                carrying[index] = collection.prepare_ahead(carrying[index], self._id_gangs[id(collection)])
+                if self._device.type == "cuda":
+                    carrying[index] = collection.read_ahead(carrying[index])
+                else:
+                    carrying[index] = collection.prepare_ahead(carrying[index], self._id_gangs[id(collection)])
                 handed = carrying[index].prepared_for(collection)
-                assert isinstance(handed, PreparedLookup)
+                assert isinstance(handed, (PreparedLookup, ReadAhead))
                 prepared.append(handed)
         return _rebuild(batch, lambda value: _replacement(value, found, carrying))
 

@@ -52,20 +52,41 @@ def batches(num_steps: int, batch: int = 32) -> list[SparseFeatures]:
     return out
 
 
-def train(storage: TableStorage, optimizer: str, tmp_path: Path, num_steps: int = 12) -> dict[str, torch.Tensor]:
-    """The tables (and state) after ``num_steps`` steps, read back through a checkpoint piece."""
+def train(
+    storage: TableStorage, optimizer: str, tmp_path: Path, num_steps: int = 12, ahead: str | None = None
+) -> dict[str, torch.Tensor]:
+    """The tables (and state) after ``num_steps`` steps, read back through a checkpoint piece; ``ahead``: each
+    step's rows read ahead as a train pipeline on a CPU (``prepare``) or a GPU (``read``) does."""
     collection = ShardedEmbeddingCollection(
         tables(storage), seed=5, optimizer=sparse_optimizer_config(optimizer, lr=0.1), storage_dir=str(tmp_path)
     )
     sparse = SparseOptimizer(collection)
     head = torch.linspace(-1, 1, 4)
     for features in batches(num_steps):
+        if ahead is not None:
+            assert collection.reads_ahead == storage.tiered
+        if ahead == "prepare":
+            features = collection.prepare_ahead(features, collection.gang)
+        elif ahead == "read":
+            features = collection.read_ahead(features)
         sparse.zero_grad()
         outputs = collection(features)
         loss = sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values())
         loss.backward()
         sparse.step()
+    if ahead is not None:
+        (tier,) = [group.tier for group in collection.groups if group.tier is not None]
+        assert tier.statistics["read_ahead"] > 0
     return whole_tables(collection)
+
+
+@pytest.mark.parametrize("ahead", ["prepare", "read"])
+def test_rows_read_ahead_train_bit_identically(ahead: str, tmp_path: Path) -> None:
+    on_device = train(TableStorage(), "adam", tmp_path / "device")
+    tiered = train(TableStorage("disk", cache_rows=16), "adam", tmp_path / "tiered", ahead=ahead)
+
+    for key in on_device:
+        assert torch.equal(on_device[key], tiered[key]), key
 
 
 def whole_tables(collection: ShardedEmbeddingCollection) -> dict[str, torch.Tensor]:
