@@ -202,7 +202,7 @@ class PipelinedReader(DataReader[BatchT]):
             self._on_main_thread = True  # checked by the main thread once this read is done
         if self._device.type == "cuda":
             read.batches = [_map_tensors(batch, _pinned) for batch in read.batches]
-        if prefetch and not self._on_main_thread:
+        if prefetch and not self._on_main_thread and self._prefetching:
             try:
                 read.batches = [self._prepare_ahead(batch, read.prepared) for batch in read.batches]
             except BaseException as ex:
