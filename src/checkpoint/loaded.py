@@ -53,13 +53,21 @@ class LoadedCheckpoint:
     """A verified checkpoint: its metadata, the shared state (all its files), and each old rank's state on demand.
 
     The run that saved it may have had another number of ranks than the one loading it, so any
-    rank can read any old rank's state.
+    rank can read any old rank's state. ``base`` is the checkpoint its rank files lie over (its
+    ``metadata.base_step``; without shared state), whose rank files a reader merges them with.
     """
 
-    def __init__(self, store: CheckpointStore, metadata: CheckpointMetadata, shared_state: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        metadata: CheckpointMetadata,
+        shared_state: dict[str, Any],
+        base: LoadedCheckpoint | None = None,
+    ) -> None:
         self._store = store
         self.metadata = metadata
         self.shared_state = shared_state
+        self.base = base
         self._verified: dict[int, dict[str, Any]] = {}
 
     @property
@@ -85,10 +93,13 @@ class LoadedCheckpoint:
         """Read and check these old ranks' files now, keeping what they hold for ``load_rank_state``.
 
         Reading a file is how its checksum is checked, and a resume reads it right after, so
-        the state is kept rather than read twice.
+        the state is kept rather than read twice. The base's files are checked too.
         """
+        old_ranks = list(old_ranks)
         for old_rank in old_ranks:
             self._verified[old_rank] = self.load_rank_state(old_rank)
+        if self.base is not None:
+            self.base.verify_rank_files(old_ranks)
 
 
 def read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: str) -> dict[str, Any]:

@@ -86,6 +86,7 @@ class _SaveJob:
     score: float | None
     model_only: bool
     extras: Mapping[str, Any]
+    base_step: int | None
     # An asynchronous save's copies of tensors the caller leaves unchanged until they are made,
     # and the event that says they are.
     pending_copies: list[TensorCopy] = field(default_factory=list)
@@ -147,13 +148,16 @@ class CheckpointManager:
         extras: Mapping[str, Any] | None = None,
         blocking: bool = True,
         unchanged_until_staged: Callable[[torch.Tensor], bool] | None = None,
+        base_step: int | None = None,
     ) -> None:
         """Save a checkpoint of ``step``, then delete what the policy no longer keeps.
 
         ``shared_state`` is the same on every rank and only rank 0's is written, one file per
         key (so its keys must be file-name safe). ``rank_state`` is this rank's own.
         ``model_only`` marks a checkpoint that holds only the model, which is never resumed
-        from. ``extras`` (JSON values) go into ``metadata.json``.
+        from. ``extras`` (JSON values) go into ``metadata.json``. ``base_step`` names a committed checkpoint whose
+        rank files this one's lie over (the sparse tables' rows changed since it): pruning keeps it as long as
+        this one, and loading this one hands it over too (``LoadedCheckpoint.base``).
 
         With ``blocking=False`` the states are copied to CPU (into the buffers of the previous
         asynchronous save when shapes match, so the manager keeps one CPU copy of the state)
@@ -168,7 +172,7 @@ class CheckpointManager:
         job: _SaveJob | None = None
         error: BaseException | None = None
         try:
-            job = self._make_job(step, shared_state, rank_state or {}, score, model_only, extras or {})
+            job = self._make_job(step, shared_state, rank_state or {}, score, model_only, extras or {}, base_step)
         except CheckpointError as ex:
             error = ex
         # One collective agrees on the save id and surfaces a bad argument on every rank at once.
@@ -230,6 +234,7 @@ class CheckpointManager:
                 f"({sorted(committed) or 'none'}), but is {step} instead."
             )
         metadata = committed[step]
+        base = self._base_of(metadata, committed)
         available = shared_keys(metadata)
         missing = [key for key in keys or () if key not in available]
         if missing:
@@ -241,7 +246,21 @@ class CheckpointManager:
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-reader") as readers:
             parts = list(readers.map(partial(read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}
-        return LoadedCheckpoint(self._store, metadata, shared_state)
+        return LoadedCheckpoint(self._store, metadata, shared_state, base)
+
+    def _base_of(
+        self, metadata: CheckpointMetadata, committed: Mapping[int, CheckpointMetadata]
+    ) -> LoadedCheckpoint | None:
+        """The checkpoint ``metadata``'s rank files lie over, to read them by; a missing one damages this one."""
+        if metadata.base_step is None:
+            return None
+        base = committed.get(metadata.base_step)
+        if base is None:
+            raise CorruptCheckpointError(
+                f"The checkpoint of step {metadata.step} in {self._store.step_dir(metadata.step)} must have its base, "
+                f"the checkpoint of step {metadata.base_step}, but it is not there."
+            )
+        return LoadedCheckpoint(self._store, base, {}, self._base_of(base, committed))
 
     def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
         """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
@@ -336,6 +355,7 @@ class CheckpointManager:
         score: float | None,
         model_only: bool,
         extras: Mapping[str, Any],
+        base_step: int | None,
     ) -> _SaveJob:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise CheckpointError(f"`step` must be an integer >= 0, but is {step!r} instead.")
@@ -346,6 +366,15 @@ class CheckpointManager:
         except (TypeError, ValueError) as ex:
             raise CheckpointError(f"`extras` must hold only JSON values, but does not: {ex}") from ex
         is_writer = self._gang.rank == 0
+        if base_step is not None and (
+            not isinstance(base_step, int)
+            or base_step >= step
+            or (is_writer and base_step not in self._scan().committed)
+        ):
+            raise CheckpointError(
+                f"`base_step` must be None or a committed checkpoint's step before {step}, but is {base_step!r} "
+                "instead."
+            )
         if is_writer:
             for key in shared_state:
                 if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or RANK_FILE_NAME.fullmatch(f"{key}.pt"):
@@ -364,6 +393,7 @@ class CheckpointManager:
             score=None if score is None else float(score),
             model_only=model_only,
             extras=dict(extras),
+            base_step=base_step,
         )
 
     def _write_own_files(self, job: _SaveJob) -> dict[str, FileRecord]:
@@ -442,6 +472,7 @@ class CheckpointManager:
             versions=package_versions(),
             files=records,
             extras=job.extras,
+            base_step=job.base_step,
         )
         with self._reporting_write_failure(job.step, self._store.step_dir(job.step)):
             self._store.commit(job.temp_dir, metadata, job.save_id)

@@ -10,6 +10,7 @@ from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimi
 from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import TableSharding, plan_sharding
+from embedding.row_changes import DELTA_KEY, merge_delta
 from embedding.sharding import init_rows
 from embedding.state import ShardedStateError
 from embedding.table_config import (
@@ -24,6 +25,7 @@ from embedding.table_config import (
 )
 
 __all__ = [
+    "DELTA_KEY",
     "EVICTION_POLICIES",
     "PLACEMENTS",
     "SPARSE_OPTIMIZERS",
@@ -53,6 +55,7 @@ __all__ = [
     "TableKind",
     "TableSharding",
     "init_rows",
+    "merge_delta",
     "mix64",
     "plan_sharding",
 ]

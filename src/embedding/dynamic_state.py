@@ -28,16 +28,25 @@ from embedding.eviction import Score
 from embedding.hash_index import resize_sketch
 from embedding.id_hashing import owner_ranks
 from embedding.sharding import TableShard
-from embedding.state import ShardedStateError
+from embedding.state import ShardedStateError, check_whole
 
 _SAVED_INDEX_KEYS = ("step", "slots", "keys", "last_seen", "frequency", "sketch", "counters")
 
 
-def hash_shard_state(shard: TableShard) -> dict[str, Any]:
-    """A copy of ``shard``'s used rows and index: lookups in training change both before the next step."""
+def hash_shard_state(shard: TableShard, changed: torch.Tensor | None = None) -> dict[str, Any]:
+    """A copy of ``shard``'s used rows and index: lookups in training change both before the next step.
+
+    With ``changed`` (a bool per slot), only the rows of the slots it marks, and at ``"changed"`` the
+    positions of their entries in the index, which stays whole (a delta: see :mod:`embedding.row_changes`).
+    """
     assert shard.dynamic is not None
     index = shard.dynamic.index.state_dict()
-    rows = torch.from_numpy(index["slots"]).to(shard.weight.device)
+    slots = torch.from_numpy(index["slots"]).long()
+    extra = {}
+    if changed is not None:
+        positions = torch.nonzero(changed.cpu()[slots]).flatten()
+        slots, extra = slots[positions], {"changed": positions}
+    rows = slots.to(shard.weight.device)
     return {
         "kind": "hash",
         "num_rows": shard.config.num_rows,
@@ -47,6 +56,7 @@ def hash_shard_state(shard: TableShard) -> dict[str, Any]:
         "weight": shard.weight.detach()[rows],
         "optimizer_state": {name: tensor[rows] for name, tensor in shard.optimizer_state.items()},
         "index": {key: _tensor(index[key]) for key in _SAVED_INDEX_KEYS},
+        **extra,
     }
 
 
@@ -73,6 +83,7 @@ def load_hash_shard(shard: TableShard, pieces: Sequence[Mapping[str, Any]]) -> N
 
 def _check_piece(shard: TableShard, piece: Mapping[str, Any]) -> None:
     name = shard.config.name
+    check_whole(name, piece)
     if piece.get("kind") != "hash":
         raise ShardedStateError(
             f"Table '{name}' is a hash table, but the checkpoint holds a fixed table of that name: "

@@ -32,6 +32,7 @@ import torch
 
 from checkpoint import LoadedCheckpoint
 from embedding import ShardedStateError
+from recipes.checkpointing import deltas
 from recipes.cli.job import checkpoint_step, read_only_checkpoints
 from recipes.errors import UserError
 
@@ -127,7 +128,7 @@ def gather_tables(loaded: LoadedCheckpoint) -> dict[tuple[str, str], TableRows]:
     """Every table of every sharded state, by ``(sharded state name, table name)``, in the order saved."""
     tables: dict[tuple[str, str], TableRows] = {}
     for old_rank in range(loaded.num_ranks):
-        rank_state = loaded.load_rank_state(old_rank)
+        rank_state = deltas.rank_state(loaded, old_rank)
         for state_name, state in (rank_state.get("sharded") or {}).items():
             pieces = state.get("tables") if isinstance(state, Mapping) else None
             if not isinstance(pieces, Mapping):
