@@ -33,11 +33,14 @@ from embedding.state import ShardedStateError, check_whole
 _SAVED_INDEX_KEYS = ("step", "slots", "keys", "last_seen", "frequency", "sketch", "counters")
 
 
-def hash_shard_state(shard: TableShard, changed: torch.Tensor | None = None) -> dict[str, Any]:
+def hash_shard_state(
+    shard: TableShard, changed: torch.Tensor | None = None, whole_above: float = 1.0
+) -> dict[str, Any]:
     """A copy of ``shard``'s used rows and index: lookups in training change both before the next step.
 
     With ``changed`` (a bool per slot), only the rows of the slots it marks, and at ``"changed"`` the
-    positions of their entries in the index, which stays whole (a delta: see :mod:`embedding.row_changes`).
+    positions of their entries in the index, which stays whole (a delta: see :mod:`embedding.row_changes`);
+    every row, and no ``"changed"``, where it marks more than ``whole_above`` of the used slots.
     """
     assert shard.dynamic is not None
     index = shard.dynamic.index.state_dict()
@@ -45,7 +48,8 @@ def hash_shard_state(shard: TableShard, changed: torch.Tensor | None = None) -> 
     extra = {}
     if changed is not None:
         positions = torch.nonzero(changed.cpu()[slots]).flatten()
-        slots, extra = slots[positions], {"changed": positions}
+        if positions.numel() <= whole_above * slots.numel():
+            slots, extra = slots[positions], {"changed": positions}
     rows = slots.to(shard.weight.device)
     return {
         "kind": "hash",

@@ -18,7 +18,11 @@ from embedding import merge_delta
 
 def rank_state(loaded: LoadedCheckpoint, old_rank: int) -> dict[str, Any]:
     """Old rank ``old_rank``'s state of ``loaded``, its sharded tables whole."""
-    state = loaded.load_rank_state(old_rank)
+    return merged(loaded, old_rank, loaded.load_rank_state(old_rank))
+
+
+def merged(loaded: LoadedCheckpoint, old_rank: int, state: dict[str, Any]) -> dict[str, Any]:
+    """``state``, old rank ``old_rank``'s of ``loaded`` as read, its sharded tables put over the base's, whole."""
     base = loaded.base
     if base is None or not isinstance(state.get("sharded"), Mapping):
         return state
