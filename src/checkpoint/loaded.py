@@ -7,7 +7,7 @@ saving machinery.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +110,19 @@ def read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: s
             f"The checkpoint of step {metadata.step} in {step_dir} must list {file_name}, but does not."
         )
     return read_torch_file(store.fs, f"{step_dir}/{file_name}", record)
+
+
+def base_of(
+    store: CheckpointStore, metadata: CheckpointMetadata, committed: Mapping[int, CheckpointMetadata]
+) -> LoadedCheckpoint | None:
+    """The checkpoint that ``metadata``'s rank files lie over (without its shared state), to read them by; one that
+    is not there damages the checkpoint of ``metadata``."""
+    if metadata.base_step is None:
+        return None
+    base = committed.get(metadata.base_step)
+    if base is None:
+        raise CorruptCheckpointError(
+            f"The checkpoint of step {metadata.step} in {store.step_dir(metadata.step)} must have its base, the "
+            f"checkpoint of step {metadata.base_step}, but it is not there."
+        )
+    return LoadedCheckpoint(store, base, {}, base_of(store, base, committed))

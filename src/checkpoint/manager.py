@@ -16,10 +16,7 @@ ends the save with one ``CheckpointWriteError`` naming the path and the free spa
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,9 +37,9 @@ from checkpoint.errors import (
     describe_failure,
 )
 from checkpoint.loaded import (
-    RANK_FILE_NAME,
     CheckpointInfo,
     LoadedCheckpoint,
+    base_of,
     rank_file_name,
     read_file,
     shared_file_name,
@@ -52,6 +49,7 @@ from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
 from checkpoint.pruning import Pruner
 from checkpoint.reading import read_chosen
+from checkpoint.save_arguments import check_arguments, check_base, check_shared_state
 from checkpoint.serialization import (
     TensorCopy,
     check_serializable,
@@ -64,8 +62,6 @@ from checkpoint.store import CheckpointStore, Scan, basename
 from gang import Gang
 
 log = logging.getLogger(__name__)
-
-_SHARED_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 # Two files at a time, each hashed on its own thread, keep two cores busy; the time of a save is
 # then bounded by its largest file (the optimizer state, for Adam twice the model).
@@ -234,7 +230,7 @@ class CheckpointManager:
                 f"({sorted(committed) or 'none'}), but is {step} instead."
             )
         metadata = committed[step]
-        base = self._base_of(metadata, committed)
+        base = base_of(self._store, metadata, committed)
         available = shared_keys(metadata)
         missing = [key for key in keys or () if key not in available]
         if missing:
@@ -247,20 +243,6 @@ class CheckpointManager:
             parts = list(readers.map(partial(read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}
         return LoadedCheckpoint(self._store, metadata, shared_state, base)
-
-    def _base_of(
-        self, metadata: CheckpointMetadata, committed: Mapping[int, CheckpointMetadata]
-    ) -> LoadedCheckpoint | None:
-        """The checkpoint ``metadata``'s rank files lie over, to read them by; a missing one damages this one."""
-        if metadata.base_step is None:
-            return None
-        base = committed.get(metadata.base_step)
-        if base is None:
-            raise CorruptCheckpointError(
-                f"The checkpoint of step {metadata.step} in {self._store.step_dir(metadata.step)} must have its base, "
-                f"the checkpoint of step {metadata.base_step}, but it is not there."
-            )
-        return LoadedCheckpoint(self._store, base, {}, self._base_of(base, committed))
 
     def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
         """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
@@ -357,32 +339,12 @@ class CheckpointManager:
         extras: Mapping[str, Any],
         base_step: int | None,
     ) -> _SaveJob:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise CheckpointError(f"`step` must be an integer >= 0, but is {step!r} instead.")
-        if score is not None and not (isinstance(score, int | float) and math.isfinite(score)):
-            raise CheckpointError(f"`score` must be None or a finite number, but is {score!r} instead.")
-        try:
-            json.dumps(extras, allow_nan=False)
-        except (TypeError, ValueError) as ex:
-            raise CheckpointError(f"`extras` must hold only JSON values, but does not: {ex}") from ex
         is_writer = self._gang.rank == 0
-        if base_step is not None and (
-            not isinstance(base_step, int)
-            or base_step >= step
-            or (is_writer and base_step not in self._scan().committed)
-        ):
-            raise CheckpointError(
-                f"`base_step` must be None or a committed checkpoint's step before {step}, but is {base_step!r} "
-                "instead."
-            )
-        if is_writer:
-            for key in shared_state:
-                if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or RANK_FILE_NAME.fullmatch(f"{key}.pt"):
-                    raise CheckpointError(
-                        "The keys of `shared_state` name its files, so they must be letters, digits, '_' and '-' "
-                        f"(not rank_N), but one is {key!r} instead."
-                    )
-            check_serializable(shared_state, "shared_state")
+        check_arguments(step, score, extras, base_step)
+        if is_writer:  # what rank 0 alone writes, or knows without listing on every rank
+            check_shared_state(shared_state)
+            if base_step is not None:
+                check_base(step, base_step, self._scan().committed)
         check_serializable(rank_state, "rank_state")
         return _SaveJob(
             step=step,

@@ -69,12 +69,14 @@ def test_the_base_of_a_checkpoint_being_read_outlives_the_prune(tmp_path: Path) 
 
 def test_a_base_that_is_gone_is_refused_and_its_delta_is_moved_aside_not_deleted(root: str) -> None:
     manager = CheckpointManager(root, FakeGang())
-    with pytest.raises(CheckpointError, match="`base_step` must be None or a committed checkpoint's step before 2"):
+    with pytest.raises(CheckpointError, match="committed checkpoint's step, which the save of step 2 lies over, but 1"):
         save(manager, 2, base_step=1)
     save(manager, 1)
     save(manager, 2, base_step=1)
     manager._store.remove(manager._store.step_dir(1))
 
+    with pytest.raises(CheckpointError, match="`base_step` must be None or a step before 2, but is 2 instead"):
+        save(manager, 2, base_step=2)
     with pytest.raises(CheckpointError, match="must have its base, the checkpoint of step 1, but it is not there"):
         manager.load(2)
     assert manager.load_newest_intact() is None
