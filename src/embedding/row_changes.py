@@ -55,8 +55,16 @@ def changed_rows_masks(groups: list[ShardGroup]) -> list[torch.Tensor | None]:
 
 
 def mark_changed(mask: torch.Tensor | None, rows: torch.Tensor) -> None:
-    """Mark ``rows`` (of the group's buffer) changed; a tiered group (no mask) is always saved whole."""
-    if mask is not None:
+    """Mark ``rows`` (of the group's buffer) changed; a tiered group (no mask) is always saved whole.
+
+    On the CPU through numpy: torch's ``mask[rows] = True`` took 8-24 ms for a batch of 4096 x 26 ids, numpy's
+    0.2 ms, against a sparse step of tens of ms.
+    """
+    if mask is None:
+        return
+    if mask.device.type == "cpu":
+        mask.numpy()[rows.numpy()] = True
+    else:
         mask[rows.to(mask.device)] = True
 
 
@@ -91,7 +99,9 @@ def delta_group_states(group: ShardGroup, mask: torch.Tensor | None, base_step: 
 
 def merge_delta(delta: Mapping[str, Any], base: Mapping[str, Any] | None, base_step: int) -> dict[str, Any]:
     """The sharded state ``{"tables": ...}`` of one rank: every delta piece of ``delta`` put over its table's piece
-    in ``base`` (the same rank's state in the full checkpoint of ``base_step``), every whole piece as it is.
+    in ``base`` (the same rank's state in the full checkpoint of ``base_step``), every whole piece as it is. A fixed
+    table's rows are written into the base's tensors, which the result holds: a table as big as memory allows
+    would not fit twice.
 
     :raises ShardedStateError: if a delta lies over another step, or the base lacks its table or does not
         hold the same rows.
@@ -124,10 +134,9 @@ def _merge_fixed(piece: Mapping[str, Any], under: Mapping[str, Any]) -> dict[str
             f"{[under['row_start'], under['row_end']]}{' in part' if 'row_ids' in under else ''} instead."
         )
     target = piece["row_ids"] - piece["row_start"]
-    weight = under["weight"].clone()
-    weight[target] = piece["weight"].to(weight.device)
-    state = {key: tensor.clone() for key, tensor in under["optimizer_state"].items()}
+    weight, state = under["weight"], under["optimizer_state"]
     _check_state_keys(piece["optimizer_state"], state)
+    weight[target] = piece["weight"].to(weight.device)
     for key, tensor in state.items():
         tensor[target] = piece["optimizer_state"][key].to(tensor.device)
     merged = {key: value for key, value in piece.items() if key not in ("row_ids", DELTA_KEY)}

@@ -62,7 +62,9 @@ def test_a_run_killed_saving_a_delta_resumes_from_the_one_before_bit_exact(tmp_p
     assert read_metadata(checkpoints_dir(resumed) / "step_20").base_step == 10
     tables = torch.load(checkpoints_dir(resumed) / "step_20" / "rank_0.pt", weights_only=True)["sharded"]
     pieces = next(iter(tables.values()))["tables"]
-    assert all(piece["delta_of"] == 10 for piece in pieces.values())
+    assert all(piece.get("delta_of", 10) == 10 for piece in pieces.values())
+    if kind == "fixed":  # a hash table's delta is whole here: most of its few used slots changed in 10 steps
+        assert all("delta_of" in piece for piece in pieces.values())
 
     check_ok(run_recipes(tmp_path, *train_args(resumed, *DELTAS, *KINDS[kind])))
 
