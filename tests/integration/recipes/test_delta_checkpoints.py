@@ -18,6 +18,7 @@ from checkpoint import CheckpointManager
 from gang import FakeGang
 from recipes.checkpointing.deltas import rank_state
 from support.resume_helpers import (
+    DLRM_60_STEPS,
     WALL_CLOCK_METRICS,
     assert_bitwise_equal,
     check_ok,
@@ -38,12 +39,12 @@ DELTAS = ("checkpoint.full_every=3", "checkpoint.keep_last_n=1", "checkpoint.kee
 KINDS = {"fixed": (), "hash": ("model.embeddings.kind=hash",)}
 
 
-def whole_state(output_dir: Path, step: int) -> tuple[dict[str, Any], dict[str, Any], int | None]:
-    """The shared state and rank 0's state (its tables put over the base) of the checkpoint of ``step``, and the
+def whole_state(output_dir: Path, step: int, rank_nr: int = 0) -> tuple[dict[str, Any], dict[str, Any], int | None]:
+    """The shared state and a rank's state (its tables put over the base) of the checkpoint of ``step``, and the
     step of its base."""
     manager = CheckpointManager(str(checkpoints_dir(output_dir)), FakeGang(), clean_up=False)
     loaded = manager.load(step)
-    rank = rank_state(loaded, 0)
+    rank = rank_state(loaded, rank_nr)
     rank["metrics"] = {k: v for k, v in rank["metrics"].items() if k not in WALL_CLOCK_METRICS}
     return loaded.shared_state, rank, loaded.metadata.base_step
 
@@ -86,3 +87,29 @@ def test_a_run_killed_saving_a_delta_resumes_from_the_one_before_bit_exact(tmp_p
             assert torch.equal(rows, saved)
         else:
             assert rows.shape == saved.shape
+
+
+@pytest.mark.parametrize("after", [2, 1])
+def test_a_two_rank_run_resumes_from_a_delta_on_two_ranks_bit_exact_and_on_one(tmp_path: Path, after: int) -> None:
+    """DLRM's tables row- and table-wise over 2 ranks: each rank's delta goes over its own base file, and on 1 rank
+    every rank's, merged, reshards as a whole checkpoint does."""
+    run = ("train", "dlrm_criteo_tiny", *DLRM_60_STEPS, "checkpoint.every_n_steps=10", "checkpoint.full_every=3")
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    check_ok(run_recipes(tmp_path, *run, "-o", str(reference), "--nproc", "2", timeout=300))
+    check_ok(run_recipes(tmp_path, *run, "-o", str(resumed), "trainer.max_num_steps=30", "--nproc", "2", timeout=300))
+    assert read_metadata(checkpoints_dir(resumed) / "step_30").base_step == 10
+
+    check_ok(run_recipes(tmp_path, *run, "-o", str(resumed), *(["--nproc", "2"] if after == 2 else []), timeout=300))
+
+    assert "Resumed from the checkpoint of step 30." in (resumed / "logs" / "rank_0.log").read_text()
+    if after == 2:
+        for rank_nr in range(2):
+            shared_ref, rank_ref, _ = whole_state(reference, 60, rank_nr)
+            shared_new, rank_new, _ = whole_state(resumed, 60, rank_nr)
+            assert_bitwise_equal(shared_ref, shared_new, "shared state")
+            assert_bitwise_equal(rank_ref, rank_new, f"rank_{rank_nr}.pt")
+        return
+    expected, actual = whole_state(reference, 60)[0]["model"], whole_state(resumed, 60)[0]["model"]
+    for name, tensor in expected.items():
+        if torch.is_tensor(tensor):
+            torch.testing.assert_close(actual[name], tensor, rtol=1e-4, atol=1e-5, msg=f"parameter {name}")
