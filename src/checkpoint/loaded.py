@@ -7,7 +7,7 @@ saving machinery.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +53,21 @@ class LoadedCheckpoint:
     """A verified checkpoint: its metadata, the shared state (all its files), and each old rank's state on demand.
 
     The run that saved it may have had another number of ranks than the one loading it, so any
-    rank can read any old rank's state.
+    rank can read any old rank's state. ``base`` is the checkpoint its rank files lie over (its
+    ``metadata.base_step``; without shared state), whose rank files a reader merges them with.
     """
 
-    def __init__(self, store: CheckpointStore, metadata: CheckpointMetadata, shared_state: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        metadata: CheckpointMetadata,
+        shared_state: dict[str, Any],
+        base: LoadedCheckpoint | None = None,
+    ) -> None:
         self._store = store
         self.metadata = metadata
         self.shared_state = shared_state
+        self.base = base
         self._verified: dict[int, dict[str, Any]] = {}
 
     @property
@@ -85,10 +93,13 @@ class LoadedCheckpoint:
         """Read and check these old ranks' files now, keeping what they hold for ``load_rank_state``.
 
         Reading a file is how its checksum is checked, and a resume reads it right after, so
-        the state is kept rather than read twice.
+        the state is kept rather than read twice. The base's files are checked too.
         """
+        old_ranks = list(old_ranks)
         for old_rank in old_ranks:
             self._verified[old_rank] = self.load_rank_state(old_rank)
+        if self.base is not None:
+            self.base.verify_rank_files(old_ranks)
 
 
 def read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: str) -> dict[str, Any]:
@@ -99,3 +110,19 @@ def read_file(store: CheckpointStore, metadata: CheckpointMetadata, file_name: s
             f"The checkpoint of step {metadata.step} in {step_dir} must list {file_name}, but does not."
         )
     return read_torch_file(store.fs, f"{step_dir}/{file_name}", record)
+
+
+def base_of(
+    store: CheckpointStore, metadata: CheckpointMetadata, committed: Mapping[int, CheckpointMetadata]
+) -> LoadedCheckpoint | None:
+    """The checkpoint that ``metadata``'s rank files lie over (without its shared state), to read them by; one that
+    is not there damages the checkpoint of ``metadata``."""
+    if metadata.base_step is None:
+        return None
+    base = committed.get(metadata.base_step)
+    if base is None:
+        raise CorruptCheckpointError(
+            f"The checkpoint of step {metadata.step} in {store.step_dir(metadata.step)} must have its base, the "
+            f"checkpoint of step {metadata.base_step}, but it is not there."
+        )
+    return LoadedCheckpoint(store, base, {}, base_of(store, base, committed))

@@ -16,10 +16,7 @@ ends the save with one ``CheckpointWriteError`` naming the path and the free spa
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,9 +37,9 @@ from checkpoint.errors import (
     describe_failure,
 )
 from checkpoint.loaded import (
-    RANK_FILE_NAME,
     CheckpointInfo,
     LoadedCheckpoint,
+    base_of,
     rank_file_name,
     read_file,
     shared_file_name,
@@ -52,6 +49,7 @@ from checkpoint.metadata import CheckpointMetadata, FileRecord, package_versions
 from checkpoint.policy import CheckpointPolicy
 from checkpoint.pruning import Pruner
 from checkpoint.reading import read_chosen
+from checkpoint.save_arguments import check_arguments, check_base, check_shared_state
 from checkpoint.serialization import (
     TensorCopy,
     check_serializable,
@@ -64,8 +62,6 @@ from checkpoint.store import CheckpointStore, Scan, basename
 from gang import Gang
 
 log = logging.getLogger(__name__)
-
-_SHARED_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 # Two files at a time, each hashed on its own thread, keep two cores busy; the time of a save is
 # then bounded by its largest file (the optimizer state, for Adam twice the model).
@@ -86,6 +82,7 @@ class _SaveJob:
     score: float | None
     model_only: bool
     extras: Mapping[str, Any]
+    base_step: int | None
     # An asynchronous save's copies of tensors the caller leaves unchanged until they are made,
     # and the event that says they are.
     pending_copies: list[TensorCopy] = field(default_factory=list)
@@ -147,13 +144,16 @@ class CheckpointManager:
         extras: Mapping[str, Any] | None = None,
         blocking: bool = True,
         unchanged_until_staged: Callable[[torch.Tensor], bool] | None = None,
+        base_step: int | None = None,
     ) -> None:
         """Save a checkpoint of ``step``, then delete what the policy no longer keeps.
 
         ``shared_state`` is the same on every rank and only rank 0's is written, one file per
         key (so its keys must be file-name safe). ``rank_state`` is this rank's own.
         ``model_only`` marks a checkpoint that holds only the model, which is never resumed
-        from. ``extras`` (JSON values) go into ``metadata.json``.
+        from. ``extras`` (JSON values) go into ``metadata.json``. ``base_step`` names a committed checkpoint whose
+        rank files this one's lie over (the sparse tables' rows changed since it): pruning keeps it as long as
+        this one, and loading this one hands it over too (``LoadedCheckpoint.base``).
 
         With ``blocking=False`` the states are copied to CPU (into the buffers of the previous
         asynchronous save when shapes match, so the manager keeps one CPU copy of the state)
@@ -168,7 +168,7 @@ class CheckpointManager:
         job: _SaveJob | None = None
         error: BaseException | None = None
         try:
-            job = self._make_job(step, shared_state, rank_state or {}, score, model_only, extras or {})
+            job = self._make_job(step, shared_state, rank_state or {}, score, model_only, extras or {}, base_step)
         except CheckpointError as ex:
             error = ex
         # One collective agrees on the save id and surfaces a bad argument on every rank at once.
@@ -230,6 +230,7 @@ class CheckpointManager:
                 f"({sorted(committed) or 'none'}), but is {step} instead."
             )
         metadata = committed[step]
+        base = base_of(self._store, metadata, committed)
         available = shared_keys(metadata)
         missing = [key for key in keys or () if key not in available]
         if missing:
@@ -241,7 +242,7 @@ class CheckpointManager:
         with ThreadPoolExecutor(max_workers=_FILES_AT_ONCE, thread_name_prefix="checkpoint-reader") as readers:
             parts = list(readers.map(partial(read_file, self._store, metadata), shared_files))
         shared_state = {key: value for part in parts for key, value in part.items()}
-        return LoadedCheckpoint(self._store, metadata, shared_state)
+        return LoadedCheckpoint(self._store, metadata, shared_state, base)
 
     def read(self, choose: Callable[[], int], read: Callable[[int], T]) -> T:
         """``read(step)`` of the checkpoint ``choose`` picks, which no prune deletes until ``read`` returns; one
@@ -336,24 +337,14 @@ class CheckpointManager:
         score: float | None,
         model_only: bool,
         extras: Mapping[str, Any],
+        base_step: int | None,
     ) -> _SaveJob:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise CheckpointError(f"`step` must be an integer >= 0, but is {step!r} instead.")
-        if score is not None and not (isinstance(score, int | float) and math.isfinite(score)):
-            raise CheckpointError(f"`score` must be None or a finite number, but is {score!r} instead.")
-        try:
-            json.dumps(extras, allow_nan=False)
-        except (TypeError, ValueError) as ex:
-            raise CheckpointError(f"`extras` must hold only JSON values, but does not: {ex}") from ex
         is_writer = self._gang.rank == 0
-        if is_writer:
-            for key in shared_state:
-                if not (isinstance(key, str) and _SHARED_KEY.fullmatch(key)) or RANK_FILE_NAME.fullmatch(f"{key}.pt"):
-                    raise CheckpointError(
-                        "The keys of `shared_state` name its files, so they must be letters, digits, '_' and '-' "
-                        f"(not rank_N), but one is {key!r} instead."
-                    )
-            check_serializable(shared_state, "shared_state")
+        check_arguments(step, score, extras, base_step)
+        if is_writer:  # what rank 0 alone writes, or knows without listing on every rank
+            check_shared_state(shared_state)
+            if base_step is not None:
+                check_base(step, base_step, self._scan().committed)
         check_serializable(rank_state, "rank_state")
         return _SaveJob(
             step=step,
@@ -364,6 +355,7 @@ class CheckpointManager:
             score=None if score is None else float(score),
             model_only=model_only,
             extras=dict(extras),
+            base_step=base_step,
         )
 
     def _write_own_files(self, job: _SaveJob) -> dict[str, FileRecord]:
@@ -442,6 +434,7 @@ class CheckpointManager:
             versions=package_versions(),
             files=records,
             extras=job.extras,
+            base_step=job.base_step,
         )
         with self._reporting_write_failure(job.step, self._store.step_dir(job.step)):
             self._store.commit(job.temp_dir, metadata, job.save_id)

@@ -45,6 +45,9 @@ class CheckpointMetadata:
     versions: Mapping[str, str]
     files: Mapping[str, FileRecord]
     extras: Mapping[str, Any] = field(default_factory=dict)
+    base_step: int | None = None
+    """The step of the earlier checkpoint whose files this one's rank files lie over (deltas of the sparse
+    tables): reading it needs that one too, which is kept as long as this one is."""
 
     @property
     def resumable(self) -> bool:
@@ -73,6 +76,7 @@ class CheckpointMetadata:
             "versions": dict(self.versions),
             "files": {name: {"size": r.size, "sha256": r.sha256} for name, r in sorted(self.files.items())},
             "extras": dict(self.extras),
+            "base_step": self.base_step,
         }
         return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
@@ -97,6 +101,7 @@ class CheckpointMetadata:
                     for name, r in document["files"].items()
                 },
                 extras=dict(document["extras"]),
+                base_step=None if document.get("base_step") is None else int(document["base_step"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as ex:
             raise CorruptCheckpointError(f"`{where}` must be valid checkpoint metadata, but is not: {ex!r}") from ex

@@ -14,7 +14,8 @@ class CheckpointPolicy:
     """What to keep; a checkpoint stays if any set rule keeps it, and with no rule set, all stay.
 
     Whatever the rules, the newest checkpoint and the newest resumable one are never deleted,
-    so that a crashed run can always resume. A checkpoint saved because the run was stopped
+    so that a crashed run can always resume, nor the base of a kept one (``base_of_kept``), which
+    reading it needs. A checkpoint saved because the run was stopped
     (``interrupted``) is a resume point only: no rule counts it, and it goes once a later one is
     saved, so that a stopped and resumed run keeps the checkpoints of a run never stopped.
     """
@@ -65,4 +66,7 @@ class CheckpointPolicy:
         resumable = [c for c in by_step if c.resumable]
         if resumable:
             reasons[resumable[-1].step].append("newest_resumable")
+        for c in reversed(by_step):  # newest first: a base is always older than what lies over it
+            if reasons[c.step] and c.base_step in reasons and "base_of_kept" not in reasons[c.base_step]:
+                reasons[c.base_step].append("base_of_kept")
         return {step: tuple(names) for step, names in reasons.items()}

@@ -149,7 +149,8 @@ def _problem(store: CheckpointStore, scan: Scan, step: int, insisted: bool) -> s
     """None where the checkpoint of ``step`` is committed; else ``_GONE``, or why it is damaged: as the scan found
     it, or, where ``choose`` insists on the step, as noted when the run moved it aside."""
     if step in scan.committed:
-        return None
+        base = scan.committed[step].base_step
+        return None if base is None else _problem(store, scan, base, insisted)
     name = f"step_{step}"
     for damaged in scan.damaged:
         if basename(damaged.path) == name:

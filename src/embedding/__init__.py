@@ -11,6 +11,7 @@ from embedding.optimizer import CombinedOptimizer, SparseOptimizer, SparseOptimi
 from embedding.optimizers import SPARSE_OPTIMIZERS, SparseOptimizerConfig, SparseOptimizerError, SparseOptimizerSpec
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import TableSharding, plan_sharding
+from embedding.row_changes import DELTA_KEY, merge_delta
 from embedding.sharding import init_rows
 from embedding.state import ShardedStateError, initial_rows, saved_rows_in_range
 from embedding.table_config import (
@@ -27,6 +28,7 @@ from embedding.tiers import CacheEviction, StorageTier, TableStorage
 from embedding.tiers.stores import DamagedStoreError
 
 __all__ = [
+    "DELTA_KEY",
     "EVICTION_POLICIES",
     "PLACEMENTS",
     "SPARSE_OPTIMIZERS",
@@ -63,6 +65,7 @@ __all__ = [
     "TierNeed",
     "init_rows",
     "initial_rows",
+    "merge_delta",
     "mix64",
     "plan_sharding",
     "saved_rows_in_range",

@@ -34,6 +34,7 @@ from embedding.memory import check_tiers, rank_bytes, tier_needs
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
+from embedding.row_changes import changed_rows_masks, delta_group_states
 from embedding.sharding import ShardGroup, TableShard, build_groups
 from embedding.state import load_shard_states, shard_states
 from embedding.table_config import EmbeddingTableConfig, check_tables
@@ -93,6 +94,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.shards: Mapping[str, TableShard] = {
             shard.config.name: shard for group in self.groups for shard in group.shards
         }
+        self.changed_rows = changed_rows_masks(self.groups)
+        """Per group, a bool per buffer row: changed since :meth:`forget_changes` (the sparse optimizer's step
+        sets them); ``None`` for a tiered group, saved whole (see :mod:`embedding.row_changes`)."""
         # Autograd calls a function's backward only if one of its inputs requires grad; the
         # tables are not inputs, so this empty tensor stands in for them.
         self._grad_anchor = torch.empty(0, requires_grad=True)
@@ -238,6 +242,21 @@ class ShardedEmbeddingCollection(nn.Module):
                 state["tables"].update(tiered_group_states(group))
         return state
 
+    def delta_state_dict(self, base_step: int) -> dict[str, Any]:
+        """Like :meth:`sharded_state_dict`, but each table on the device holds only its rows changed since
+        :meth:`forget_changes`, marked as lying over the full checkpoint of ``base_step``, which that call went
+        with (``embedding.row_changes.merge_delta`` puts them back over it). The tensors are copies."""
+        state: dict[str, Any] = {"tables": {}}
+        for group, mask in zip(self.groups, self.changed_rows):
+            state["tables"].update(delta_group_states(group, mask, base_step))
+        return state
+
+    def forget_changes(self) -> None:
+        """Count rows as changed from now on only: a full checkpoint of the tables is being taken."""
+        for mask in self.changed_rows:
+            if mask is not None:
+                mask.fill_(False)
+
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
         """Copy in the rows this rank owns from the sharded state dicts of every rank of a
         saving job, whatever its number of ranks or placements."""
@@ -249,6 +268,9 @@ class ShardedEmbeddingCollection(nn.Module):
         for group in self.groups:
             if group.tier is not None and group.dynamic is None:
                 load_tiered_group(group, pieces)
+        for mask in self.changed_rows:  # no row is known to equal a full checkpoint that this run saved
+            if mask is not None:
+                mask.fill_(True)
 
 
 @dataclass

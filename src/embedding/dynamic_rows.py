@@ -48,6 +48,9 @@ class DynamicRows:
         self._salt = init_salt(seed, config.name)
         self.state_fill: dict[str, float] = {}
         """The value each optimizer state starts from, by state name; set by the optimizer."""
+        self.changed: torch.Tensor | None = None
+        """A bool per slot that marks the slots given to a new id: the collection's change tracking
+        (:mod:`embedding.row_changes`)."""
 
     def rows(
         self,
@@ -60,6 +63,8 @@ class DynamicRows:
         slots, inserted = self.look_up(ids, training)
         if inserted.numel():
             self.reset(inserted, inserted, weight, optimizer_state)
+            if self.changed is not None:
+                self.changed[inserted.to(self.changed.device)] = True
         return torch.where(slots < 0, self.default_row, slots)
 
     def look_up(self, ids: torch.Tensor, training: bool) -> tuple[torch.Tensor, torch.Tensor]:

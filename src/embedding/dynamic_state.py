@@ -28,20 +28,33 @@ from embedding.eviction import Score
 from embedding.hash_index import resize_sketch
 from embedding.id_hashing import owner_ranks
 from embedding.sharding import TableShard
-from embedding.state import ShardedStateError
+from embedding.state import ShardedStateError, check_whole
 from embedding.tiered_state import read_records, write_records
 
 _SAVED_INDEX_KEYS = ("step", "slots", "keys", "last_seen", "frequency", "sketch", "counters")
 
 
-def hash_shard_state(shard: TableShard) -> dict[str, Any]:
-    """A copy of ``shard``'s used rows and index: lookups in training change both before the next step."""
+def hash_shard_state(
+    shard: TableShard, changed: torch.Tensor | None = None, whole_above: float = 1.0
+) -> dict[str, Any]:
+    """A copy of ``shard``'s used rows and index: lookups in training change both before the next step.
+
+    With ``changed`` (a bool per slot), only the rows of the slots it marks, and at ``"changed"`` the
+    positions of their entries in the index, which stays whole (a delta: see :mod:`embedding.row_changes`);
+    every row, and no ``"changed"``, where it marks more than ``whole_above`` of the used slots.
+    """
     assert shard.dynamic is not None
     index = shard.dynamic.index.state_dict()
+    slots = torch.from_numpy(index["slots"]).long()
+    extra = {}
+    if changed is not None:
+        positions = torch.nonzero(changed.cpu()[slots]).flatten()
+        if positions.numel() <= whole_above * slots.numel():
+            slots, extra = slots[positions], {"changed": positions}
+    rows = slots.to(shard.weight.device)
     if shard.tier is not None:  # rows in the store, read as they are after the cache's write-back
-        weight, state = read_records(shard.tier, torch.from_numpy(index["slots"]))
+        weight, state = read_records(shard.tier, slots)
     else:
-        rows = torch.from_numpy(index["slots"]).to(shard.weight.device)
         weight, state = shard.weight.detach()[rows], {name: t[rows] for name, t in shard.optimizer_state.items()}
     return {
         "kind": "hash",
@@ -52,6 +65,7 @@ def hash_shard_state(shard: TableShard) -> dict[str, Any]:
         "weight": weight,
         "optimizer_state": state,
         "index": {key: _tensor(index[key]) for key in _SAVED_INDEX_KEYS},
+        **extra,
     }
 
 
@@ -78,6 +92,7 @@ def load_hash_shard(shard: TableShard, pieces: Sequence[Mapping[str, Any]]) -> N
 
 def _check_piece(shard: TableShard, piece: Mapping[str, Any]) -> None:
     name = shard.config.name
+    check_whole(name, piece)
     if piece.get("kind") != "hash":
         raise ShardedStateError(
             f"Table '{name}' is a hash table, but the checkpoint holds a fixed table of that name: "

@@ -18,6 +18,7 @@ from embedding.collection import ShardedEmbeddingCollection
 from embedding.kernels import fused_step
 from embedding.memory import check_memory, state_bytes
 from embedding.optimizers import SparseOptimizerConfig, init_optimizer_state, spec_of
+from embedding.row_changes import mark_changed
 
 
 class SparseOptimizerStateError(ValueError):
@@ -47,6 +48,7 @@ class SparseOptimizer:
             collections = [collections]
         self.collections: tuple[ShardedEmbeddingCollection, ...] = tuple(collections)
         self._groups = [group for collection in self.collections for group in collection.groups]
+        self._changed_rows = [mask for collection in self.collections for mask in collection.changed_rows]
         self._backend = backend
         self._step = 0
         self._grad_multiplier = 1.0
@@ -99,7 +101,9 @@ class SparseOptimizer:
     def step(self) -> None:
         self._step += 1
         multiplier, self._grad_multiplier = self._grad_multiplier, 1.0
-        for group, group_config, param_group_index in zip(self._groups, self._configs, self._param_group_of):
+        for group, group_config, param_group_index, changed in zip(
+            self._groups, self._configs, self._param_group_of, self._changed_rows
+        ):
             if group.dynamic is not None:
                 group.dynamic.index.advance()  # what forward inserts from here on belongs to the next step
             grads = group.accumulated_grads()
@@ -125,6 +129,7 @@ class SparseOptimizer:
                 backend=self._backend,
                 sorted_ids=grads.sorted_ids,
             )
+            mark_changed(changed, grads.ids)
         self._release_cached_rows()
 
     def _release_cached_rows(self) -> None:

@@ -102,6 +102,7 @@ def saved_rows_in_range(saved: Mapping[str, Any], start: int, end: int) -> tuple
 
 
 def check_saved_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
+    check_whole(shard.config.name, saved)
     if saved.get("kind") == "hash":
         raise ShardedStateError(
             f"Table '{shard.config.name}' is a fixed table, but the checkpoint holds a hash table of that name: "
@@ -127,3 +128,12 @@ def _copy_optimizer_state(
         )
     for key, tensor in shard.optimizer_state.items():
         tensor[target] = saved_state[key][source].to(tensor.device)
+
+
+def check_whole(name: str, saved: Mapping[str, Any]) -> None:
+    """Refuse a delta piece (see :mod:`embedding.row_changes`), which holds only the rows changed over a full one."""
+    if "delta_of" in saved:
+        raise ShardedStateError(
+            f"The piece of table '{name}' must be whole to be loaded, but is a delta over the checkpoint of step "
+            f"{saved['delta_of']} instead: merge it over that checkpoint's piece first (``embedding.merge_delta``)."
+        )

@@ -32,6 +32,7 @@ from torch import nn
 from checkpoint import CheckpointError, CheckpointManager, LoadedCheckpoint
 from checkpoint.errors import CorruptCheckpointError
 from gang import FakeGang, Gang, ReduceOperation
+from recipes.checkpointing import deltas
 from recipes.config.sections import ModelBankSource
 from recipes.training.parallel import load_model_state, model_state
 from recipes.training.protocols import ShardedStateful
@@ -115,7 +116,7 @@ def _same(step: int) -> int:
 
 def _read(manager: CheckpointManager, step: int) -> SourceState:
     loaded: LoadedCheckpoint = manager.load(step, keys=["model"])
-    ranks = [loaded.load_rank_state(k).get("sharded", {}) for k in range(loaded.num_ranks)]
+    ranks = [deltas.rank_state(loaded, k).get("sharded", {}) for k in range(loaded.num_ranks)]
     return SourceState(f"{manager.root}/step_{step}", step, loaded.shared_state["model"], ranks)
 
 

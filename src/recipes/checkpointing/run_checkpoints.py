@@ -17,6 +17,7 @@ import torch
 
 from checkpoint import CheckpointManager, CheckpointMetadata, CheckpointPolicy, LoadedCheckpoint
 from gang import FakeGang, Gangs
+from recipes.checkpointing.deltas import rank_state
 from recipes.checkpointing.left_out import WHY, SaveFilter, check_left_out, fill_for_resume, forget_optimizer_state
 from recipes.checkpointing.model_bank import ModelBank
 from recipes.config.resolution import ConfigError, to_dict
@@ -102,6 +103,16 @@ class TrainerCheckpointer:
         self._section = section
         self._config = to_dict(config)
         self._filter = SaveFilter(section.exclude, save_filter)
+        self._base: int | None = None
+        """The step of this run's last checkpoint whose sparse tables were saved whole (none yet after a resume)."""
+        self._deltas_since_base = 0
+
+    def delta_base(self, step_nr: int) -> int | None:
+        """The last whole checkpoint, while fewer than ``checkpoint.full_every - 1`` deltas lie over it."""
+        base = self._base
+        if base is None or base >= step_nr or self._deltas_since_base >= self._section.full_every - 1:
+            return None
+        return base
 
     def save(
         self,
@@ -112,6 +123,7 @@ class TrainerCheckpointer:
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
         interrupted: bool = False,
+        base_step: int | None = None,
     ) -> None:
         mode = self._section.model_only
         model_only = mode == "all" or (mode == "all_but_last" and not last)
@@ -130,7 +142,12 @@ class TrainerCheckpointer:
             extras={"config": self._config, **left_out, **({"interrupted": True} if interrupted else {})},
             blocking=last or not self._section.async_save,
             unchanged_until_staged=unchanged_until_staged,
+            base_step=base_step,
         )
+        if base_step is None:
+            self._base, self._deltas_since_base = step_nr, 0
+        else:
+            self._deltas_since_base += 1
 
     def use_save_filter(self, save_filter: Callable[[str], bool] | None) -> None:
         """Also leave out what the recipe's ``save_filter`` refuses (its parts are built after this checkpointer)."""
@@ -254,7 +271,7 @@ def rank_states_to_load(loaded: LoadedCheckpoint, gangs: Gangs) -> tuple[dict[st
     """
     rank = gangs.root.rank
     if dict(loaded.metadata.gang_sizes) == gang_sizes(gangs):
-        own = loaded.load_rank_state(rank)
+        own = rank_state(loaded, rank)
         return own, [own]
     all_ranks = all_rank_states(loaded)
     return all_ranks[rank if rank < loaded.num_ranks else 0], all_ranks
@@ -262,7 +279,7 @@ def rank_states_to_load(loaded: LoadedCheckpoint, gangs: Gangs) -> tuple[dict[st
 
 def all_rank_states(loaded: LoadedCheckpoint) -> list[dict[str, Any]]:
     """The rank states of every rank of the job that saved ``loaded``."""
-    return [loaded.load_rank_state(k) for k in range(loaded.num_ranks)]
+    return [rank_state(loaded, k) for k in range(loaded.num_ranks)]
 
 
 def model_bank_sources(section: CheckpointSection) -> list[tuple[str, ModelBankSource]]:

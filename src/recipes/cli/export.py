@@ -107,7 +107,7 @@ def export(
     try:
         read = manager.read(choose, partial(_read_checkpoints, manager, output_dir, since, values, fs, temp))
         names = _table_files(read.tables, read.split)
-        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables)
+        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables, read.since_step)
         value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
         model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
         if read.split.items is not None:
@@ -240,8 +240,10 @@ def _write_tables(
     tables: dict[tuple[str, str], TableRows],
     names: dict[str, tuple[str, str]],
     old: dict[tuple[str, str], TableRows] | None,
+    since: int | None,
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """``tables/<name>.parquet`` each (the changed rows only, and ``.evicted.parquet``, against ``old``)."""
+    """``tables/<name>.parquet`` each (the changed rows only, and ``.evicted.parquet``, against ``old``, the
+    tables of the checkpoint of step ``since``)."""
     fs.makedirs(f"{folder}/tables", exist_ok=True)
     rows_written, evicted_written = {}, {}
     for name, key in names.items():
@@ -250,7 +252,7 @@ def _write_tables(
         if old is not None:
             previous = old.get(key)
             old_ids, old_rows = ids_and_rows(name, previous) if previous is not None else (np.zeros(0, np.int64), None)
-            ids, rows, evicted = _delta(ids, rows, old_ids, old_rows)
+            ids, rows, evicted = _delta(ids, rows, old_ids, old_rows, _candidates(tables[key], previous, since))
             write_rows(fs, f"{folder}/tables/{name}.evicted.parquet", evicted, None, dim)
             evicted_written[name] = len(evicted)
         write_rows(fs, f"{folder}/tables/{name}.parquet", ids, rows, dim)
@@ -313,16 +315,33 @@ def _write_values(
     return files, num_ids
 
 
+def _candidates(table: TableRows, previous: TableRows | None, since: int | None) -> npt.NDArray[np.int64] | None:
+    """The ids whose rows may differ from the checkpoint of ``since``, as the checkpoints' change tracking says
+    (``embedding.row_changes``): those the exported delta lists, where it lies over ``since``; with those
+    ``since``'s delta lists, where both lie over one base; ``None`` (any id may) otherwise."""
+    if table.base_step is None or table.changed_ids is None:
+        return None
+    if table.base_step == since:
+        return np.concatenate([np.zeros(0, np.int64), *table.changed_ids])
+    if previous is not None and previous.base_step == table.base_step and previous.changed_ids is not None:
+        return np.concatenate([np.zeros(0, np.int64), *table.changed_ids, *previous.changed_ids])
+    return None
+
+
 def _delta(
     ids: npt.NDArray[np.int64],
     rows: npt.NDArray[np.float32],
     old_ids: npt.NDArray[np.int64],
     old_rows: npt.NDArray[np.float32] | None,
+    candidates: npt.NDArray[np.int64] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """The rows of ids that are new or whose row changed at all, and the old ids no longer held (both id-sorted)."""
+    """The rows of ids that are new or whose row changed at all, and the old ids no longer held (both id-sorted).
+    With ``candidates``, the rows of known ids outside them are the old ones, and only theirs are compared."""
     position = np.searchsorted(old_ids, ids).clip(max=max(len(old_ids) - 1, 0))
     known = old_ids[position] == ids if len(old_ids) else np.zeros(len(ids), np.bool_)
     changed = ~known
+    if candidates is not None:
+        known &= np.isin(ids, candidates)
     if old_rows is not None and known.any():
         changed[known] = (rows[known] != old_rows[position[known]]).any(axis=1)
     evicted = np.setdiff1d(old_ids, ids, assume_unique=True)

@@ -31,7 +31,8 @@ import pyarrow.parquet as pa_parquet
 import torch
 
 from checkpoint import LoadedCheckpoint
-from embedding import ShardedStateError, initial_rows, saved_rows_in_range
+from embedding import DELTA_KEY, ShardedStateError, initial_rows, saved_rows_in_range
+from recipes.checkpointing import deltas
 from recipes.cli.job import checkpoint_step, read_only_checkpoints
 from recipes.errors import UserError
 
@@ -57,6 +58,11 @@ class TableRows:
     hash_ranks: set[int] = field(default_factory=set)
     hash_keys: list[npt.NDArray[np.int64]] = field(default_factory=list)
     hash_rows: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    base_step: int | None = None
+    """The step of the checkpoint its pieces were deltas over, if they were (``embedding.row_changes``)."""
+    changed_ids: list[npt.NDArray[np.int64]] | None = field(default_factory=list)
+    """With ``base_step``, the ids the deltas list as changed since it (every other id's row is the base's);
+    ``None`` where a piece was whole."""
 
 
 def export_tables(output_dir: str, which: str, destination: str) -> list[ExportedTable]:
@@ -128,14 +134,43 @@ def gather_tables(loaded: LoadedCheckpoint) -> dict[tuple[str, str], TableRows]:
     tables: dict[tuple[str, str], TableRows] = {}
     for old_rank in range(loaded.num_ranks):
         rank_state = loaded.load_rank_state(old_rank)
-        for state_name, state in (rank_state.get("sharded") or {}).items():
-            pieces = state.get("tables") if isinstance(state, Mapping) else None
-            if not isinstance(pieces, Mapping):
-                continue  # sharded state of the recipe's own kind, not tables
+        changed = _changed_ids(rank_state)
+        rank_state = deltas.merged(loaded, old_rank, rank_state)
+        for state_name, pieces in _table_pieces(rank_state).items():
             for table_name, piece in pieces.items():
-                _add_piece(tables, (state_name, table_name), piece)
+                key = (state_name, table_name)
+                _add_piece(tables, key, piece)
+                _add_changed(tables[key], loaded.metadata.base_step, changed.get(key))
         del rank_state  # Only the rows were kept; the rank's optimizer state goes now.
     return tables
+
+
+def _table_pieces(rank_state: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The table pieces of each sharded state (not those of a recipe's own kind of sharded state)."""
+    found = {}
+    for state_name, state in (rank_state.get("sharded") or {}).items():
+        pieces = state.get("tables") if isinstance(state, Mapping) else None
+        if isinstance(pieces, Mapping):
+            found[state_name] = pieces
+    return found
+
+
+def _changed_ids(rank_state: Mapping[str, Any]) -> dict[tuple[str, str], npt.NDArray[np.int64] | None]:
+    """The ids each table's delta piece lists (a fixed table's rows, a hash table's changed ids); None: whole."""
+    changed: dict[tuple[str, str], npt.NDArray[np.int64] | None] = {}
+    for state_name, pieces in _table_pieces(rank_state).items():
+        for table_name, piece in pieces.items():
+            ids = None
+            if DELTA_KEY in piece:
+                ids = piece["index"]["keys"][piece["changed"]] if piece.get("kind") == "hash" else piece["row_ids"]
+            changed[(state_name, table_name)] = None if ids is None else ids.numpy().astype(np.int64, copy=False)
+    return changed
+
+
+def _add_changed(table: TableRows, base_step: int | None, ids: npt.NDArray[np.int64] | None) -> None:
+    table.base_step = base_step
+    if table.changed_ids is not None:
+        table.changed_ids = None if ids is None or base_step is None else [*table.changed_ids, ids]
 
 
 def _add_piece(tables: dict[tuple[str, str], TableRows], key: tuple[str, str], piece: Mapping[str, Any]) -> None:

@@ -162,6 +162,12 @@ class CheckpointSection:
     checkpoint is the best validation."""
     keep_every_n_steps: PositiveInt | None = None
     """Keep checkpoints whose step is a multiple of N."""
+    full_every: PositiveInt = 1
+    """Save the sparse tables whole in every Nth checkpoint only; the checkpoints between hold each table's rows
+    changed since the last whole one (a delta: a few percent of a big table's bytes under skewed ids), and need it
+    to be read, so the keep policies keep it as long as they keep any of them. A resumed run saves whole first.
+    Tables stored off the device (``storage``) are always saved whole. 1: every checkpoint whole (the default:
+    each checkpoint stands alone, which tools that copy or read one checkpoint directory expect)."""
     model_only: Literal["none", "all", "all_but_last"] = "none"
     """Save only the model (not resumable): for every checkpoint, or all but the newest."""
     async_save: bool = False

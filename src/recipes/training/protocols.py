@@ -122,6 +122,16 @@ class ShardedStateful(Protocol):
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None: ...
 
 
+@runtime_checkable
+class TracksChangedRows(Protocol):
+    """Sharded state that can save only its rows changed since its last whole save (see
+    ``embedding.row_changes``): a checkpoint of it may then be a delta over that one."""
+
+    def delta_state_dict(self, base_step: int) -> dict[str, Any]: ...
+
+    def forget_changes(self) -> None: ...
+
+
 class Checkpointer(Protocol):
     """Saves the trainer's state when the trainer says so; decides where and what to keep."""
 
@@ -134,13 +144,19 @@ class Checkpointer(Protocol):
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
         interrupted: bool = False,
+        base_step: int | None = None,
     ) -> None:
         """Save the states; the tensors for which ``unchanged_until_staged`` holds (parameters and
         optimizer state) may be copied later, until ``wait_until_staged`` returns. ``interrupted``:
-        saved because the run was stopped, off its schedule (a resume point only)."""
+        saved because the run was stopped, off its schedule (a resume point only). ``base_step``: the sharded
+        state that tracks its changed rows is a delta over the checkpoint of that step (``delta_base``)."""
 
     def wait_until_staged(self) -> None:
         """Called before every optimizer step: a save in flight must hold its own copy of the state by then."""
+
+    def delta_base(self, step_nr: int) -> int | None:
+        """The step of the checkpoint that the save of ``step_nr`` may lie over as a delta of the sharded state
+        that ``TracksChangedRows``; ``None``: save it whole."""
 
 
 class NoopCheckpointer:
@@ -155,11 +171,15 @@ class NoopCheckpointer:
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
         interrupted: bool = False,
+        base_step: int | None = None,
     ) -> None:
         pass
 
     def wait_until_staged(self) -> None:
         pass
+
+    def delta_base(self, step_nr: int) -> int | None:
+        return None
 
 
 NOOP_CHECKPOINTER = NoopCheckpointer()

@@ -26,7 +26,7 @@ from recipes.training.mean_gradients import MeanGradients
 from recipes.training.parallel import gradient_sync, step_sums, tensors_changed_by_step
 from recipes.training.precision import autocast_for
 from recipes.training.profiler import Profiler
-from recipes.training.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, Validation
+from recipes.training.protocols import NOOP_CHECKPOINTER, Checkpointer, ShardedStateful, TracksChangedRows, Validation
 from recipes.training.step_checks import ConfiguredBatchSize, StepChecks
 from recipes.training.step_sums import local_step_stats, read_step_stats, step_stats
 from recipes.training.train_metrics import TrainMetrics
@@ -361,14 +361,17 @@ class Trainer(Generic[BatchT]):
     def _checkpoint(self, last: bool, interrupted: bool = False) -> None:
         score = self._counters.last_score if self._validated_step == self.step_nr else None
         changed_by_step = {tensor.untyped_storage().data_ptr() for tensor in tensors_changed_by_step(self._optimizer)}
+        tracking = any(isinstance(stateful, TracksChangedRows) for stateful in self.state.sharded.values())
+        base_step = self._checkpointer.delta_base(self.step_nr) if tracking else None
         self._metrics.flushed()  # Their unreduced state is checkpointed.
         self._checkpointer.save(
             self.step_nr,
             score,
             self.state.shared(),
-            self.state.per_rank(),
+            self.state.per_rank(base_step),
             last,
             unchanged_until_staged=lambda tensor: tensor.untyped_storage().data_ptr() in changed_by_step,
             interrupted=interrupted,
+            base_step=base_step,
         )
         self._checkpoints.saved(self.step_nr, final=last)

@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from recipes.runtime.rng import rng_state, set_rng_state
 from recipes.training.data_reader import DataReader
 from recipes.training.parallel import load_model_state, load_optimizer_state, model_state, optimizer_state
-from recipes.training.protocols import ShardedStateful
+from recipes.training.protocols import ShardedStateful, TracksChangedRows
 from recipes.training.validator import Validator
 from units import MetricBag
 
@@ -66,14 +66,16 @@ class TrainingState:
             "early_stopper": self.validator.state_dict(),
         }
 
-    def per_rank(self) -> dict[str, Any]:
-        """What differs between ranks: the data position, RNG streams, unreduced metrics and shards."""
+    def per_rank(self, delta_of: int | None = None) -> dict[str, Any]:
+        """What differs between ranks: the data position, RNG streams, unreduced metrics and shards; with
+        ``delta_of``, the shards that track their changed rows as a delta over that step's checkpoint, else whole
+        (and their changes counted from now)."""
         return {
             "data_reader": self.reader.state_dict(),
             "metrics": self.metrics.state_dict(),
             "unit_metrics": self.unit_metrics.state_dict(),
             "rng": rng_state(),
-            "sharded": {name: stateful.sharded_state_dict() for name, stateful in self.sharded.items()},
+            "sharded": {name: _sharded_state(stateful, delta_of) for name, stateful in self.sharded.items()},
         }
 
     def load_shared(self, state: Mapping[str, Any]) -> None:
@@ -91,6 +93,16 @@ class TrainingState:
         self.unit_metrics.load_state_dict(state["unit_metrics"])
         set_rng_state(state["rng"])
         load_sharded_state(self.sharded, all_ranks)
+
+
+def _sharded_state(stateful: ShardedStateful, delta_of: int | None) -> dict[str, Any]:
+    if not isinstance(stateful, TracksChangedRows):
+        return stateful.sharded_state_dict()
+    if delta_of is not None:
+        return stateful.delta_state_dict(delta_of)
+    state = stateful.sharded_state_dict()
+    stateful.forget_changes()
+    return state
 
 
 def load_sharded_state(sharded: Mapping[str, ShardedStateful], all_ranks: Sequence[Mapping[str, Any]]) -> None:

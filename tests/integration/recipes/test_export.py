@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from support.cli_runs import assert_one_line_error, printed_by_main, run_main
-from support.resume_helpers import check_ok, run_recipes
+from support.resume_helpers import check_ok, read_metadata, run_recipes
 from support.serving_scorer import scores, split_rows, tutorial_scorer
 
 KEEP_ALL = ["checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null", "metrics.recorders.console=false"]
@@ -36,6 +36,8 @@ DLRM = [
 ]
 # Hash tables of 16 rows for 1000 categories a feature: LRU evicts between the checkpoints, so a delta has tombstones.
 SMALL_HASH_TABLES = ["dataset.num_embeddings_per_feature=[16]", "model.embeddings.hash.min_count=1"]
+# Step 6's tables are deltas over step 3's: the export reads them whole, and --since 3 compares only their rows.
+DELTA_CHECKPOINTS = ["checkpoint.full_every=2"]
 
 
 def table_files(export: Path) -> list[Path]:
@@ -96,7 +98,12 @@ def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_de
 
 @pytest.mark.parametrize(
     ("preset", "extra", "evicts"),
-    [("dlrm_criteo_tiny", [], False), ("dlrm_criteo_tiny_dynamic", SMALL_HASH_TABLES, True)],
+    [
+        ("dlrm_criteo_tiny", [], False),
+        ("dlrm_criteo_tiny_dynamic", SMALL_HASH_TABLES, True),
+        ("dlrm_criteo_tiny", DELTA_CHECKPOINTS, False),
+        ("dlrm_criteo_tiny_dynamic", [*SMALL_HASH_TABLES, *DELTA_CHECKPOINTS], True),
+    ],
 )
 def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
     tmp_path: Path,
@@ -108,6 +115,8 @@ def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
 ) -> None:
     check_ok(run_recipes(tmp_path, "train", preset, "-o", "out", *DLRM, *extra, "--nproc", "2", timeout=600))
     monkeypatch.chdir(tmp_path)
+    base = read_metadata(tmp_path / "out" / "checkpoints" / "step_6").base_step
+    assert base == (3 if DELTA_CHECKPOINTS[0] in extra else None)
     export_all(capsys, 3, 6)
 
     evicted = check_scores_and_delta(capsys, tmp_path, 3, 6)

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from gang import FakeGang
-from recipes.cli.export import _delta, _dense_for_serving
+from recipes.cli.export import _candidates, _delta, _dense_for_serving
+from recipes.cli.export_tables import TableRows
 from recipes.errors import UserError
 from recipes.serving.servable import ServableModel
 from recsys.zoo import ZOO_MODELS, build_zoo_model
@@ -30,6 +31,23 @@ def test_a_delta_holds_new_and_changed_rows_and_the_evicted_ids() -> None:
     assert changed_ids.tolist() == [2, 5]
     assert changed_rows.tolist() == [[2, 2], [5, 5.5]]
     assert evicted.tolist() == [3]
+
+
+def test_with_the_checkpoints_change_tracking_only_the_rows_it_lists_are_compared() -> None:
+    old_ids = np.array([1, 3, 5], dtype=np.int64)
+    old_rows = np.array([[1, 1], [3, 3], [5, 5]], dtype=np.float32)
+    ids = np.array([1, 2, 5], dtype=np.int64)
+    rows = np.array([[1, 1.5], [2, 2], [5, 5.5]], dtype=np.float32)  # id 1's row says what the tracking would miss
+    exported = TableRows("hash", 2, base_step=3, changed_ids=[np.array([2, 5], dtype=np.int64)])
+
+    candidates = _candidates(exported, None, since=3)
+    changed_ids, _, evicted = _delta(ids, rows, old_ids, old_rows, candidates)
+
+    assert changed_ids.tolist() == [2, 5] and evicted.tolist() == [3]
+    assert _candidates(exported, None, since=2) is None  # a delta over another step than --since's
+    over_same_base = TableRows("hash", 2, base_step=3, changed_ids=[np.array([1], dtype=np.int64)])
+    assert sorted(_candidates(exported, over_same_base, since=4).tolist()) == [1, 2, 5]  # type: ignore[union-attr]
+    assert _candidates(TableRows("fixed", 2, base_step=3, changed_ids=None), None, since=3) is None  # a whole piece
 
 
 def test_a_delta_over_no_table_holds_every_row() -> None:

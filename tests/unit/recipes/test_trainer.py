@@ -369,6 +369,7 @@ class PromiseCheckingCheckpointer:
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
         interrupted: bool = False,
+        base_step: int | None = None,
     ) -> None:
         model = shared_state["model"]
         self.late_model_entries.append({name for name, value in model.items() if unchanged_until_staged(value)})
@@ -382,6 +383,9 @@ class PromiseCheckingCheckpointer:
         for live, at_save in self._promised:
             assert torch.equal(live, at_save), "a tensor promised unchanged changed before wait_until_staged"
         self._promised = []
+
+    def delta_base(self, step_nr: int) -> int | None:
+        return None
 
 
 def test_what_an_async_save_may_copy_late_stays_unchanged_until_the_trainer_waits_for_it() -> None:
@@ -454,12 +458,16 @@ class RecordingCheckpointer:
         last: bool,
         unchanged_until_staged: Callable[[torch.Tensor], bool],
         interrupted: bool = False,
+        base_step: int | None = None,
     ) -> None:
         self.saves.append((step_nr, last, interrupted))
         self.states[step_nr] = (copy.deepcopy(shared_state), copy.deepcopy(rank_state))
 
     def wait_until_staged(self) -> None:
         pass
+
+    def delta_base(self, step_nr: int) -> int | None:
+        return None
 
 
 class StoppedAtUnit(SquaredErrorUnit):
