@@ -96,7 +96,7 @@ class ShardedEmbeddingCollection(nn.Module):
         }
         self.changed_rows = changed_rows_masks(self.groups)
         """Per group, a bool per buffer row: changed since :meth:`forget_changes` (the sparse optimizer's step
-        sets them); ``None`` for a tiered group, saved whole (see :mod:`embedding.row_changes`)."""
+        sets them); ``None`` for a tiered group, whose store marks the rows written (``RowStore.changed``)."""
         # Autograd calls a function's backward only if one of its inputs requires grad; the
         # tables are not inputs, so this empty tensor stands in for them.
         self._grad_anchor = torch.empty(0, requires_grad=True)
@@ -253,9 +253,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def forget_changes(self) -> None:
         """Count rows as changed from now on only: a full checkpoint of the tables is being taken."""
-        for mask in self.changed_rows:
+        for group, mask in zip(self.groups, self.changed_rows):
             if mask is not None:
                 mask.fill_(False)
+            elif group.tier is not None:  # its store keeps count (the full checkpoint flushed the cache)
+                group.tier.store.changed[:] = False
 
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
         """Copy in the rows this rank owns from the sharded state dicts of every rank of a

@@ -13,8 +13,9 @@ checkpoint needs its base alone, never a chain of deltas; a table most of whose 
 A fixed table's delta is the subset format of :mod:`embedding.state` (``row_ids``, sorted global rows)
 with ``delta_of`` in place of ``init_seed``. A hash table's delta holds its whole index (ids, slots,
 counters: a few ints per used slot) and, at ``changed``, the positions of the index's entries whose rows
-it holds. Tables stored off the device (a storage tier) are always saved whole: their pieces hold the
-rows steps have written already.
+it holds. A table stored off the device (a storage tier) saves the rows steps have written (see
+:mod:`embedding.tiered_state`); its delta, those written to its store since the full checkpoint, which
+:func:`merge_delta` unites with the base's.
 
 Loading any piece marks every row changed: the rows no longer follow the last full checkpoint.
 """
@@ -72,7 +73,7 @@ def delta_group_states(group: ShardGroup, mask: torch.Tensor | None, base_step: 
     """The pieces of ``group``'s tables: each table's changed rows over the full checkpoint of ``base_step``
     (whole pieces for a tiered group)."""
     if mask is None:
-        return tiered_group_states(group)
+        return _tiered_delta_states(group, base_step)
     pieces = {}
     for shard, offset in zip(group.shards, group.buffer_offsets):
         if shard.dynamic is not None:
@@ -95,6 +96,18 @@ def delta_group_states(group: ShardGroup, mask: torch.Tensor | None, base_step: 
             },
         }
     return pieces
+
+
+def _tiered_delta_states(group: ShardGroup, base_step: int) -> dict[str, Any]:
+    """A tiered group's pieces over the full checkpoint of ``base_step``: the rows its store had written since
+    (``RowStore.changed``: the cache's changed rows go to the store first)."""
+    assert group.tier is not None
+    if group.dynamic is None:
+        return tiered_group_states(group, {DELTA_KEY: base_step}, WHOLE_ABOVE)
+    group.tier.flush()
+    (shard,) = group.shards
+    piece = hash_shard_state(shard, changed=torch.from_numpy(group.tier.store.changed), whole_above=WHOLE_ABOVE)
+    return {shard.config.name: {**piece, DELTA_KEY: base_step} if "changed" in piece else piece}
 
 
 def merge_delta(delta: Mapping[str, Any], base: Mapping[str, Any] | None, base_step: int) -> dict[str, Any]:
@@ -122,7 +135,12 @@ def merge_delta(delta: Mapping[str, Any], base: Mapping[str, Any] | None, base_s
                 f"The full checkpoint of step {base_step} must hold table '{name}' whole, under its delta, but "
                 "does not."
             )
-        tables[name] = _merge_hash(name, piece, under) if piece.get("kind") == "hash" else _merge_fixed(piece, under)
+        if piece.get("kind") == "hash":
+            tables[name] = _merge_hash(name, piece, under)
+        elif "row_ids" in under:
+            tables[name] = _merge_written_rows(piece, under)
+        else:
+            tables[name] = _merge_fixed(piece, under)
     return {**delta, "tables": tables}
 
 
@@ -141,6 +159,23 @@ def _merge_fixed(piece: Mapping[str, Any], under: Mapping[str, Any]) -> dict[str
         tensor[target] = piece["optimizer_state"][key].to(tensor.device)
     merged = {key: value for key, value in piece.items() if key not in ("row_ids", DELTA_KEY)}
     return {**merged, "weight": weight, "optimizer_state": state}
+
+
+def _merge_written_rows(piece: Mapping[str, Any], under: Mapping[str, Any]) -> dict[str, Any]:
+    """A tiered table's delta over its base, both of the rows steps wrote: the union of their rows, each with its
+    values from the delta where it lists it."""
+    rows, order = torch.sort(torch.cat([piece["row_ids"], under["row_ids"]]), stable=True)
+    keep = torch.ones(rows.numel(), dtype=torch.bool)
+    keep[1:] = rows[1:] != rows[:-1]  # the delta's entry comes first among equal rows: it wins
+    rows, order = rows[keep], order[keep]
+    _check_state_keys(piece["optimizer_state"], under["optimizer_state"])
+
+    def union(changed: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        return torch.cat([changed, base.to(changed.device)])[order]
+
+    state = {key: union(tensor, under["optimizer_state"][key]) for key, tensor in piece["optimizer_state"].items()}
+    merged = {key: value for key, value in piece.items() if key != DELTA_KEY}
+    return {**merged, "row_ids": rows, "weight": union(piece["weight"], under["weight"]), "optimizer_state": state}
 
 
 def _merge_hash(name: str, piece: Mapping[str, Any], under: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,8 +45,12 @@ def write_records(
     tier.store.write(buffer_rows, records)
 
 
-def tiered_group_states(group: ShardGroup) -> dict[str, Any]:
-    """The pieces of a tiered group's tables (a copy: the store changes as training goes on)."""
+def tiered_group_states(
+    group: ShardGroup, delta: Mapping[str, Any] | None = None, whole_above: float = 1.0
+) -> dict[str, Any]:
+    """The pieces of a tiered group's fixed tables: each table's rows that steps wrote (a copy: the store changes
+    as training goes on). With ``delta`` (the keys that mark a delta piece), only those written since the last full
+    checkpoint (``RowStore.changed``), unless more than ``whole_above`` of them were."""
     tier = group.tier
     assert tier is not None
     tier.flush()
@@ -54,6 +58,11 @@ def tiered_group_states(group: ShardGroup) -> dict[str, Any]:
     pieces = {}
     for shard, offset in zip(group.shards, group.buffer_offsets):
         written = np.flatnonzero(store.written[offset : offset + shard.num_rows]).astype(np.int64)
+        marks: Mapping[str, Any] = {}
+        if delta is not None:
+            changed = written[store.changed[written + offset]]
+            if changed.size <= whole_above * written.size:
+                written, marks = changed, delta
         records = torch.from_numpy(store.read(written + offset))
         pieces[shard.config.name] = {
             "row_start": shard.row_start,
@@ -65,6 +74,7 @@ def tiered_group_states(group: ShardGroup) -> dict[str, Any]:
             "init_scale": shard.config.initial_scale,
             "weight": records[:, : tier.dim].clone(),
             "optimizer_state": _split_state(records[:, tier.dim :], tier.state_widths, tier.optimizer_state),
+            **marks,
         }
     return pieces
 

@@ -51,6 +51,8 @@ class RowStore(ABC):
         self._initializer = initializer
         self.written = np.zeros(num_rows, dtype=np.bool_)
         """Which rows hold values a write put there (the others read as fresh)."""
+        self.changed = np.ones(num_rows, dtype=np.bool_)
+        """Which rows were written since the last full checkpoint (:meth:`forget_changes`): a delta's rows."""
 
     @property
     @abstractmethod
@@ -75,10 +77,12 @@ class RowStore(ABC):
     def write(self, rows: npt.NDArray[np.int64], records: npt.NDArray[np.float32]) -> None:
         self.records[rows] = records
         self.written[rows] = True
+        self.changed[rows] = True
 
     def clear(self) -> None:
-        """Every row back to fresh (what a checkpoint's load starts from)."""
+        """Every row back to fresh (what a checkpoint's load starts from): no row is known to equal a checkpoint."""
         self.written[:] = False
+        self.changed[:] = True
 
     def release_pages(self) -> None:
         """Let go of the pages the last reads and writes mapped in (a disk store's); they stay in the system's cache."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from embedding import (
     ShardedEmbeddingCollection,
     SparseFeatures,
     SparseOptimizer,
+    merge_delta,
 )
 from embedding.optimizers import sparse_optimizer_config
 from embedding.tiers import TableStorage
@@ -156,3 +159,29 @@ def test_tiered_hash_tables_train_and_save_bit_identically_to_the_device(storage
     SparseOptimizer(reloaded, sparse_optimizer_config("adam", lr=0.1))
     reloaded.load_sharded_state_dict([tiered])
     assert_bitwise_equal(reloaded.sharded_state_dict(), on_device)
+
+
+def test_a_tiered_delta_over_its_base_is_the_full_state(tmp_path: Path) -> None:
+    storage = TableStorage("disk", cache_rows=16)
+    collection = ShardedEmbeddingCollection(
+        [tables(storage)[0], replace(hash_tables(storage)[0], features=("z",))],
+        seed=5,
+        optimizer=sparse_optimizer_config("adam", lr=0.1),
+        storage_dir=str(tmp_path),
+    )
+    sparse = SparseOptimizer(collection)
+    head = torch.linspace(-1, 1, 4)
+    steps = batches(16)
+    for step, features in enumerate(steps):
+        if step == 15:  # a full checkpoint, then a step
+            base = copy.deepcopy(collection.sharded_state_dict())
+            collection.forget_changes()
+        sparse.zero_grad()
+        outputs = collection(features)
+        sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values()).backward()
+        sparse.step()
+
+    delta = copy.deepcopy(collection.delta_state_dict(base_step=15))
+    assert {name: piece.get("delta_of") for name, piece in delta["tables"].items()} == {"a": 15, "h": 15}
+    assert delta["tables"]["a"]["row_ids"].numel() < base["tables"]["a"]["row_ids"].numel()
+    assert_bitwise_equal(merge_delta(delta, base, 15), collection.sharded_state_dict())

@@ -1,7 +1,7 @@
 """``dlrm_criteo_tiny`` with its tables on disk or host behind a cache of 16 rows, far fewer than the rows one step
-touches: the same checkpoints, metrics and tables as on the device, on 1 and 2 ranks; killed with ``kill -9`` mid-run
-(every step writes rows back and reads the next step's ahead) and resumed bit-exact; a damaged store refused
-(GitHub issue 48)."""
+touches: the same checkpoints, metrics and tables as on the device, on 1 and 2 ranks (replicated and row-wise);
+killed with ``kill -9`` while it saves (every step writes rows back and reads the next step's ahead) and resumed
+bit-exact from a checkpoint of the rows written since the last full one; a damaged store refused (GitHub issue 48)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,17 @@ from support.resume_helpers import (
     assert_bitwise_equal,
     assert_same_training,
     check_ok,
+    checkpoints_dir,
     committed_steps,
     final_states,
-    kill_hard,
     metric_history,
     one_line_error,
+    read_metadata,
     run_recipes,
+    stall_env,
     start_recipes,
     tensorboard_scalars,
-    wait_for_checkpoint,
+    wait_and_kill_at_stall,
 )
 
 PRESET = "dlrm_criteo_tiny"
@@ -59,11 +61,14 @@ def assert_same_arithmetic(cwd: Path, reference: Path, tiered: Path) -> None:
     assert exported_tables(cwd, reference) == exported_tables(cwd, tiered)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_tables_on_disk_train_bit_identically_to_tables_on_the_device(tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize(("nproc", "placement"), [(1, "auto"), (2, "auto"), (2, "row_wise")])
+def test_tables_on_disk_train_bit_identically_to_tables_on_the_device(
+    tmp_path: Path, nproc: int, placement: str
+) -> None:
     reference, on_disk = tmp_path / "device", tmp_path / "disk"
-    check_ok(train(tmp_path, reference, nproc=nproc))  # on 2 ranks the planner replicates these small tables
-    result = check_ok(train(tmp_path, on_disk, *ON_DISK, nproc=nproc))
+    placed = f"model.embeddings.placement={placement}"  # auto: on 2 ranks the planner replicates these small tables
+    check_ok(train(tmp_path, reference, placed, nproc=nproc))
+    result = check_ok(train(tmp_path, on_disk, *ON_DISK, placed, nproc=nproc))
 
     assert "stored on disk" in result.stdout and "with a cache of" in result.stdout
     assert sorted(path.name for path in (on_disk / "table_stores").iterdir()) == [
@@ -93,16 +98,19 @@ def test_tables_on_host_with_a_per_table_cache_train_bit_identically(tmp_path: P
 
 def test_kill_9_mid_run_with_tables_on_disk_then_the_same_command_ends_bit_exact(tmp_path: Path) -> None:
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    sharded = (*ON_DISK, "model.embeddings.placement=row_wise")  # each rank holds a range of every table's rows
-    check_ok(train(tmp_path, reference, *sharded, nproc=2))
-    process = start_recipes(tmp_path, "train", PRESET, "-o", str(resumed), *SMALL, *sharded, "--nproc", "2")
-    wait_for_checkpoint(resumed, 20, process)
-    kill_hard(process)
-    assert max(committed_steps(resumed)) < FINAL_STEP
+    # The checkpoint of step 40 holds the rows written since 20's; the run is killed while it saves step 60.
+    deltas = (*ON_DISK, "checkpoint.full_every=2")
+    check_ok(train(tmp_path, reference, *deltas))
+    marker = tmp_path / "stalled"
+    stall = stall_env("before_rename", FINAL_STEP, marker)
+    process = start_recipes(tmp_path, "train", PRESET, "-o", str(resumed), *SMALL, *deltas, env=stall, stalling=True)
+    wait_and_kill_at_stall(process, marker)
+    assert max(committed_steps(resumed)) == 40
 
-    check_ok(train(tmp_path, resumed, *sharded, nproc=2))
+    check_ok(train(tmp_path, resumed, *deltas))
 
-    assert "Resumed from the checkpoint of step" in (resumed / "logs" / "rank_0.log").read_text()
+    assert "Resumed from the checkpoint of step 40" in (resumed / "logs" / "rank_0.log").read_text()
+    assert read_metadata(checkpoints_dir(resumed) / "step_40").base_step == 20
     assert_same_training(reference, resumed, FINAL_STEP)
 
 
