@@ -43,11 +43,14 @@ def state_bytes(num_rows: int, dim: int, optimizer: SparseOptimizerConfig) -> in
 
 
 def rank_bytes(tables: Sequence[EmbeddingTableConfig], plan: Mapping[str, TableSharding], rank: int) -> int:
-    """The bytes of ``rank``'s shards of ``tables``: rows and hash maps."""
+    """The bytes of ``rank``'s shards of ``tables``: rows (a table on disk: its cache's) and hash maps."""
     total = 0
     for table in tables:
         start, end = plan[table.name].local_rows(rank)
-        total += shard_bytes(table, end - start)
+        num_rows = end - start
+        if table.storage.tier == "disk":  # only its cache of hot rows is in memory (counted without the state)
+            num_rows = table.storage.cache_size(num_rows, table.dim * 4)
+        total += shard_bytes(table, num_rows)
     return total
 
 
