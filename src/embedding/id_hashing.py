@@ -44,21 +44,31 @@ def owner_ranks(ids: npt.NDArray[np.int64], num_ranks: int) -> npt.NDArray[np.in
     return owners
 
 
+@numba.njit(cache=True)
+def _init_row(weight, row, key, salt, scale, normal):  # type: ignore[no-untyped-def]
+    base = mix64(np.uint64(key) ^ salt)
+    for column in range(weight.shape[1]):
+        first = mix64(base + np.uint64(2 * column + 1))
+        uniform = (first >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        if normal:
+            second = mix64(base + np.uint64(2 * column + 2))
+            other = ((second >> np.uint64(11)) + 1) * (1.0 / 9007199254740992.0)
+            value = np.sqrt(-2.0 * np.log(other)) * np.cos(2.0 * np.pi * uniform) * scale
+        else:
+            value = (2.0 * uniform - 1.0) * scale
+        weight[row, column] = value
+
+
 @numba.njit(cache=True, parallel=True)
 def _init_kernel(weight, rows, keys, salt, scale, normal):  # type: ignore[no-untyped-def]
-    dim = weight.shape[1]
     for i in numba.prange(rows.size):
-        base = mix64(np.uint64(keys[i]) ^ salt)
-        for column in range(dim):
-            first = mix64(base + np.uint64(2 * column + 1))
-            uniform = (first >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-            if normal:
-                second = mix64(base + np.uint64(2 * column + 2))
-                other = ((second >> np.uint64(11)) + 1) * (1.0 / 9007199254740992.0)
-                value = np.sqrt(-2.0 * np.log(other)) * np.cos(2.0 * np.pi * uniform) * scale
-            else:
-                value = (2.0 * uniform - 1.0) * scale
-            weight[rows[i], column] = value
+        _init_row(weight, rows[i], keys[i], salt, scale, normal)
+
+
+@numba.njit(cache=True)
+def _init_kernel_serial(weight, rows, keys, salt, scale, normal):  # type: ignore[no-untyped-def]
+    for i in range(rows.size):
+        _init_row(weight, rows[i], keys[i], salt, scale, normal)
 
 
 def init_salt(seed: int, table: str) -> int:
@@ -73,7 +83,11 @@ def init_rows_by_key(
     salt: int,
     scale: float,
     normal: bool,
+    parallel: bool = True,
 ) -> None:
     """Write into ``weight[rows[i]]`` the initial values of id ``keys[i]``: a function of the id and
-    ``salt`` alone, so that an id starts from the same values whichever slot, rank or run it lands on."""
-    _init_kernel(weight, rows, keys, np.uint64(salt), scale, normal)
+    ``salt`` alone, so that an id starts from the same values whichever slot, rank or run it lands on.
+
+    ``parallel=False`` computes the same values on this thread alone: for a thread that works beside the step's
+    parallel kernels (numba's workqueue layer aborts when two threads launch parallel kernels at once)."""
+    (_init_kernel if parallel else _init_kernel_serial)(weight, rows, keys, np.uint64(salt), scale, normal)
