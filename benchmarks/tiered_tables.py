@@ -1,6 +1,6 @@
 """A table bigger than the machine's memory, on disk behind a RAM cache, against a table in memory.
 
-One table of ``--rows`` rows x 32 dims (300,000,000 by default: 38 GB of rows and row-wise Adagrad
+One table of ``--rows`` rows x 32 dims (300,000,000 by default: 39.6 GB of rows and row-wise Adagrad
 state, more than this 24 GB machine holds) is stored on ``disk`` (a sparse file in a temporary
 directory, deleted at the end) with a RAM cache of ``--cache-gb`` (2 GB, LRU); the baseline is the
 same workload on a table of ``--memory-rows`` rows (10,000,000) on the device, in memory. Each
@@ -14,22 +14,25 @@ lacks read from the store) while the current step runs; the prefetch wait is the
 main thread then waits for that thread, per step.
 
 Each table trains in a process of its own, so that each one's peak resident memory (``VmHWM``)
-is its own; the two take turns, a round of ``--round`` steps each, so that the machine's load
-weighs on both alike. A round's samples/s counts from its first batch's synchronous
-preparation to its last step's end (so the first step of a round gets no prefetch);
-the figures are medians over rounds, and the ratio is taken per round pair. Both first run
-``--warmup`` steps, untimed, so that the cache is full and evicting (steady state).
+is its own (both keep freed memory for reuse, as training does); the two take turns, a round of
+``--round`` steps each, so that the machine's load weighs on both alike. A round's samples/s
+counts from its first batch's synchronous preparation to its last step's end (so the first step
+of a round gets no prefetch); the figures are medians over rounds, and the ratio is taken per
+round pair. Both first run ``--warmup`` steps, untimed: by step 600 the disk table's cache of
+2 GB is full and evicting (each step then writes back more than half as many rows as it fetches),
+which costs the most; a progress line every round shows it.
 
     python benchmarks/tiered_tables.py [--rows 300000000] [--memory-rows 10000000] [--cache-gb 2]
-        [--warmup 800] [--steps 200] [--round 20] [--dir /tmp]
+        [--warmup 600] [--steps 200] [--round 20] [--dir /tmp]
 
-The last line reads ``ratio_vs_memory=R hit_rate=H prefetch_wait_ms=W peak_rss_gb=P cache_gb=C``
+A line reads ``ratio_vs_memory=R hit_rate=H prefetch_wait_ms=W peak_rss_gb=P cache_gb=C``
 (goals: R at least 0.5, P under C + 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -123,6 +126,8 @@ class Trainer:
     def statistics(self) -> dict[str, float]:
         tier = self.collection.groups[0].tier
         found = dict(tier.statistics) if tier is not None else {}
+        if tier is not None:
+            found["write_seconds"] = tier.behind.write_seconds
         found["peak_rss_bytes"] = peak_rss_bytes()
         return found
 
@@ -143,7 +148,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000_000, help="rows of the table on disk")
     parser.add_argument("--memory-rows", type=int, default=10_000_000, help="rows of the table in memory")
     parser.add_argument("--cache-gb", type=float, default=2.0, help="the disk table's RAM cache, GB (1e9 bytes)")
-    parser.add_argument("--warmup", type=int, default=800, help="untimed steps first")
+    parser.add_argument("--warmup", type=int, default=600, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=200, help="timed steps of each table")
     parser.add_argument("--round", type=int, default=20, help="steps of one table before the other's turn")
     parser.add_argument("--dir", default=None, help="where the disk store's temporary directory goes")
@@ -164,17 +169,19 @@ def main() -> None:
             process = context.Process(target=serve, args=(child, num_rows, storage, storage_dir))
             process.start()
             connections[kind], processes = parent, [*processes, process]
-        rounds = report(connections, args)
+        report(connections, args)
+        print(f"load after: {os.getloadavg()[0]:.2f}")
     finally:
         for connection in connections.values():
-            connection.send(None)
+            with contextlib.suppress(OSError):  # a child that failed is gone already
+                connection.send(None)
         for process in processes:
             process.join()
+        print(f"deleting {directory} (minutes where the file system discards each freed extent)", flush=True)
         shutil.rmtree(directory)
-    print(f"load after: {os.getloadavg()[0]:.2f}; {len(rounds)} rounds; disk store deleted")
 
 
-def report(connections: dict[str, Connection], args: argparse.Namespace) -> list[tuple[Round, Round]]:
+def report(connections: dict[str, Connection], args: argparse.Namespace) -> None:
     """Warm both up, time their rounds in turn, and print the figures."""
     print(
         f"batch {BATCH} x {len(FEATURES)} features x 1 id, Zipf({ZIPF}), dim {DIM}, rowwise_adagrad; disk table "
@@ -206,7 +213,8 @@ def report(connections: dict[str, Connection], args: argparse.Namespace) -> list
     print(
         f"disk cache per step: {delta['fetched'] / args.steps:,.0f} rows fetched, "
         f"{delta['written_back'] / args.steps:,.0f} written back, "
-        f"{delta['read_seconds'] / args.steps * 1e3:.1f} ms in the main thread's reads"
+        f"{delta['read_seconds'] / args.steps * 1e3:.1f} ms in the main thread's reads, "
+        f"{delta['write_seconds'] / args.steps * 1e3:.1f} ms in the writer thread's writes"
     )
     peak = {kind: found["peak_rss_bytes"] / 1e9 for kind, found in after.items()}
     print(f"peak RSS: disk table's process {peak['disk']:.2f} GB, memory table's {peak['memory']:.2f} GB")
@@ -214,7 +222,6 @@ def report(connections: dict[str, Connection], args: argparse.Namespace) -> list
         f"ratio_vs_memory={ratio:.2f} hit_rate={delta['hits'] / delta['lookups']:.3f} "
         f"prefetch_wait_ms={waits[0] * 1e3:.2f} peak_rss_gb={peak['disk']:.2f} cache_gb={args.cache_gb:g}"
     )
-    return rounds
 
 
 def _rounds(connections: dict[str, Connection], first: int, count: int) -> tuple[Round, Round]:

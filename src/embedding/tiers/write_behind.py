@@ -11,6 +11,7 @@ from it. Every read sees the latest records, so the rows are those of a store wr
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ class WriteBehind:
 
     def __init__(self, store: RowStore) -> None:
         self.store = store
+        self.write_seconds = 0.0
+        """The time the writes took on their thread, in all."""
         self._pending: list[_Pending] = []
         self._lock = threading.Lock()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="row-store-writes")
@@ -71,11 +74,13 @@ class WriteBehind:
             write.landed.result()
 
     def _land(self, pending: _Pending) -> None:
+        started = time.perf_counter()
         try:
             self.store.write(pending.rows, pending.records)
         except BaseException as error:
             pending.landed.set_exception(error)
             raise
+        self.write_seconds += time.perf_counter() - started
         with self._lock:
             self._pending.remove(pending)
         pending.landed.set_result(None)
