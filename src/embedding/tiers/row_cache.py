@@ -30,6 +30,7 @@ from embedding.tiers import cache_kernels as kernels
 from embedding.tiers.storage_config import TableStorage
 from embedding.tiers.store_opener import FreshRecords
 from embedding.tiers.stores import RowStore
+from embedding.tiers.write_behind import WriteBehind
 
 WAYS = 16
 """Places per set: a missing row may replace any unpinned row of its set."""
@@ -69,6 +70,7 @@ class TieredRows:
     ) -> None:
         self._open_store = open_store
         self._store: RowStore | None = None
+        self._behind: WriteBehind | None = None
         self.fresh, self.storage, self.dim, self.device = fresh, storage, dim, device
         num_sets = max(1, math.ceil(cache_rows / WAYS))
         self.cached_places = num_sets * WAYS
@@ -107,6 +109,13 @@ class TieredRows:
         if self._store is None:
             self._store = self._open_store(self.dim + sum(self.state_widths.values()))
         return self._store
+
+    @property
+    def behind(self) -> WriteBehind:
+        """The store's write-backs, landing on a thread of their own; its reads see those on their way."""
+        if self._behind is None:
+            self._behind = WriteBehind(self.store)
+        return self._behind
 
     @property
     def num_places(self) -> int:
@@ -154,7 +163,7 @@ class TieredRows:
             count = kernels.missing(distinct, self._tags, WAYS, self._overflow_of, out)
             writes = self._writes
         lacking = out[:count]
-        return StagedRecords(lacking, self.store.read(lacking), writes)
+        return StagedRecords(lacking, self.behind.read(lacking), writes)
 
     def install(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
         """The places of buffer rows ``rows``, pinned, the missing rows brought in (from ``staged`` where read
@@ -218,6 +227,7 @@ class TieredRows:
             dirty = self._dirty[places]
             if dirty.any():
                 self._write_back(self._overflow_tags[overflow[dirty]], places[dirty])
+            self.behind.drain()
 
     def clear(self) -> None:
         """Forget every cached row and every written record: every row reads as fresh (before a load)."""
@@ -228,6 +238,7 @@ class TieredRows:
             self._overflow_tags[:] = kernels.EMPTY
             self._stack_free_overflow()
             self._reserve_zero_place()
+            self.behind.drain()
             self.store.clear()
 
     def _grow(self) -> None:
@@ -237,10 +248,10 @@ class TieredRows:
         """Under the lock: the records of ``places`` written to the store as rows ``rows``, and marked clean unless
         ``evicted`` (the places' new rows are marked already)."""
         index = torch.from_numpy(places).to(self.device)
-        parts = [self.weight[index]] + [
-            state[index].reshape(places.size, -1) for state in self.optimizer_state.values()
+        parts = [self.weight.index_select(0, index)] + [
+            state.index_select(0, index).reshape(places.size, -1) for state in self.optimizer_state.values()
         ]
-        self.store.write(rows, torch.cat(parts, dim=1).cpu().numpy())
+        self.behind.write(rows, torch.cat(parts, dim=1).cpu().numpy())
         if not evicted:
             self._dirty[places] = False
         self._writes += 1
@@ -268,17 +279,18 @@ class TieredRows:
             unread &= ~found
             self.statistics["read_ahead"] += int(found.sum())
         if unread.any():
-            records[unread] = self.store.read(rows[unread])
+            records[unread] = self.behind.read(rows[unread])
         self.store.release_pages()
         self.statistics["read_seconds"] += time.perf_counter() - started
         self.statistics["fetched"] += rows.size
         index = torch.from_numpy(places).to(self.device)
         values = torch.from_numpy(records).to(self.device)
-        self.weight[index] = values[:, : self.dim]
+        # The places are distinct (each pinned as it is given): a plain copy, far faster than an indexed assignment.
+        self.weight.index_copy_(0, index, values[:, : self.dim])
         column = self.dim
         for key, state in self.optimizer_state.items():
             width = self.state_widths[key]
-            state[index] = values[:, column : column + width].reshape(-1, *state.shape[1:])
+            state.index_copy_(0, index, values[:, column : column + width].reshape(-1, *state.shape[1:]))
             column += width
 
     def _written_since(self, writes: int) -> npt.NDArray[np.int64] | None:

@@ -48,7 +48,9 @@ class FreshRecords:
             if mine.size:
                 keys = rows[mine] - offset + row_start
                 normal = table.initializer == "normal"
-                init_rows_by_key(values, mine, keys, init_salt(self.seed, table.name), table.initial_scale, normal)
+                salt = init_salt(self.seed, table.name)
+                # Fresh records are made on a train pipeline's thread too, beside the step's parallel kernels.
+                init_rows_by_key(values, mine, keys, salt, table.initial_scale, normal, parallel=False)
         out[:, :dim] = values
         self._fill_states(out)
 

@@ -35,7 +35,12 @@ Initializer = Callable[[npt.NDArray[np.int64], npt.NDArray[np.float32]], None]
 
 _MAGIC = b"recipes-row-store\x00"
 _HEADER_BYTES = 4096
+_MADV_RANDOM = 1
 _MADV_DONTNEED = 4
+_PAGE_BYTES = 4096
+_MAPPED_BYTES = 384 << 20
+"""The pages a disk store's reads and writes may leave mapped into the process before it lets go of them: letting
+go walks the whole mapping (tens of milliseconds for tens of GB), too slow to do at every step."""
 
 
 class DamagedStoreError(EmbeddingConfigError):
@@ -53,6 +58,8 @@ class RowStore(ABC):
         """Which rows hold values a write put there (the others read as fresh)."""
         self.changed = np.ones(num_rows, dtype=np.bool_)
         """Which rows were written since the last full checkpoint (:meth:`forget_changes`): a delta's rows."""
+        self.touched = 0
+        """Records read or written since the pages were last let go of (see :meth:`release_pages`)."""
 
     @property
     @abstractmethod
@@ -64,9 +71,11 @@ class RowStore(ABC):
         unmapped)."""
         written = self.written[rows]
         if written.all():
+            self.touched += rows.size
             return self.records[rows]
         records = np.empty((rows.size, self.width), dtype=np.float32)
         where = np.flatnonzero(written)
+        self.touched += where.size
         records[where] = self.records[rows[where]]
         fresh = np.flatnonzero(~written)
         values = np.empty((fresh.size, self.width), dtype=np.float32)
@@ -78,6 +87,7 @@ class RowStore(ABC):
         self.records[rows] = records
         self.written[rows] = True
         self.changed[rows] = True
+        self.touched += rows.size
 
     def clear(self) -> None:
         """Every row back to fresh (what a checkpoint's load starts from): no row is known to equal a checkpoint."""
@@ -85,7 +95,8 @@ class RowStore(ABC):
         self.changed[:] = True
 
     def release_pages(self) -> None:
-        """Let go of the pages the last reads and writes mapped in (a disk store's); they stay in the system's cache."""
+        """Let go of the pages the reads and writes mapped in (a disk store's, once they may take more than
+        ``_MAPPED_BYTES``); they stay in the system's cache."""
 
     @property
     def description(self) -> str:
@@ -136,15 +147,23 @@ class DiskStore(RowStore):
             ) from None
         self._map = mmap.mmap(self._file.fileno(), size)
         self._records = np.frombuffer(self._map, dtype=np.float32, offset=_HEADER_BYTES).reshape(num_rows, width)
+        # Rows are read and written one by one, wherever they are: reading ahead around each would fill the
+        # system's cache with pages no one asked for (zeroed ones, in a sparse file's holes) and cost the most.
+        self._advise(_MADV_RANDOM)
 
     @property
     def records(self) -> npt.NDArray[np.float32]:
         return self._records
 
     def release_pages(self) -> None:
+        if self.touched * _PAGE_BYTES >= _MAPPED_BYTES:  # each record's page (more than one: counted once)
+            self._advise(_MADV_DONTNEED)
+            self.touched = 0
+
+    def _advise(self, advice: int) -> None:
         if sys.platform == "linux":
             address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-            ctypes.CDLL(None).madvise(ctypes.c_void_p(address), ctypes.c_size_t(len(self._map)), _MADV_DONTNEED)
+            ctypes.CDLL(None).madvise(ctypes.c_void_p(address), ctypes.c_size_t(len(self._map)), advice)
 
     @property
     def description(self) -> str:
