@@ -28,8 +28,8 @@ def test_scoring_allocates_the_tables_rows_and_no_optimizer_state(
     built: list[BuiltParts] = []
     build_parts = scoring.build_parts
 
-    def recording(*args: Any) -> BuiltParts:
-        built.append(build_parts(*args))
+    def recording(*args: Any, **kwargs: Any) -> BuiltParts:
+        built.append(build_parts(*args, **kwargs))
         return built[-1]
 
     monkeypatch.setattr(scoring, "build_parts", recording)
