@@ -50,7 +50,7 @@ def folder_bytes(folder: Path) -> int:
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     metric = BinaryAUC()
-    metric.update(torch.from_numpy(scores).float(), torch.from_numpy(labels).long())
+    metric.update(torch.tensor(scores, dtype=torch.float32), torch.tensor(labels, dtype=torch.int64))
     return float(metric.compute())
 
 
@@ -110,7 +110,7 @@ def main() -> None:
         print("quantised export:  " + ", ".join(f"{dtype} {seconds:.2f} s" for dtype, seconds in quantised_s.items()))
         print(f"predict time:      {statistics.median(predict_s):.2f} s (the command, start-up included)")
         plain, forward = statistics.median(plain_s), statistics.median(forward_s)
-        print(f"plain scorer:      {num_rows / plain:,.0f} rows/s (README scorer over the export)")
+        print(f"plain scorer:      {num_rows / plain:,.0f} rows/s (the tutorial scorer over the float32 export)")
         print(f"model forward:     {num_rows / forward:,.0f} rows/s (predict's model in-process, same rows)")
         print(f"predict command:   {num_rows / statistics.median(predict_s):,.0f} rows/s (start-up included)")
 

@@ -130,7 +130,7 @@ def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     metric = BinaryAUC()
-    metric.update(torch.from_numpy(scores).float(), torch.from_numpy(labels).long())
+    metric.update(torch.tensor(scores, dtype=torch.float32), torch.tensor(labels, dtype=torch.int64))
     return float(metric.compute())
 
 
