@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipes.cli.export import _write_quantized
+from recipes.cli.export import _write_quantized, export
+from recipes.errors import UserError
 from recipes.serving.quantized import BITS, code_bytes, dequantize, quantize
 from support.cli_runs import assert_one_line_error, run_main
 from support.serving_scorer import tutorial_scorer
@@ -95,3 +96,8 @@ def test_a_dtype_export_does_not_know_is_one_line_and_exit_2(
     assert code == 2
     assert_one_line_error(err, "--dtype", "int2")
     assert not (tmp_path / "a").exists()
+
+
+def test_export_called_with_a_dtype_it_does_not_know_refuses_before_reading_the_run(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"`--dtype` must be float32, int8 or int4, but is float16 instead\."):
+        export(str(tmp_path / "none"), "auto", str(tmp_path / "a"), dtype="float16")
