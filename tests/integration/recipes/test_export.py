@@ -29,7 +29,13 @@ MOVIELENS = [  # 20 steps, not a model that learned: the export must score as pr
 ]
 MOVIELENS_VALID_ROWS = 20_001
 # Long enough for an AUC above chance on the generated data, so that what quantising loses of it shows.
-QUANTISED = ["trainer.max_num_steps=60", "dataset.synthetic_rows=8000", "dataset.batch_size=128", *KEEP_ALL]
+QUANTISED = [
+    "trainer.max_num_steps=60",
+    "checkpoint.every_n_steps=30",
+    "dataset.synthetic_rows=8000",
+    "dataset.batch_size=128",
+    *KEEP_ALL,
+]
 DLRM = [
     "trainer.max_num_steps=6",
     "trainer.validate_every_n_steps=3",
@@ -134,14 +140,16 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(metric.compute())
 
 
-def test_an_int8_export_scored_by_the_tutorial_scorer_is_within_0_001_auc_of_predict_in_a_third_of_the_bytes(
+def test_int8_tables_score_within_0_001_auc_of_predict_in_a_third_of_the_bytes_and_their_delta_applies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_ok(run_recipes(tmp_path, "train", "dlrm_criteo_tiny", "-o", "out", *QUANTISED))
     monkeypatch.chdir(tmp_path)
     for dtype in ("float32", "int8", "int4"):
-        printed_by_main(capsys, "export", "out", "-o", dtype, "--dtype", dtype)
-    printed_by_main(capsys, "predict", "out", "-o", "predicted.csv")
+        printed_by_main(capsys, "export", "out", "--checkpoint", "60", "-o", dtype, "--dtype", dtype)
+    printed_by_main(capsys, "export", "out", "--checkpoint", "30", "-o", "int8_30", "--dtype", "int8")
+    printed_by_main(capsys, "export", "out", "--checkpoint", "60", "--since", "30", "-o", "delta", "--dtype", "int8")
+    printed_by_main(capsys, "predict", "out", "--checkpoint", "60", "-o", "predicted.csv")
     predictions = pa_csv.read_csv(tmp_path / "predicted.csv")
     labels = predictions.column("label").to_numpy()
     scorer, rows = tutorial_scorer(), split_rows(tmp_path / "out")
@@ -157,6 +165,8 @@ def test_an_int8_export_scored_by_the_tutorial_scorer_is_within_0_001_auc_of_pre
         assert {(table["dtype"], table["dim"], table["row_bytes"]) for table in spec["tables"].values()} == {
             (dtype, 16, row_bytes)
         }
+    delta = scorer.load(tmp_path / "delta", base=scorer.load(tmp_path / "int8_30"))
+    np.testing.assert_array_equal(scores(scorer, delta, rows), scores(scorer, scorer.load(tmp_path / "int8"), rows))
     sizes = {
         dtype: sum(p.stat().st_size for p in table_files(tmp_path / dtype)) for dtype in ("float32", "int8", "int4")
     }
