@@ -101,3 +101,17 @@ def test_a_dtype_export_does_not_know_is_one_line_and_exit_2(
 def test_export_called_with_a_dtype_it_does_not_know_refuses_before_reading_the_run(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"`--dtype` must be float32, int8 or int4, but is float16 instead\."):
         export(str(tmp_path / "none"), "auto", str(tmp_path / "a"), dtype="float16")
+
+
+@pytest.mark.parametrize("bits", sorted(BITS.values()))
+def test_the_codes_scale_and_bias_side_by_side_are_fbgemms_fused_rows_byte_for_byte(bits: int) -> None:
+    pytest.importorskip("fbgemm_gpu", reason="fbgemm-gpu-cpu (the optional benchmark extra) is not installed")
+    magnitudes = np.array([1e-3, 0.05, 1.0, 30.0], dtype=np.float32).repeat(100)
+    rows = (np.random.default_rng(bits).standard_normal((len(magnitudes), 16)) * magnitudes[:, None]).astype(np.float32)
+    rows[:3] = 3.0  # constant rows
+
+    fused = torch.ops.fbgemm.FloatToFusedNBitRowwiseQuantizedSBHalf(torch.from_numpy(rows), bits).numpy()
+
+    quantized = quantize(rows, bits)
+    halves = [half.view(np.uint8).reshape(len(rows), 2) for half in (quantized.scale, quantized.bias)]
+    np.testing.assert_array_equal(np.concatenate([quantized.codes, *halves], axis=1), fused)
