@@ -19,7 +19,7 @@ SERVING = DOCS / "tutorials" / "serving.md"
 
 
 def tutorial_scorer() -> SimpleNamespace:
-    """``load`` and ``score`` of the first Python block of the serving tutorial, executed."""
+    """``load``, ``score`` and ``read_rows`` of the first Python block of the serving tutorial, executed."""
     match = re.search(r"```python\n(.*?)```", SERVING.read_text(), re.DOTALL)
     assert match is not None, "the serving tutorial must hold a Python block"
     code = match.group(1)
@@ -27,7 +27,12 @@ def tutorial_scorer() -> SimpleNamespace:
     assert imported == {"json", "pyarrow", "torch"}, imported  # nothing of this project
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/tutorials/serving.md", "exec"), namespace)
-    return SimpleNamespace(load=namespace["load"], score=namespace["score"], num_lines=len(code.splitlines()))
+    return SimpleNamespace(
+        load=namespace["load"],
+        score=namespace["score"],
+        read_rows=namespace["read_rows"],
+        num_lines=len(code.splitlines()),
+    )
 
 
 def split_rows(run: Path, split: str = "valid") -> list[tuple[torch.Tensor, dict[str, Any]]]:

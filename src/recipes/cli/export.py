@@ -17,7 +17,8 @@ path: ``recipes.cli.export_tables``), so a run of any number of ranks exports in
     dense.pt2             the dense part: ``torch.export.load(...).module()(dense [B, D], [pooled [B, dim]...])``
                           gives the scores [B], or [B, outputs] (or dense_fx.pt, a pickled ``torch.fx.GraphModule``);
                           with sequences, ``(dense, pooled, [rows [B, max_len, dim]...], [lengths [B]...])``
-    tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id
+    tables/<table>.parquet          (id int64, embedding fixed_size_list<float32>[dim]), sorted by id; with
+                                    ``--dtype int8|int4``, (id, codes, scale, bias): ``recipes.serving.quantized``
     tables/<table>.evicted.parquet  (id) with ``--since``: the ids the table no longer holds
     tables/<table>.values.parquet   (id, feature, value) the texts behind the ids, where the recipe names them
                                     (``RecipeParts.value_texts``); whole, with ``--since`` too
@@ -28,6 +29,10 @@ With ``--since STEP`` the tables hold only the rows that changed after checkpoin
 and ids whose row differs at all), and the ids dropped since (evicted from a hash table): applied over
 an export of ``STEP`` (rows replaced by id, evicted ids removed) they give the tables of a full export.
 The dense part is small and written whole either way. No optimizer state is read into the export.
+
+With ``--dtype int8`` or ``int4`` each table's rows are quantised row-wise as FBGEMM serves them (codes, an fp16
+scale and bias a row: ``recipes.serving.quantized``); ``model.json`` says each table's ``dtype`` and
+``row_bytes`` (its fused row: codes, scale, bias). A delta compares the float32 rows, then quantises the changed.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from recipes.cli.job import checkpoint_step, read_only_checkpoints
 from recipes.cli.job_spec import JobSpec
 from recipes.cli.scoring import loaded_checkpoint
 from recipes.errors import UserError
+from recipes.serving.quantized import BITS, code_bytes, quantize
 from recipes.serving.servable import DenseForServing, ServableModel
 
 EXPORT_FORMAT = 1
@@ -72,7 +78,7 @@ EXPORT_FORMAT = 1
 @dataclass(frozen=True)
 class ExportSummary:
     """What ``export`` wrote: the step, the one its deltas are since, the dense program's file, rows and evictions
-    per table, and the folder's bytes."""
+    per table, the tables' dtype, and the folder's bytes."""
 
     step: int
     since: int | None
@@ -82,18 +88,28 @@ class ExportSummary:
     values: dict[str, int]
     """Per table with a values file, the ids it names."""
     num_bytes: int
+    dtype: str = "float32"
 
 
 def export(
-    output_dir: str, which: str, destination: str, since: str | None = None, *, values: bool = True
+    output_dir: str,
+    which: str,
+    destination: str,
+    since: str | None = None,
+    *,
+    values: bool = True,
+    dtype: str = "float32",
 ) -> ExportSummary:
     """Export checkpoint ``which`` (``auto``, ``last``, ``best`` or a step) of the run in ``output_dir`` to the new
     folder ``destination``; with ``since`` (a step), only what changed after that checkpoint; with ``values``, the
-    texts behind the ids where the recipe names them.
+    texts behind the ids where the recipe names them; the tables' rows as ``dtype`` (``float32``, or ``int8`` or
+    ``int4`` quantised row-wise).
 
-    :raises UserError: if ``output_dir`` is no run, the checkpoints are not there, ``destination`` is not a new or
-        empty folder, or the model cannot be split into lookups and a dense part.
+    :raises UserError: if ``dtype`` is none of those, ``output_dir`` is no run, the checkpoints are not there,
+        ``destination`` is not a new or empty folder, or the model cannot be split into lookups and a dense part.
     """
+    if dtype != "float32" and dtype not in BITS:
+        raise UserError(f"`--dtype` must be float32, {' or '.join(BITS)}, but is {dtype} instead.")
     config_path = f"{output_dir}/config.yaml"
     if not os.path.isfile(config_path):
         raise UserError(f"OUTPUT_DIR must be a run's output directory, but {output_dir} has no config.yaml.")
@@ -107,9 +123,9 @@ def export(
     try:
         read = manager.read(choose, partial(_read_checkpoints, manager, output_dir, since, values, fs, temp))
         names = _table_files(read.tables, read.split)
-        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables, read.since_step)
+        rows, evicted = _write_tables(fs, temp, read.tables, names, read.old_tables, read.since_step, dtype)
         value_files, value_ids = _write_values(fs, temp, read.split, read.texts)
-        model = _model_json(read.step, read.since_step, read.program, read.split, read.tables, names, rows, value_files)
+        model = _model_json(read, names, rows, value_files, dtype)
         if read.split.items is not None:
             items = _write_item_vectors(fs, temp, read.split, read.tables, names)
             model["items"] = items | {"values": value_files.get(items["table"])}
@@ -123,7 +139,7 @@ def export(
     finally:
         if fs.exists(temp):
             fs.rm(temp, recursive=True)
-    return ExportSummary(read.step, read.since_step, read.program, rows, evicted, value_ids, num_bytes)
+    return ExportSummary(read.step, read.since_step, read.program, rows, evicted, value_ids, num_bytes, dtype)
 
 
 @dataclass
@@ -241,9 +257,10 @@ def _write_tables(
     names: dict[str, tuple[str, str]],
     old: dict[tuple[str, str], TableRows] | None,
     since: int | None,
+    dtype: str,
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """``tables/<name>.parquet`` each (the changed rows only, and ``.evicted.parquet``, against ``old``, the
-    tables of the checkpoint of step ``since``)."""
+    """``tables/<name>.parquet`` each, its rows as ``dtype`` (the changed rows only, and ``.evicted.parquet``,
+    against ``old``, the tables of the checkpoint of step ``since``)."""
     fs.makedirs(f"{folder}/tables", exist_ok=True)
     rows_written, evicted_written = {}, {}
     for name, key in names.items():
@@ -255,9 +272,27 @@ def _write_tables(
             ids, rows, evicted = _delta(ids, rows, old_ids, old_rows, _candidates(tables[key], previous, since))
             write_rows(fs, f"{folder}/tables/{name}.evicted.parquet", evicted, None, dim)
             evicted_written[name] = len(evicted)
-        write_rows(fs, f"{folder}/tables/{name}.parquet", ids, rows, dim)
+        path = f"{folder}/tables/{name}.parquet"
+        if dtype in BITS:
+            _write_quantized(fs, path, ids, rows, BITS[dtype])
+        else:
+            write_rows(fs, path, ids, rows, dim)
         rows_written[name] = len(ids)
     return rows_written, evicted_written
+
+
+def _write_quantized(fs: Any, path: str, ids: npt.NDArray[np.int64], rows: npt.NDArray[np.float32], bits: int) -> None:
+    """``(id, codes, scale, bias)`` Parquet: ``codes`` ``fixed_size_list<uint8>``, ``scale`` and ``bias`` float16."""
+    quantized = quantize(rows, bits)
+    codes = pa.array(quantized.codes.reshape(-1), pa.uint8())
+    columns = {
+        "id": pa.array(ids, pa.int64()),
+        "codes": pa.FixedSizeListArray.from_arrays(codes, code_bytes(rows.shape[1], bits)),
+        "scale": pa.array(quantized.scale, pa.float16()),
+        "bias": pa.array(quantized.bias, pa.float16()),
+    }
+    with fs.open(path, "wb") as file:
+        pa_parquet.write_table(pa.table(columns), file)
 
 
 def _write_item_vectors(
@@ -349,21 +384,15 @@ def _delta(
 
 
 def _model_json(
-    step: int,
-    since: int | None,
-    program: str,
-    split: DenseForServing,
-    tables: dict[tuple[str, str], TableRows],
-    names: dict[str, tuple[str, str]],
-    rows: dict[str, int],
-    values: dict[str, str],
+    read: _ReadOut, names: dict[str, tuple[str, str]], rows: dict[str, int], values: dict[str, str], dtype: str
 ) -> dict[str, Any]:
+    split, tables, since = read.split, read.tables, read.since_step
     return {
         "format": EXPORT_FORMAT,
-        "step": step,
+        "step": read.step,
         "since": since,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "program": program,
+        "program": read.program,
         "num_dense": split.num_dense,
         "inputs": [{"feature": p.feature, "table": p.table, "dim": p.dim, "pooling": p.pooling} for p in split.inputs],
         **({"sequences": [asdict(sequence) for sequence in split.sequences]} if split.sequences else {}),
@@ -376,10 +405,17 @@ def _model_json(
                 "dim": tables[key].dim,
                 "kind": tables[key].kind,
                 "rows": rows[name],
+                "dtype": dtype,
+                "row_bytes": _row_bytes(tables[key].dim, dtype),
             }
             for name, key in names.items()
         },
     }
+
+
+def _row_bytes(dim: int, dtype: str) -> int:
+    """A row's bytes: 4 a value in float32; a quantised row's codes and its fp16 scale and bias (FBGEMM's fused row)."""
+    return code_bytes(dim, BITS[dtype]) + 4 if dtype in BITS else 4 * dim
 
 
 def _write_json(fs: Any, path: str, value: Any) -> None:

@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="leave out the texts behind the ids (which take a pass over the training files)",
     )
+    serving.add_argument(
+        "--dtype",
+        choices=["float32", "int8", "int4"],
+        default="float32",
+        help="the tables' rows: float32 (default), or int8 or int4 quantised row-wise with an fp16 scale and bias",
+    )
     export = commands.add_parser("export-tables", help="write a checkpoint's sparse tables as Parquet files")
     export.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output directory")
     export.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
@@ -267,9 +273,12 @@ def _export_tables(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from recipes.cli.export import export
 
-    summary = export(args.output_dir, args.checkpoint, args.output, args.since, values=args.values)
+    summary = export(args.output_dir, args.checkpoint, args.output, args.since, values=args.values, dtype=args.dtype)
     what = "full" if summary.since is None else f"delta since step {summary.since}"
-    print(f"Exported step {summary.step} ({what}) to {args.output}: {summary.num_bytes / 1e6:.2f} MB")
+    print(
+        f"Exported step {summary.step} ({what}, {summary.dtype} tables) to {args.output}: "
+        f"{summary.num_bytes / 1e6:.2f} MB"
+    )
     print(f"  dense part: {summary.program}")
     for name, rows in summary.rows.items():
         evicted = f", {summary.evicted[name]:,} evicted" if name in summary.evicted else ""

@@ -4,6 +4,7 @@ runs of 1 rank (MovieLens, fixed tables, sum and mean pooling) and 2 ranks (DLRM
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from support.cli_runs import assert_one_line_error, printed_by_main, run_main
 from support.resume_helpers import check_ok, read_metadata, run_recipes
 from support.serving_scorer import scores, split_rows, tutorial_scorer
+from units import BinaryAUC
 
 KEEP_ALL = ["checkpoint.keep_last_n=null", "checkpoint.keep_best_n=null", "metrics.recorders.console=false"]
 MOVIELENS = [  # 20 steps, not a model that learned: the export must score as predict does, whatever the weights.
@@ -26,6 +28,14 @@ MOVIELENS = [  # 20 steps, not a model that learned: the export must score as pr
     *KEEP_ALL,
 ]
 MOVIELENS_VALID_ROWS = 20_001
+# Long enough for an AUC above chance on the generated data, so that what quantising loses of it shows.
+QUANTISED = [
+    "trainer.max_num_steps=60",
+    "checkpoint.every_n_steps=30",
+    "dataset.synthetic_rows=8000",
+    "dataset.batch_size=128",
+    *KEEP_ALL,
+]
 DLRM = [
     "trainer.max_num_steps=6",
     "trainer.validate_every_n_steps=3",
@@ -90,7 +100,7 @@ def test_movielens_export_scores_every_validation_row_as_predict_does_and_its_de
     evicted = check_scores_and_delta(capsys, tmp_path, 10, 20, num_rows=MOVIELENS_VALID_ROWS)
 
     assert evicted == 0  # fixed tables evict nothing
-    assert tutorial_scorer().num_lines <= 50
+    assert tutorial_scorer().num_lines <= 60  # int8 and int4 dequantised included
     delta_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "delta"))
     full_rows = sum(len(pa_parquet.read_table(p)) for p in table_files(tmp_path / "full_last"))
     assert 0 < delta_rows < full_rows  # 10 steps of 512 rows touch a fraction of the rows
@@ -122,6 +132,45 @@ def test_a_two_rank_run_exports_in_one_process_and_scores_as_predict_does(
     evicted = check_scores_and_delta(capsys, tmp_path, 3, 6)
 
     assert (evicted > 0) == evicts
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    metric = BinaryAUC()
+    metric.update(torch.tensor(scores, dtype=torch.float32), torch.tensor(labels, dtype=torch.int64))
+    return float(metric.compute())
+
+
+def test_int8_tables_score_within_0_001_auc_of_predict_in_a_third_of_the_bytes_and_their_delta_applies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_ok(run_recipes(tmp_path, "train", "dlrm_criteo_tiny", "-o", "out", *QUANTISED))
+    monkeypatch.chdir(tmp_path)
+    for dtype in ("float32", "int8", "int4"):
+        printed_by_main(capsys, "export", "out", "--checkpoint", "60", "-o", dtype, "--dtype", dtype)
+    printed_by_main(capsys, "export", "out", "--checkpoint", "30", "-o", "int8_30", "--dtype", "int8")
+    printed_by_main(capsys, "export", "out", "--checkpoint", "60", "--since", "30", "-o", "delta", "--dtype", "int8")
+    printed_by_main(capsys, "predict", "out", "--checkpoint", "60", "-o", "predicted.csv")
+    predictions = pa_csv.read_csv(tmp_path / "predicted.csv")
+    labels = predictions.column("label").to_numpy()
+    scorer, rows = tutorial_scorer(), split_rows(tmp_path / "out")
+
+    aucs = {dtype: auc(scores(scorer, scorer.load(tmp_path / dtype), rows), labels) for dtype in ("int8", "int4")}
+
+    expected = auc(predictions.column("score").to_numpy(), labels)
+    assert expected > 0.55  # a model that learned something, so that quantisation has an AUC to lose
+    assert abs(aucs["int8"] - expected) < 0.001, (aucs, expected)
+    assert abs(aucs["int4"] - expected) < 0.02, (aucs, expected)
+    for dtype, row_bytes in (("int8", 16 + 4), ("int4", 8 + 4)):
+        spec = json.loads((tmp_path / dtype / "model.json").read_text())
+        assert {(table["dtype"], table["dim"], table["row_bytes"]) for table in spec["tables"].values()} == {
+            (dtype, 16, row_bytes)
+        }
+    delta = scorer.load(tmp_path / "delta", base=scorer.load(tmp_path / "int8_30"))
+    np.testing.assert_array_equal(scores(scorer, delta, rows), scores(scorer, scorer.load(tmp_path / "int8"), rows))
+    sizes = {
+        dtype: sum(p.stat().st_size for p in table_files(tmp_path / dtype)) for dtype in ("float32", "int8", "int4")
+    }
+    assert sizes["int4"] < sizes["int8"] < sizes["float32"] / 2.5, sizes
 
 
 def test_misuse_of_export_is_one_line_and_exit_2(
