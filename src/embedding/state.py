@@ -11,7 +11,7 @@ written is the checkpoint package's business.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,16 +49,7 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
         another optimizer, or if no piece holds some of this rank's rows.
     """
     for shard in shards:
-        name = shard.config.name
-        covered = torch.zeros(shard.num_rows, dtype=torch.bool)
-        for piece in pieces:
-            saved = piece["tables"].get(name)
-            if saved is None:
-                continue
-            check_saved_shape(shard, saved)
-            start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
-            if start >= end:
-                continue
+        for saved, start, end in overlapping_pieces(shard, pieces):
             whole = slice(start - shard.row_start, end - shard.row_start)
             if "row_ids" in saved:  # a tiered table's: the rows it does not list are fresh
                 shard.weight[whole] = initial_rows(saved, shard.config.name, start, end).to(shard.weight.device)
@@ -68,12 +59,32 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
             target = (rows - shard.row_start).to(shard.weight.device)
             shard.weight[target] = saved["weight"][source].to(shard.weight.device)
             _copy_optimizer_state(shard, saved["optimizer_state"], target, source)
-            covered[whole] = True
-        if not bool(covered.all()):
-            missing = shard.row_start + int(torch.nonzero(~covered)[0])
-            raise ShardedStateError(
-                f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
-            )
+
+
+def overlapping_pieces(
+    shard: TableShard, pieces: Sequence[Mapping[str, Any]]
+) -> Iterator[tuple[Mapping[str, Any], int, int]]:
+    """Each piece of ``shard``'s table that holds some of its rows, checked, with the global rows ``[start, end)``
+    it holds of them.
+
+    :raises ShardedStateError: once every piece is seen, if no piece holds some row of the shard.
+    """
+    name = shard.config.name
+    covered = torch.zeros(shard.num_rows, dtype=torch.bool)
+    for piece in pieces:
+        saved = piece["tables"].get(name)
+        if saved is None:
+            continue
+        _check_saved_shape(shard, saved)
+        start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
+        if start < end:
+            yield saved, start, end
+            covered[start - shard.row_start : end - shard.row_start] = True
+    if not bool(covered.all()):
+        missing = shard.row_start + int(torch.nonzero(~covered)[0])
+        raise ShardedStateError(
+            f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
+        )
 
 
 def initial_rows(saved: Mapping[str, Any], table: str, start: int, end: int) -> torch.Tensor:
@@ -101,7 +112,7 @@ def saved_rows_in_range(saved: Mapping[str, Any], start: int, end: int) -> tuple
     return row_ids[index], index
 
 
-def check_saved_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
+def _check_saved_shape(shard: TableShard, saved: Mapping[str, Any]) -> None:
     check_whole(shard.config.name, saved)
     if saved.get("kind") == "hash":
         raise ShardedStateError(

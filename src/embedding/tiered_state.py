@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from embedding.sharding import ShardGroup
-from embedding.state import ShardedStateError, check_saved_shape, saved_rows_in_range
+from embedding.state import ShardedStateError, overlapping_pieces, saved_rows_in_range
 from embedding.tiers.row_cache import TieredRows
 
 
@@ -86,29 +86,14 @@ def load_tiered_group(group: ShardGroup, pieces: Sequence[Mapping[str, Any]]) ->
     tier.clear()
     store = tier.store
     for shard, offset in zip(group.shards, group.buffer_offsets):
-        name = shard.config.name
-        covered = torch.zeros(shard.num_rows, dtype=torch.bool)
-        for piece in pieces:
-            saved = piece["tables"].get(name)
-            if saved is None:
-                continue
-            check_saved_shape(shard, saved)
-            start, end = max(shard.row_start, saved["row_start"]), min(shard.row_end, saved["row_end"])
-            if start >= end:
-                continue
-            covered[start - shard.row_start : end - shard.row_start] = True
+        for saved, start, end in overlapping_pieces(shard, pieces):
             rows, index = saved_rows_in_range(saved, start, end)
             records = np.empty((rows.numel(), store.width), dtype=np.float32)
             buffer_rows = (rows - shard.row_start + offset).numpy()
             tier.fresh(buffer_rows, records)  # the state of a piece saved without an optimizer stays fresh
             records[:, : tier.dim] = saved["weight"][index].numpy()
-            _copy_saved_state(name, records, tier.dim, tier.state_widths, saved["optimizer_state"], index)
+            _copy_saved_state(shard.config.name, records, tier.dim, tier.state_widths, saved["optimizer_state"], index)
             store.write(buffer_rows, records)
-        if not bool(covered.all()):
-            missing = shard.row_start + int(torch.nonzero(~covered)[0])
-            raise ShardedStateError(
-                f"The checkpoint pieces must hold every row of table '{name}', but hold no row {missing} instead."
-            )
 
 
 def _split_state(
