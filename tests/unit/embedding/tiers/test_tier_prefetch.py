@@ -12,7 +12,7 @@ from embedding import ShardedEmbeddingCollection, SparseOptimizer
 from embedding.optimizers import sparse_optimizer_config
 from embedding.tiers import TableStorage
 
-from .test_tiered_tables import batches, tables, train, whole_tables
+from .test_tiered_tables import batches, tables, train, train_step, whole_tables
 
 
 def train_prefetching(storage: TableStorage, tmp_path: Path, num_steps: int = 12) -> dict[str, torch.Tensor]:
@@ -21,7 +21,6 @@ def train_prefetching(storage: TableStorage, tmp_path: Path, num_steps: int = 12
         tables(storage), seed=5, optimizer=sparse_optimizer_config("rowwise_adagrad", lr=0.1), storage_dir=str(tmp_path)
     )
     sparse = SparseOptimizer(collection)
-    head = torch.linspace(-1, 1, 4)
     steps = batches(num_steps)
     with ThreadPoolExecutor(1) as ahead:
         features = collection.prepare_ahead(steps[0], collection.gang)
@@ -31,11 +30,7 @@ def train_prefetching(storage: TableStorage, tmp_path: Path, num_steps: int = 12
                 if step + 1 < num_steps
                 else None
             )
-            sparse.zero_grad()
-            outputs = collection(features)
-            loss = sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values())
-            loss.backward()
-            sparse.step()
+            train_step(collection, sparse, features)
             if following is not None:
                 features = following.result()
     return whole_tables(collection)

@@ -64,7 +64,6 @@ def train(
         tables(storage), seed=5, optimizer=sparse_optimizer_config(optimizer, lr=0.1), storage_dir=str(tmp_path)
     )
     sparse = SparseOptimizer(collection)
-    head = torch.linspace(-1, 1, 4)
     for features in batches(num_steps):
         if ahead is not None:
             assert collection.reads_ahead == storage.tiered
@@ -72,11 +71,7 @@ def train(
             features = collection.prepare_ahead(features, collection.gang)
         elif ahead == "read":
             features = collection.read_ahead(features)
-        sparse.zero_grad()
-        outputs = collection(features)
-        loss = sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values())
-        loss.backward()
-        sparse.step()
+        train_step(collection, sparse, features)
     if ahead is not None:
         (tier,) = [group.tier for group in collection.groups if group.tier is not None]
         assert tier.statistics["read_ahead"] > 0
@@ -90,6 +85,15 @@ def test_rows_read_ahead_train_bit_identically(ahead: str, tmp_path: Path) -> No
 
     for key in on_device:
         assert torch.equal(on_device[key], tiered[key]), key
+
+
+def train_step(collection: ShardedEmbeddingCollection, sparse: SparseOptimizer, features: SparseFeatures) -> None:
+    """One step of a squared loss on the pooled rows: forward, backward, the fused update."""
+    sparse.zero_grad()
+    outputs = collection(features)
+    head = torch.linspace(-1, 1, 4)
+    sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values()).backward()
+    sparse.step()
 
 
 def whole_tables(collection: ShardedEmbeddingCollection) -> dict[str, torch.Tensor]:
@@ -136,12 +140,8 @@ def train_hash(storage: TableStorage, tmp_path: Path, num_steps: int = 12) -> di
         hash_tables(storage), seed=5, optimizer=sparse_optimizer_config("adam", lr=0.1), storage_dir=str(tmp_path)
     )
     sparse = SparseOptimizer(collection)
-    head = torch.linspace(-1, 1, 4)
     for features in batches(num_steps):
-        sparse.zero_grad()
-        outputs = collection(features)
-        sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values()).backward()
-        sparse.step()
+        train_step(collection, sparse, features)
     return collection.sharded_state_dict()
 
 
@@ -170,16 +170,12 @@ def test_a_tiered_delta_over_its_base_is_the_full_state(tmp_path: Path) -> None:
         storage_dir=str(tmp_path),
     )
     sparse = SparseOptimizer(collection)
-    head = torch.linspace(-1, 1, 4)
     steps = batches(16)
     for step, features in enumerate(steps):
         if step == 15:  # a full checkpoint, then a step
             base = copy.deepcopy(collection.sharded_state_dict())
             collection.forget_changes()
-        sparse.zero_grad()
-        outputs = collection(features)
-        sum(((out * head).sum(1) - 0.3).square().sum() for out in outputs.values()).backward()
-        sparse.step()
+        train_step(collection, sparse, features)
 
     delta = copy.deepcopy(collection.delta_state_dict(base_step=15))
     assert {name: piece.get("delta_of") for name, piece in delta["tables"].items()} == {"a": 15, "h": 15}
