@@ -1,0 +1,155 @@
+"""``sweep`` as a user runs it: real processes, ctr_tiny cut to 10 steps a trial.
+
+A sweep over a planted optimum finds it and leaves its results (table, CSV, Parquet, HParams, a ``best.yaml`` that
+trains to the same score); a sweep killed with SIGKILL resumes without repeating a finished trial; two trials in
+parallel equal the same trials one after the other."""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+TINY = [
+    "trainer.max_num_steps=10",
+    "trainer.validate_every_n_steps=5",
+    "dataset.num_train_samples=1024",
+    "dataset.num_valid_samples=512",
+    "metrics.recorders.console=false",
+    "gang.threads_per_rank=1",
+]
+# Only the dense part learns at all (its sparse tables' lr is tiny): a dense lr far below 1e-4 learns nothing in 10
+# steps, so the trials above it win.
+PLANTED = "optimizer.lr: {log_uniform: [1.0e-7, 0.1]}\n"
+WINNING_LR = 1.0e-4
+
+
+def results(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def best_valid_auc(run_dir: Path) -> float:
+    with open(run_dir / "metrics" / "valid.jsonl") as f:
+        return max(json.loads(line)["auc"] for line in f if line.strip())
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory, run_cli: Any) -> tuple[Path, Any]:
+    cwd = tmp_path_factory.mktemp("sweep")
+    (cwd / "space.yaml").write_text(PLANTED)
+    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "4", "--space", "space.yaml", *TINY]
+    return cwd, run_cli(*args, "model.embeddings.sparse_optimizer.lr=1.0e-6", cwd=cwd)
+
+
+def test_a_sweep_over_a_planted_optimum_finds_it(planted: tuple[Path, Any]) -> None:
+    cwd, result = planted
+    assert result.returncode == 0, result.stderr
+    rows = results(cwd / "out")
+
+    lrs = {int(row["trial"]): float(row["optimizer.lr"]) for row in rows}
+    scores = {int(row["trial"]): float(row["score"]) for row in rows}
+    best = max(scores, key=lambda n: scores[n])
+    assert [row["state"] for row in rows] == ["complete"] * 4
+    assert any(lr < WINNING_LR for lr in lrs.values()) and any(lr >= WINNING_LR for lr in lrs.values()), lrs
+    assert lrs[best] >= WINNING_LR, (lrs, scores)
+    assert all(scores[n] < scores[best] for n in lrs if lrs[n] < WINNING_LR)
+    assert f"Best: trial {best}, auc=" in result.stdout
+
+
+def test_each_trial_is_a_run_and_the_results_are_a_table_csv_parquet_and_hparams(planted: tuple[Path, Any]) -> None:
+    cwd, result = planted
+    out = cwd / "out"
+    rows = results(out)
+
+    assert "trial  state     auc       optimizer.lr  run_dir" in result.stdout
+    for row in rows:
+        run_dir = Path(row["run_dir"])
+        assert run_dir == out.resolve() / f"trial_{int(row['trial']):04d}"
+        assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir()
+        assert float(row["score"]) == pytest.approx(best_valid_auc(run_dir), abs=0)
+    parquet = pq.read_table(out / "results.parquet").to_pylist()
+    assert [r["score"] for r in parquet] == [float(row["score"]) for row in rows]
+    events = EventAccumulator(str(out / "hparams" / "trial_0000"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    session = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    assert session.hparams["optimizer.lr"].number_value == pytest.approx(float(rows[0]["optimizer.lr"]))
+    assert events.Scalars("auc")[0].value == pytest.approx(float(rows[0]["score"]))
+
+
+def test_best_yaml_is_a_preset_that_train_runs_to_the_same_score(planted: tuple[Path, Any], run_cli: Any) -> None:
+    cwd, _ = planted
+    rows = results(cwd / "out")
+    best = max(rows, key=lambda row: float(row["score"]))
+
+    trained = run_cli("train", "out/best.yaml", "-o", "again", cwd=cwd)
+
+    assert trained.returncode == 0, trained.stderr
+    assert best_valid_auc(cwd / "again") == float(best["score"])
+
+
+def _wait_unlocked(lock_file: Path, timeout_s: float = 30.0) -> None:
+    """Until no process holds the run's lock: the killed sweep's trial has died with it."""
+    deadline = time.monotonic() + timeout_s
+    with open(lock_file, "a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the trial outlived its sweep"
+                time.sleep(0.1)
+
+
+def test_a_sweep_killed_with_sigkill_resumes_without_repeating_a_finished_trial(tmp_path: Path, run_cli: Any) -> None:
+    (tmp_path / "space.yaml").write_text(PLANTED)
+    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "3", "--space", "space.yaml", *TINY]
+    first = subprocess.Popen([sys.executable, "-m", "recipes", *args], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None
+    seen = []
+    for line in first.stdout:
+        seen.append(line)
+        if line.startswith("Trial 1 started"):
+            break
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert any(line.startswith("Trial 0 complete") for line in seen), seen
+    finished = (tmp_path / "out" / "trial_0000" / "sweep_trial.json").stat().st_mtime_ns
+    _wait_unlocked(tmp_path / "out" / "trial_0001" / "train.lock")
+
+    resumed = run_cli(*args, cwd=tmp_path)
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Trial 0 started" not in resumed.stdout
+    assert "Trial 1 was stopped mid-run: marked failed, and its values run again." in resumed.stdout
+    assert (tmp_path / "out" / "trial_0000" / "sweep_trial.json").stat().st_mtime_ns == finished
+    rows = results(tmp_path / "out")
+    assert [row["state"] for row in rows] == ["complete", "killed", "complete", "complete"]
+    assert rows[2]["optimizer.lr"] == rows[1]["optimizer.lr"]
+
+
+def test_two_parallel_trials_equal_the_same_trials_one_after_the_other(tmp_path: Path, run_cli: Any) -> None:
+    (tmp_path / "space.yaml").write_text(PLANTED)
+    args = ["ctr_tiny", "--trials", "2", "--space", "space.yaml", *TINY]
+
+    parallel = run_cli("sweep", "-o", "parallel", "--parallel", "2", *args, cwd=tmp_path)
+    serial = run_cli("sweep", "-o", "serial", *args, cwd=tmp_path)
+
+    assert parallel.returncode == 0, parallel.stderr
+    assert serial.returncode == 0, serial.stderr
+    drop_dir = [{k: v for k, v in row.items() if k != "run_dir"} for row in results(tmp_path / "parallel")]
+    assert drop_dir == [{k: v for k, v in row.items() if k != "run_dir"} for row in results(tmp_path / "serial")]
