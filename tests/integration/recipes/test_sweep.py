@@ -10,6 +10,7 @@ import csv
 import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
+
+from support.doc_blocks import blocks, commands
+from support.paths import ROOT
 
 TINY = [
     "trainer.max_num_steps=10",
@@ -153,3 +157,22 @@ def test_two_parallel_trials_equal_the_same_trials_one_after_the_other(tmp_path:
     assert serial.returncode == 0, serial.stderr
     drop_dir = [{k: v for k, v in row.items() if k != "run_dir"} for row in results(tmp_path / "parallel")]
     assert drop_dir == [{k: v for k, v in row.items() if k != "run_dir"} for row in results(tmp_path / "serial")]
+
+
+def test_the_how_to_page_runs_as_written(tmp_path: Path, run_cli: Any) -> None:
+    """docs/how-to/sweeps.md: its recipes.yaml, then each command of its block, in a folder of their own."""
+    page = blocks(ROOT / "docs" / "how-to" / "sweeps.md")
+    (tmp_path / "recipes.yaml").write_text(next(b for b in page if b.language == "yaml").text)
+    block = next(b for b in page if b.language == "bash")
+
+    for command in commands(block):
+        args = shlex.split(command, comments=True)
+        assert args[:3] == [".venv/bin/python", "-m", "recipes"], command
+        result = run_cli(*args[3:], cwd=tmp_path)
+        assert result.returncode == 0, (command, result.stderr)
+
+    rows = results(tmp_path / "sweeps" / "ctr")
+    assert len(rows) == 4 and {row["state"] for row in rows} <= {"complete", "pruned"}
+    best = max((row for row in rows if row["state"] == "complete"), key=lambda row: float(row["score"]))
+    assert best_valid_auc(tmp_path / "runs" / "ctr_best") == float(best["score"])
+    assert (tmp_path / "sweeps" / "ctr" / "trial_0001.csv").is_file()
