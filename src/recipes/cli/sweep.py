@@ -95,10 +95,12 @@ def sweep(request: SweepRequest) -> list[str]:
         raise ConfigError("`trainer.score_metric` must name the validation metric the sweep optimises, but is unset.")
     check_space(space, lambda layer, source: resolve_job(spec, [(source, layer)]))
     threads = _threads(request.parallel, job.config.gang.threads_per_rank)
+    storage = request.storage or default_storage(sweep_dir)
+    if request.storage is None:
+        os.makedirs(sweep_dir, exist_ok=True)
+    study = open_study(storage, job.preset.name, request.prune_after)  # A URL it cannot open: before DIR is made.
     os.makedirs(sweep_dir, exist_ok=True)
     with _sweep_lock(sweep_dir):
-        storage = request.storage or default_storage(sweep_dir)
-        study = open_study(storage, job.preset.name, request.prune_after)
         for line in recover(study, sweep_dir):
             print(line)
         runner = _Runner(request, space, sweep_dir, storage, study, threads, str(score_name))

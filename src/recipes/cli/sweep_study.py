@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
+
+from recipes.errors import UserError
 
 RESULT_FILE = "sweep_trial.json"
 """A trial's outcome in its run directory, written by the trial's process (or by the sweep for a trial that failed):
@@ -44,9 +47,7 @@ def open_study(storage: str, name: str, prune_after: int) -> optuna.Study:
             load_if_exists=True,
             pruner=MedianOfEarlier(prune_after),
         )
-    except (ImportError, ValueError, optuna.exceptions.StorageInternalError) as ex:
-        from recipes.errors import UserError
-
+    except (ImportError, ValueError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as ex:
         raise UserError(f"`--storage` must be an Optuna database URL it can open, but {storage} fails: {ex}") from None
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -54,7 +55,7 @@ def best_valid_auc(run_dir: Path) -> float:
 def planted(tmp_path_factory: pytest.TempPathFactory, run_cli: Any) -> tuple[Path, Any]:
     cwd = tmp_path_factory.mktemp("sweep")
     (cwd / "space.yaml").write_text(PLANTED)
-    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "4", "--space", "space.yaml", *TINY]
+    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "4", "--space", "space.yaml", "--prune-after", "1", *TINY]
     return cwd, run_cli(*args, "model.embeddings.sparse_optimizer.lr=1.0e-6", cwd=cwd)
 
 
@@ -66,11 +67,45 @@ def test_a_sweep_over_a_planted_optimum_finds_it(planted: tuple[Path, Any]) -> N
     lrs = {int(row["trial"]): float(row["optimizer.lr"]) for row in rows}
     scores = {int(row["trial"]): float(row["score"]) for row in rows}
     best = max(scores, key=lambda n: scores[n])
-    assert [row["state"] for row in rows] == ["complete"] * 4
+    assert rows[0]["state"] == "complete" and {row["state"] for row in rows} <= {"complete", "pruned"}
     assert any(lr < WINNING_LR for lr in lrs.values()) and any(lr >= WINNING_LR for lr in lrs.values()), lrs
     assert lrs[best] >= WINNING_LR, (lrs, scores)
     assert all(scores[n] < scores[best] for n in lrs if lrs[n] < WINNING_LR)
     assert f"Best: trial {best}, auc=" in result.stdout
+
+
+def valid_aucs(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "metrics" / "valid.jsonl") as f:
+        return {row["step"]: row["auc"] for row in map(json.loads, filter(str.strip, f))}
+
+
+def test_a_trial_below_the_median_of_the_trials_before_it_is_pruned_at_that_validation(
+    planted: tuple[Path, Any],
+) -> None:
+    """The rule, checked against the trials' own validations: at each validation, a trial whose best AUC so far is
+    below the median of the earlier complete trials' AUCs at that step stops there (one trial at a time: every
+    earlier trial had ended when it started)."""
+    cwd, _ = planted
+    rows = results(cwd / "out")
+    aucs = {int(row["trial"]): valid_aucs(Path(row["run_dir"])) for row in rows}
+
+    for row in rows:
+        number = int(row["trial"])
+        earlier = [aucs[int(r["trial"])] for r in rows if r["state"] == "complete" and int(r["trial"]) < number]
+        expected = next(
+            (
+                step
+                for step in (5, 10)
+                if earlier and max(v for s, v in aucs[number].items() if s <= step) < median(e[step] for e in earlier)
+            ),
+            None,
+        )
+        outcome = json.loads((Path(row["run_dir"]) / "sweep_trial.json").read_text())
+        assert row["state"] == ("pruned" if expected is not None else "complete"), (row, aucs)
+        assert max(aucs[number]) == (expected or 10)
+        assert (Path(row["run_dir"]) / "checkpoints" / f"step_{expected or 10}").is_dir()
+        assert outcome["state"] == row["state"]
+    assert any(row["state"] == "pruned" for row in rows), rows
 
 
 def test_each_trial_is_a_run_and_the_results_are_a_table_csv_parquet_and_hparams(planted: tuple[Path, Any]) -> None:
