@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from recipes.cli.job import resolve_job
 from recipes.cli.job_spec import JobSpec
-from recipes.cli.launch import LAUNCHER_PID_ENV
+from recipes.cli.launch import EXIT_USER_ERROR, LAUNCHER_PID_ENV
 from recipes.cli.sweep_results import format_table, results_rows, write_best, write_hparams, write_tables
 from recipes.cli.sweep_space import Space, check_space, parse_space, read_space_file, refuse_overridden
 from recipes.cli.sweep_study import (
@@ -49,7 +49,7 @@ from recipes.cli.sweep_study import (
     write_result,
 )
 from recipes.config.presets import preset_chain
-from recipes.errors import ConfigError, UserError
+from recipes.errors import ConfigError, TrainingInterrupted, UserError
 
 POLL_S = 0.1
 
@@ -177,6 +177,10 @@ class _Runner:
         self._untold: list[_Slot] = []
 
     def run(self) -> None:
+        """Run trials until the study holds ``--trials``. Ctrl-C or SIGTERM stops the running trials (each saves its
+        checkpoint); a trial stopped by a user error (exit code 2: a data path, say, which every trial would meet)
+        stops the sweep with its line."""
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 for slot in self._untold:
@@ -189,9 +193,16 @@ class _Runner:
                 if not self._untold:
                     return
                 time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            self._stop_all()
+            raise TrainingInterrupted(
+                "the sweep was interrupted; its ended trials are kept, and the same command resumes it."
+            ) from None
         except BaseException:
             self._stop_all()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def _can_ask(self) -> bool:
         trials = self._study.get_trials(deepcopy=False)
@@ -226,7 +237,11 @@ class _Runner:
         if self._threads is not None:
             env["NUMBA_NUM_THREADS"] = str(self._threads)
         slot.log = open(os.path.join(run_dir, "console.log"), "ab")  # noqa: SIM115 - closed when collected
-        slot.process = subprocess.Popen(command, stdout=slot.log, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: a terminal's Ctrl-C reaches the sweep alone, which forwards one SIGINT (a second would
+        # stop the trial without its checkpoint).
+        slot.process = subprocess.Popen(
+            command, stdout=slot.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         print(f"Trial {trial.number} started: {_shown(slot.params)} -> {run_dir}", flush=True)
         return slot
 
@@ -254,6 +269,8 @@ class _Runner:
             outcome = str(result.error)
         print(f"Trial {slot.trial.number} {result.state}: {outcome}", flush=True)
         self._write_results()
+        if slot.process is not None and slot.process.returncode == EXIT_USER_ERROR:
+            raise UserError(f"Trial {slot.trial.number} stopped on a user error: {outcome.removeprefix('error: ')}")
 
     def _write_results(self) -> None:
         trials = self._study.get_trials(deepcopy=False)
@@ -287,6 +304,10 @@ class _Runner:
             lines.append(best)
         lines.append(f"Compare the trials with: tensorboard --logdir {self._dir}/hparams")
         return lines
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _shown(params: dict[str, Any]) -> str:

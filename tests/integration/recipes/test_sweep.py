@@ -211,3 +211,43 @@ def test_the_how_to_page_runs_as_written(tmp_path: Path, run_cli: Any) -> None:
     best = max((row for row in rows if row["state"] == "complete"), key=lambda row: float(row["score"]))
     assert best_valid_auc(tmp_path / "runs" / "ctr_best") == float(best["score"])
     assert (tmp_path / "sweeps" / "ctr" / "trial_0001.csv").is_file()
+
+
+def test_a_trial_stopped_by_a_user_error_stops_the_sweep_in_one_line(tmp_path: Path, run_cli: Any) -> None:
+    """The config resolves, but no trial can run it (more threads than cores): one line and exit code 2, not a
+    failed trial per sample."""
+    (tmp_path / "space.yaml").write_text(PLANTED)
+    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "3", "--space", "space.yaml", *TINY[:-1]]
+
+    result = run_cli(*args, "gang.threads_per_rank=100000", cwd=tmp_path)
+
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: Trial 0 stopped on a user error: `gang.threads_per_rank`")
+    assert [row["state"] for row in results(tmp_path / "out")] == ["failed"]
+
+
+def test_ctrl_c_stops_the_running_trial_and_the_same_command_resumes(tmp_path: Path, run_cli: Any) -> None:
+    (tmp_path / "space.yaml").write_text(PLANTED)
+    args = ["sweep", "ctr_tiny", "-o", "out", "--trials", "1", "--space", "space.yaml", *TINY]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "recipes", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("Trial 0 started"):
+            break
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+
+    assert first.returncode == 130
+    assert err.strip() == (
+        "error: the sweep was interrupted; its ended trials are kept, and the same command resumes it."
+    )
+    resumed = run_cli(*args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [row["state"] for row in results(tmp_path / "out")] == ["killed", "complete"]
