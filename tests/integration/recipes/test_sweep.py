@@ -251,3 +251,21 @@ def test_ctrl_c_stops_the_running_trial_and_the_same_command_resumes(tmp_path: P
     resumed = run_cli(*args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert [row["state"] for row in results(tmp_path / "out")] == ["killed", "complete"]
+
+
+def test_sweeps_of_two_directories_share_one_study_through_storage(tmp_path: Path, run_cli: Any) -> None:
+    """Two machines' sweeps, one after the other here: the second runs only what the shared study lacks, in its own
+    directory, and its table shows every trial."""
+    (tmp_path / "space.yaml").write_text(PLANTED)
+    shared = ["--storage", f"sqlite:///{tmp_path}/shared.db", "--space", "space.yaml", *TINY]
+
+    first = run_cli("sweep", "ctr_tiny", "-o", "a", "--trials", "2", *shared, cwd=tmp_path)
+    second = run_cli("sweep", "ctr_tiny", "-o", "b", "--trials", "3", *shared, cwd=tmp_path)
+
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    assert "Trial 0 started" not in second.stdout and "Trial 2 started" in second.stdout
+    rows = results(tmp_path / "b")
+    assert [Path(row["run_dir"]).parent.name for row in rows] == ["a", "a", "b"]
+    assert [row["state"] for row in rows] == ["complete"] * 3
+    assert not (tmp_path / "a" / "study.db").exists() and not (tmp_path / "b" / "study.db").exists()

@@ -113,3 +113,18 @@ def test_a_preset_without_a_space_is_refused_without_space_file(capsys: pytest.C
 
     assert code == 2
     assert_one_line_error(err, "must declare a `sweep:` space")
+
+
+def test_a_preset_inherits_its_bases_space_which_is_checked_in_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "recipes.yaml").write_text(
+        "base:\n  based_on: ctr_tiny\n  sweep:\n    optimizer.lr: {log_uniform: [0.1, 0.01]}\n"
+        "child:\n  based_on: base\n"
+    )
+    monkeypatch.chdir(tmp_path)
+
+    code, _, err = run_main(capsys, "sweep", "child", "--trials", "1")
+
+    assert code == 2
+    assert_one_line_error(err, "The range of `optimizer.lr` (preset 'base'", "but is [0.1, 0.01] instead")
