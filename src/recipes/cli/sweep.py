@@ -48,8 +48,9 @@ from recipes.cli.sweep_study import (
     tell,
     write_result,
 )
-from recipes.config.presets import preset_chain
+from recipes.config.presets import find_preset, preset_chain
 from recipes.errors import ConfigError, TrainingInterrupted, UserError
+from recipes.runtime.threads import threads_per_rank
 
 POLL_S = 0.1
 
@@ -111,8 +112,6 @@ def sweep(request: SweepRequest) -> list[str]:
 def _space(request: SweepRequest) -> Space:
     if request.space_file is not None:
         return read_space_file(request.space_file)
-    from recipes.config.presets import find_preset
-
     preset = find_preset(request.spec.preset)
     for link in preset_chain(preset):
         if link.sweep is not None:
@@ -138,7 +137,7 @@ def _threads(parallel: int, configured: int | None) -> int | None:
     """Each trial's threads: the cores split between the parallel trials, unless the config sets them."""
     if parallel == 1 or configured is not None:
         return None
-    return max(1, len(os.sched_getaffinity(0)) // parallel)
+    return max(1, threads_per_rank(None) // parallel)  # The cores this process may run on, split.
 
 
 @contextlib.contextmanager
