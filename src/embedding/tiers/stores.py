@@ -8,20 +8,16 @@ time to create, whatever its size, and a row's start does not depend on the tier
 
 :class:`HostStore` keeps the records in host memory (pinned where CUDA is available, so that a
 GPU's cache copies from it directly); :class:`DiskStore` in a file on local disk, densely, in the
-order rows are first written, found through an index of slots. The file is mapped into memory,
-whose pages the system reads on demand and this process lets go of after each use, so that its
-resident memory stays the cache's and not the file's.
+order rows are first written, found through an index of slots. Its records are read and written
+with positioned reads and writes (:mod:`embedding.tiers.positioned_io`), never mapped in: the
+process's resident memory stays the cache's, and the file's pages stay in the system's cache.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
-import mmap
 import os
-import sys
-import threading
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -31,18 +27,14 @@ import numpy.typing as npt
 import torch
 
 from embedding.table_config import EmbeddingConfigError
+from embedding.tiers.positioned_io import read_each, write_each
 
 Initializer = Callable[[npt.NDArray[np.int64], npt.NDArray[np.float32]], None]
 """Writes into ``out[i]`` the fresh record (initial row, fresh optimizer state) of buffer row ``rows[i]``."""
 
 _MAGIC = b"recipes-row-store\x00"
 _HEADER_BYTES = 4096
-_MADV_RANDOM = 1
-_MADV_DONTNEED = 4
 _PAGE_BYTES = 4096
-_MAPPED_BYTES = 128 << 20
-"""The pages a disk store's reads and writes may leave mapped into the process before it lets go of them (letting
-go costs about a microsecond a page, and some to start: not after every read)."""
 
 
 class DamagedStoreError(EmbeddingConfigError):
@@ -157,18 +149,15 @@ class DiskStore(RowStore):
                 "has it open (a run of the same output directory?): stop that one, or set another storage "
                 "directory."
             ) from None
-        self._map = mmap.mmap(self._file.fileno(), size)
-        self._slots = np.frombuffer(self._map, dtype=_slot_dtype(num_rows), count=num_rows, offset=_HEADER_BYTES)
-        """Each written row's record; meaningless for the others."""
-        self._records = np.frombuffer(self._map, dtype=np.float32, offset=self._records_offset).reshape(num_rows, width)
+        self._fd = self._file.fileno()
+        self._slot_dtype = _slot_dtype(num_rows)
+        self._record_bytes = width * 4
         self._used = 0
         """The records in use: each written row's one."""
-        self._touched = 0
-        """Pages mapped in by reads and writes since they were last let go of (see :meth:`_release_pages`)."""
-        self._release_lock = threading.Lock()
         # Rows are read and written one by one, wherever they are: reading ahead around each would fill the
         # system's cache with pages no one asked for (zeroed ones, in a sparse file's holes) and cost the most.
-        self._advise(_MADV_RANDOM, len(self._map))
+        if hasattr(os, "posix_fadvise"):  # not on macOS
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
 
     @staticmethod
     def records_offset(num_rows: int) -> int:
@@ -180,44 +169,38 @@ class DiskStore(RowStore):
         self._used = 0  # no row is written: every record may be reused
 
     def _read_written(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        records = self._records[self._slots[rows]]
-        self._release_pages(2 * rows.size)  # the row's slot's page and its record's
+        records = np.empty((rows.size, self.width), dtype=np.float32)
+        read_each(self._fd, self._record_offsets(self._read_slots(rows)), records)
         return records
 
     def _write(self, rows: npt.NDArray[np.int64], records: npt.NDArray[np.float32]) -> None:
         again = self.written[rows]
-        self._records[self._slots[rows[again]]] = records[again]
+        write_each(self._fd, self._record_offsets(self._read_slots(rows[again])), np.ascontiguousarray(records[again]))
         new = np.flatnonzero(~again)
         first = self._used
         self._append(first, records[new])
-        self._slots[rows[new]] = np.arange(first, first + new.size, dtype=self._slots.dtype)
+        slots = np.arange(first, first + new.size, dtype=self._slot_dtype)
+        write_each(self._fd, self._slot_offsets(rows[new]), slots)
         self._used += new.size
-        self._release_pages(2 * int(again.sum()) + new.size)
+
+    def _read_slots(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        slots = np.empty(rows.size, dtype=self._slot_dtype)
+        read_each(self._fd, self._slot_offsets(rows), slots)
+        return slots.astype(np.int64)
+
+    def _slot_offsets(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return _HEADER_BYTES + rows.astype(np.int64) * self._slot_dtype.itemsize
+
+    def _record_offsets(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self._records_offset + slots * self._record_bytes
 
     def _append(self, first: int, records: npt.NDArray[np.float32]) -> None:
-        """Write ``records`` as records ``first`` on, with the file's writes (they never map the pages in)."""
+        """Write ``records`` as records ``first`` on, in one go."""
         view = np.ascontiguousarray(records).reshape(-1).view(np.uint8).data
-        offset = self._records_offset + first * self.width * 4
+        offset = self._records_offset + first * self._record_bytes
         while view.nbytes:
-            done = os.pwrite(self._file.fileno(), view, offset)
+            done = os.pwrite(self._fd, view, offset)
             view, offset = view[done:], offset + done
-
-    def _release_pages(self, touched: int) -> None:
-        """Count ``touched`` pages more mapped in (reads and writes run on two threads), and let go of every page
-        once they may take more than ``_MAPPED_BYTES``: they stay in the system's cache, but out of this process's
-        resident memory, which stays the cache's and not the file's."""
-        with self._release_lock:
-            self._touched += touched
-            if self._touched * _PAGE_BYTES < _MAPPED_BYTES:
-                return
-            self._touched = 0
-        self._advise(_MADV_DONTNEED, self._records_offset + _page_rounded(self._used * self.width * 4))
-
-    def _advise(self, advice: int, length: int) -> None:
-        """Advise the system about the first ``length`` bytes of the mapping (the rest was never mapped in)."""
-        if sys.platform == "linux":
-            address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-            ctypes.CDLL(None).madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice)
 
     @property
     def description(self) -> str:
