@@ -22,6 +22,7 @@ from embedding.table_config import (
     OutOfRangePolicy,
     Placement,
     Pooling,
+    TableDtype,
     TableKind,
 )
 from embedding.tiers import CacheEviction, StorageTier, TableStorage
@@ -58,6 +59,7 @@ __all__ = [
     "SparseOptimizerSpec",
     "SparseOptimizerStateError",
     "StorageTier",
+    "TableDtype",
     "TableFullError",
     "TableKind",
     "TableSharding",

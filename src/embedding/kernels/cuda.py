@@ -37,6 +37,7 @@ from numba import cuda
 from embedding.kernels import cuda_kernels
 from embedding.kernels.common import check_ranges, concatenated, state_tensors, step_bounds, step_factors, touch_counts
 from embedding.kernels.cuda_kernels import CHUNK
+from embedding.kernels.rounding import RowKeys
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -66,15 +67,22 @@ def fused_step(
     step: int,
     lr: float | None = None,
     sorted_ids: SortedIds | None = None,
+    row_keys: RowKeys | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
-    :func:`embedding.kernels.fused_step`). ``sorted_ids`` is not read: the ids are sorted on the device.
+    :func:`embedding.kernels.fused_step`). ``sorted_ids`` is not read: the ids are sorted on the device. Rows are
+    float32 only, for now (``row_keys``, a half-precision table's, is refused).
 
     :raises SparseOptimizerError: if an id or gradient index is out of range (nothing is updated then).
     """
     if not weight.is_cuda and not numba.config.ENABLE_CUDASIM:
         raise SparseOptimizerError(
             f"`weight` must be on a CUDA device (or NUMBA_ENABLE_CUDASIM=1 be set), but is on {weight.device} instead."
+        )
+    if weight.dtype != torch.float32 or row_keys is not None:
+        raise SparseOptimizerError(
+            f"`weight` must be of dtype torch.float32 on the CUDA backend, but is {weight.dtype} instead: a table of "
+            "half-precision rows trains on the CPU only, for now."
         )
     if ids.numel() == 0:
         return

@@ -1,0 +1,208 @@
+"""Rows stored in float16 or bfloat16: their float32 values, and stochastic rounding back to them.
+
+A step computes a row in float32 and writes it back in the table's dtype. Rounded to nearest, an update
+smaller than half the gap between two neighbouring half-precision values is lost every time, and a
+row that many small steps should move stays where it is. Rounded stochastically, up with the
+probability of the value's distance from the value below (in units of the gap), a row moves by the
+update in expectation (Zhang et al., "Training with Low-precision Embedding Tables"; FBGEMM's default
+for tables that are not float32).
+
+The random bits are a pure function of the table's salt (the run's seed and its name), the step, the
+row's global key (its global row, or a hash table's id) and the element: no generator carries state, so a
+resumed run and a run on another number of ranks round every element alike. The rounding is exact
+for every input, subnormal results included (FBGEMM's float16 rounding is biased there): it compares the
+dropped bits with as many random bits, as integers.
+
+The compiled functions (``register_jitable``) take and return bits as integers, so that the CPU and
+the CUDA kernels compile them alike; the numpy functions below them are the reference's, written
+apart so that the tests compare two ways of computing the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from numba.extending import register_jitable
+
+from embedding.id_hashing import mix64
+
+FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
+"""Codes of a table's dtype, as the kernels are compiled for it."""
+
+_KINDS = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}
+
+ROW_DTYPES: tuple[torch.dtype, ...] = tuple(_KINDS)
+"""The dtypes a table's rows may have."""
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+"""splitmix64's increment: the random bits of successive steps and elements lie this far apart."""
+
+
+def kind_of(dtype: torch.dtype) -> int:
+    """The code of a row dtype (:data:`FLOAT32`, :data:`FLOAT16`, :data:`BFLOAT16`)."""
+    return _KINDS[dtype]
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """What the random bits of a buffer's rows are keyed by, so that they do not depend on where a row is.
+
+    The buffer holds shards one after the other: shard ``s`` ends before buffer row ``ends[s]``, its
+    table's salt is ``salts[s]`` and its buffer row ``b`` is global row ``b + bases[s]``. A hash table's
+    rows are keyed by the id each slot holds, ``slot_ids[b]``, which any number of ranks agree on
+    (``None`` for a fixed table).
+    """
+
+    salts: npt.NDArray[np.uint64]
+    ends: npt.NDArray[np.int64]
+    bases: npt.NDArray[np.int64]
+    slot_ids: npt.NDArray[np.int64] | None = None
+
+    @staticmethod
+    def of_buffer(num_rows: int, salt: int = 0) -> RowKeys:
+        """One shard holding the global rows ``[0, num_rows)``: the keys of a table that is its buffer."""
+        return RowKeys(
+            np.array([salt], dtype=np.uint64), np.array([num_rows], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        )
+
+    def keys(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The global key of each buffer row of ``rows``, as the kernels compute it (:func:`row_key`)."""
+        if self.slot_ids is not None:
+            return self.slot_ids[rows].astype(np.uint64)
+        shard = np.searchsorted(self.ends, rows, side="right")
+        return (rows + self.bases[shard]).astype(np.uint64)
+
+    def salts_of(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """The salt of each buffer row's table."""
+        return self.salts[np.searchsorted(self.ends, rows, side="right")]
+
+
+# Compiled: the CPU and the CUDA kernels call these for each row and element.
+
+
+@register_jitable
+def row_key(row, ends, bases, salts, slot_ids):  # type: ignore[no-untyped-def]
+    """The salt of buffer row ``row``'s table and its global key (see :class:`RowKeys`); a buffer holds a few
+    shards, so a scan finds the row's."""
+    shard = 0
+    while shard < ends.size - 1 and row >= ends[shard]:
+        shard += 1
+    key = np.uint64(slot_ids[row]) if slot_ids.size else np.uint64(row + bases[shard])
+    return salts[shard], key
+
+
+@register_jitable
+def row_random_base(salt, step, key):  # type: ignore[no-untyped-def]
+    """The 64 bits a row's elements draw their random bits from, in step ``step``."""
+    return mix64(mix64(salt ^ (np.uint64(step) * _GOLDEN)) ^ key)
+
+
+@register_jitable
+def element_random(base, element):  # type: ignore[no-untyped-def]
+    """32 random bits for element ``element`` of a row (splitmix64's output for the element's position)."""
+    return mix64(base + np.uint64(element + 1) * _GOLDEN) >> np.uint64(32)
+
+
+@register_jitable
+def widen(bits, kind):  # type: ignore[no-untyped-def]
+    """The float32 bits (uint32) of a float16 or bfloat16 value's ``bits``: exact, subnormals normalised."""
+    bits = np.uint32(bits)
+    if kind == BFLOAT16:
+        return bits << np.uint32(16)
+    sign = (bits & np.uint32(0x8000)) << np.uint32(16)
+    exponent = (bits >> np.uint32(10)) & np.uint32(0x1F)
+    mantissa = bits & np.uint32(0x3FF)
+    if exponent == 31:  # infinity or NaN
+        return sign | np.uint32(0x7F800000) | (mantissa << np.uint32(13))
+    if exponent == 0:
+        if mantissa == 0:
+            return sign
+        exponent32 = np.uint32(113)  # a subnormal: shifted until its leading bit is the implicit one
+        while mantissa & np.uint32(0x400) == 0:
+            mantissa <<= np.uint32(1)
+            exponent32 -= np.uint32(1)
+        return sign | (exponent32 << np.uint32(23)) | ((mantissa & np.uint32(0x3FF)) << np.uint32(13))
+    return sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
+
+
+@register_jitable
+def round_stochastically(bits, random, kind):  # type: ignore[no-untyped-def]
+    """The float16 or bfloat16 bits (uint16 in a uint32) of the float32 value of ``bits``, rounded up in magnitude
+    with the probability of its dropped bits' fraction of a unit, drawn with ``random`` (32 uniform bits)."""
+    bits = np.uint64(bits)
+    sign = (bits >> np.uint64(16)) & np.uint64(0x8000)
+    magnitude = bits & np.uint64(0x7FFFFFFF)
+    exponent = magnitude >> np.uint64(23)
+    mantissa = magnitude & np.uint64(0x7FFFFF)
+    if exponent == 255:  # infinity stays infinity, NaN stays a (quiet) NaN
+        if kind == BFLOAT16:
+            return np.uint32(sign | (magnitude >> np.uint64(16)) | (np.uint64(0x40) if mantissa else np.uint64(0)))
+        return np.uint32(sign | np.uint64(0x7C00) | (np.uint64(0x200) if mantissa else np.uint64(0)))
+    if kind == BFLOAT16:
+        kept, dropped = magnitude >> np.uint64(16), np.int64(16)
+    elif exponent >= 143:  # 2^16 and beyond: infinity in float16
+        return np.uint32(sign | np.uint64(0x7C00))
+    elif exponent >= 113:  # a normal float16: 13 bits dropped
+        kept, dropped = ((exponent - np.uint64(112)) << np.uint64(10)) | (mantissa >> np.uint64(13)), np.int64(13)
+    else:  # a subnormal float16, in units of 2^-24: more bits dropped the smaller the value
+        full = mantissa | np.uint64(0x800000) if exponent > 0 else mantissa  # a float32 subnormal has no implicit 1
+        dropped = np.int64(126) - np.int64(exponent if exponent > 0 else 1)
+        kept, magnitude = full >> np.uint64(dropped if dropped < 63 else 63), full
+    fraction = magnitude & ((np.uint64(1) << np.uint64(dropped if dropped < 63 else 63)) - np.uint64(1))
+    random = np.uint64(random)
+    if dropped <= 32:
+        up = (random >> np.uint64(32 - dropped)) < fraction
+    else:  # fewer random bits than dropped ones: the fraction's top 32 decide (an error under 2^-32)
+        up = dropped < 56 and random < (fraction >> np.uint64(dropped - 32))
+    return np.uint32(sign | (kept + (np.uint64(1) if up else np.uint64(0))))
+
+
+# The reference's: the same bits, from whole arrays with numpy.
+
+
+def random_bits(keys: RowKeys, rows: npt.NDArray[np.int64], step: int, dim: int) -> npt.NDArray[np.uint64]:
+    """The 32 random bits (in uint64) of every element of the buffer's ``rows`` in step ``step``, ``[rows, dim]``."""
+    with np.errstate(over="ignore"):
+        salt = keys.salts_of(rows)
+        base = _mix64(_mix64(salt ^ (np.uint64(step) * _GOLDEN)) ^ keys.keys(rows))
+        elements = (np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+        return _mix64(base[:, None] + elements) >> np.uint64(32)
+
+
+def round_array(values: torch.Tensor, random: npt.NDArray[np.uint64], dtype: torch.dtype) -> torch.Tensor:
+    """``values`` (float32) rounded stochastically to ``dtype`` with ``random`` (32 bits each, in uint64)."""
+    bits = values.contiguous().view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
+    sign = (bits >> 16) & 0x8000
+    magnitude = bits & 0x7FFFFFFF
+    exponent, mantissa = magnitude >> 23, magnitude & 0x7FFFFF
+    special = exponent == 255
+    if dtype == torch.bfloat16:
+        kept, fraction, dropped = magnitude >> 16, magnitude & 0xFFFF, np.full_like(bits, 16)
+        special_bits = (magnitude >> 16) | np.where(mantissa != 0, 0x40, 0)
+    else:
+        normal = exponent >= 113
+        full = np.where(exponent > 0, mantissa | 0x800000, mantissa)
+        dropped = np.where(normal, 13, 126 - np.maximum(exponent, 1))
+        shift = np.minimum(dropped, 63)
+        kept = np.where(normal, ((exponent - 112) << 10) | (mantissa >> 13), full >> shift)
+        fraction = np.where(normal, mantissa & 0x1FFF, full & ((1 << shift) - 1))
+        special_bits = 0x7C00 | np.where(mantissa != 0, 0x200, 0)
+        special = special | (exponent >= 143)
+        special_bits = np.where(exponent == 255, special_bits, 0x7C00)
+    random = random.astype(np.int64)
+    up = np.where(
+        dropped <= 32,
+        (random >> np.clip(32 - dropped, 0, 32)) < fraction,
+        (dropped < 56) & (random < (fraction >> np.clip(dropped - 32, 0, 63))),
+    )
+    rounded = sign | np.where(special, special_bits, kept + up)
+    return torch.from_numpy(rounded.astype(np.uint16).view(np.int16)).view(dtype)
+
+
+def _mix64(value: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return value ^ (value >> np.uint64(31))
