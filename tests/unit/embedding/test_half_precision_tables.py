@@ -143,3 +143,39 @@ def test_a_resumed_collection_trains_on_bit_for_bit(dtype):
         assert torch.equal(bits(resumed.shards[name].weight), bits(shard.weight))
         for key, tensor in shard.optimizer_state.items():
             assert torch.equal(resumed.shards[name].optimizer_state[key], tensor)
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"), [("float32", "float16"), ("bfloat16", "float32"), ("float16", "bfloat16")]
+)
+def test_rows_saved_in_another_dtype_are_converted_and_the_load_says_so(saved, loaded, caplog):
+    source = ShardedEmbeddingCollection(tables(saved), seed=6)
+    SparseOptimizer(source, sparse_optimizer_config("adam"))
+    target = ShardedEmbeddingCollection(tables(loaded), seed=7)
+    SparseOptimizer(target, sparse_optimizer_config("adam"))
+
+    with caplog.at_level("INFO", logger="embedding.collection"):
+        target.load_sharded_state_dict([source.sharded_state_dict()])
+
+    for name in ("t", "u"):
+        assert target.shards[name].weight.dtype == getattr(torch, loaded)
+        assert torch.equal(target.shards[name].weight, source.shards[name].weight.to(getattr(torch, loaded)))
+    assert torch.equal(target.shards["v"].weight, source.shards["v"].weight)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "The checkpoint's rows are loaded into tables of another dtype, converted: "
+        f"'t' {saved} -> {loaded}, 'u' {saved} -> {loaded}."
+    )
+
+
+def test_rows_in_their_own_dtype_load_without_a_word(caplog):
+    source, target = (
+        ShardedEmbeddingCollection(tables("float16"), seed=6),
+        ShardedEmbeddingCollection(tables("float16")),
+    )
+
+    with caplog.at_level("INFO", logger="embedding.collection"):
+        target.load_sharded_state_dict([source.sharded_state_dict()])
+
+    assert torch.equal(bits(target.shards["t"].weight), bits(source.shards["t"].weight))
+    assert caplog.records == []
