@@ -16,6 +16,7 @@ from embedding.sharding import init_rows
 from embedding.state import ShardedStateError, initial_rows, saved_rows_in_range
 from embedding.table_config import (
     PLACEMENTS,
+    TABLE_DTYPES,
     EmbeddingConfigError,
     EmbeddingTableConfig,
     Initializer,
@@ -33,6 +34,7 @@ __all__ = [
     "EVICTION_POLICIES",
     "PLACEMENTS",
     "SPARSE_OPTIMIZERS",
+    "TABLE_DTYPES",
     "CacheEviction",
     "CombinedOptimizer",
     "DamagedStoreError",
