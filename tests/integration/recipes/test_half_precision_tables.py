@@ -74,27 +74,42 @@ def test_a_run_resumed_with_another_dtype_converts_its_tables_and_says_so_in_one
 
 
 def whole_tables(output_dir: Path, step: int, num_ranks: int) -> dict[str, torch.Tensor]:
-    """Every sparse table of a run's checkpoint, its rows put together from every rank's piece."""
-    tables: dict[str, torch.Tensor] = {}
+    """Every sparse table of a run's checkpoint, its rows put together from every rank's piece: a fixed table's by
+    row, a hash table's by id (in id order)."""
+    rows: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for rank in range(num_ranks):
         pieces = load_verified(checkpoints_dir(output_dir) / f"step_{step}", f"rank_{rank}.pt")["sharded"]
         for path, collection in pieces.items():
             for name, piece in collection["tables"].items():
-                whole = tables.setdefault(
-                    f"{path}/{name}", piece["weight"].new_zeros(piece["num_rows"], piece["weight"].size(1))
-                )
-                whole[piece["row_start"] : piece["row_end"]] = piece["weight"]
+                if piece.get("kind") == "hash":
+                    keys = piece["index"]["keys"]
+                else:
+                    keys = torch.arange(piece["row_start"], piece["row_end"])
+                rows.setdefault(f"{path}/{name}", []).append((keys, piece["weight"]))
+    tables = {}
+    for name, parts in rows.items():
+        keys, weight = torch.cat([k for k, _ in parts]), torch.cat([w for _, w in parts])
+        unique, first = torch.unique(keys, return_inverse=True)
+        tables[name] = weight.new_zeros(unique.numel(), weight.size(1)).index_copy_(0, first, weight)
     return tables
 
 
-def test_float16_tables_train_on_2_ranks_as_on_one(tmp_path: Path, float16_run: Path) -> None:
-    """The rounding of a row is keyed by its table and global row, so it does not change with the ranks; what does is
-    the float32 arithmetic before it (gradients summed in another order, as in a float32 run), which moves a rounding
-    to the neighbouring value now and then: a few elements in a hundred after 40 steps, by a few units at most."""
+@pytest.mark.parametrize("kind", ["fixed", "hash"])
+def test_float16_tables_train_on_2_ranks_as_on_one(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, float16_run: Path, kind: str
+) -> None:
+    """The rounding of a row is keyed by its table and global row (a hash table's: its id), so it does not change
+    with the ranks; what does is the float32 arithmetic before it (gradients summed in another order, as in a float32
+    run), which moves a rounding to the neighbouring value now and then: a few elements in a hundred after 40 steps,
+    by a few units at most."""
+    kind_key = f"model.embeddings.kind={kind}"
+    on_one = (
+        float16_run if kind == "fixed" else shared_run(tmp_path_factory, "float16_hash", *KEEP_ALL, FLOAT16, kind_key)
+    )
     output_dir = tmp_path / "dp2"
-    check_ok(run_recipes(tmp_path, *train_args(output_dir, *KEEP_ALL, FLOAT16), "--nproc", "2"))
+    check_ok(run_recipes(tmp_path, *train_args(output_dir, *KEEP_ALL, FLOAT16, kind_key), "--nproc", "2"))
 
-    one, two = whole_tables(float16_run, FINAL_STEP, 1), whole_tables(output_dir, FINAL_STEP, 2)
+    one, two = whole_tables(on_one, FINAL_STEP, 1), whole_tables(output_dir, FINAL_STEP, 2)
     assert one.keys() == two.keys()
     for name, weight in one.items():
         assert two[name].dtype == torch.float16

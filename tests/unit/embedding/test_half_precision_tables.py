@@ -179,3 +179,78 @@ def test_rows_in_their_own_dtype_load_without_a_word(caplog):
 
     assert torch.equal(bits(target.shards["t"].weight), bits(source.shards["t"].weight))
     assert caplog.records == []
+
+
+def hash_table(capacity: int, dtype: str) -> EmbeddingTableConfig:
+    return EmbeddingTableConfig("h", capacity, 4, ("x",), kind="hash", dtype=dtype)  # type: ignore[arg-type]
+
+
+def id_batch(seed: int) -> SparseFeatures:
+    generator = torch.Generator().manual_seed(seed)
+    ids = (torch.randint(0, 12, (20,), generator=generator) * 1_000_003 - 7).tolist()  # large ids, some negative
+    return SparseFeatures({"x": jagged(ids, [4] * 5, torch.rand(20, generator=generator).tolist())})
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_a_hash_tables_rows_round_by_their_id_whichever_slot_holds_it(dtype):
+    """Ids given their slots in another order (as another number of ranks would) end with the same bits."""
+    config = sparse_optimizer_config("adagrad", lr=0.2)
+    ids = torch.unique(torch.cat([id_batch(seed)["x"].ids for seed in range(4)]))
+    runs = []
+    for order in (ids, ids.flip(0)):
+        collection = ShardedEmbeddingCollection([hash_table(16, dtype)], seed=4)
+        optimizer = SparseOptimizer(collection, config)
+        (group,) = collection.groups
+        assert group.dynamic is not None
+        for half in order.chunk(2):  # a step's new ids take slots in the order of their ids
+            group.dynamic.rows(half, group.weight, group.optimizer_state, training=True)
+        for seed in range(4):
+            outputs = collection(id_batch(seed))
+            (outputs["x"] * torch.linspace(-1.0, 1.0, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        runs.append(collection)
+
+    rows = []
+    for collection in runs:
+        shard = collection.shards["h"]
+        assert shard.dynamic is not None and shard.weight.dtype == getattr(torch, dtype)
+        slots, _ = shard.dynamic.look_up(ids, training=False)
+        assert bool((slots >= 0).all())
+        rows.append(shard.weight[slots])
+    assert not torch.equal(*[shard_slots(c, ids) for c in runs])
+    assert torch.equal(bits(rows[0]), bits(rows[1]))
+
+
+def shard_slots(collection: ShardedEmbeddingCollection, ids: torch.Tensor) -> torch.Tensor:
+    dynamic = collection.shards["h"].dynamic
+    assert dynamic is not None
+    return dynamic.look_up(ids, training=False)[0]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_a_resumed_hash_table_trains_on_bit_for_bit(dtype):
+    config = sparse_optimizer_config("rowwise_adagrad", lr=0.3)
+
+    def run(steps: range, collection: ShardedEmbeddingCollection, optimizer: SparseOptimizer) -> None:
+        for seed in steps:
+            (collection(id_batch(seed))["x"] * torch.linspace(-1.0, 1.0, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    straight = ShardedEmbeddingCollection([hash_table(24, dtype)], seed=2)
+    straight_optimizer = SparseOptimizer(straight, config)
+    run(range(2), straight, straight_optimizer)
+    buffer = io.BytesIO()
+    torch.save({"sparse": straight.sharded_state_dict(), "optimizer": straight_optimizer.state_dict()}, buffer)
+    run(range(2, 5), straight, straight_optimizer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    resumed = ShardedEmbeddingCollection([hash_table(24, dtype)], seed=2)
+    resumed_optimizer = SparseOptimizer(resumed, config)
+    resumed.load_sharded_state_dict([saved["sparse"]])
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    run(range(2, 5), resumed, resumed_optimizer)
+
+    assert saved["sparse"]["tables"]["h"]["weight"].dtype == getattr(torch, dtype)
+    assert torch.equal(bits(resumed.shards["h"].weight), bits(straight.shards["h"].weight))
