@@ -34,13 +34,17 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import torch
-from llvmlite import ir
-from numba import carray, njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba import carray, njit, prange
 
 from embedding import compiled_source
 from embedding.kernels.common import check_step_ranges, gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.prefetch import (
+    float32_pointer,
+    prefetch_address,
+    prefetch_for_read,
+    prefetch_row_for_write,
+    prefetch_rows_for_write,
+)
 from embedding.kernels.rounding import (
     FLOAT32,
     RowKeys,
@@ -70,9 +74,6 @@ _CHUNKS_PER_THREAD = 8
 # waiting on memory (2.0 ms); 32 ahead took 1.2-1.5 ms, 64 to 128 no less.
 _ROW_PREFETCH_DISTANCE = 8
 _OCCURRENCE_PREFETCH_DISTANCE = 32
-
-# Floats per 64-byte cache line: a row is prefetched one line at a time.
-_FLOATS_PER_CACHE_LINE = 16
 
 _NO_GRAD_SCALE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
 
@@ -207,7 +208,7 @@ def _sum_by_id(  # type: ignore[no-untyped-def]
             ids[distinct] = keys[position]
             sums[distinct, :] = 0
         occurrence = order[position]
-        source = carray(_float32_pointer(grad_row_addresses[grad_index[occurrence]]), sums.shape[1])
+        source = carray(float32_pointer(grad_row_addresses[grad_index[occurrence]]), sums.shape[1])
         scale = grad_scale[occurrence] if has_grad_scale else np.float32(1)
         for d in range(sums.shape[1]):
             sums[distinct, d] += scale * source[d]
@@ -308,8 +309,8 @@ def _step_kernel(
                 # The order scatters the reads of ids and gradient indices: prefetched, the pass took half the time.
                 if position + _OCCURRENCE_PREFETCH_DISTANCE < end:
                     coming = order[position + _OCCURRENCE_PREFETCH_DISTANCE]  # checked when its turn comes
-                    _prefetch_for_read(ids, (coming,))
-                    _prefetch_for_read(grad_index, (coming,))
+                    prefetch_for_read(ids, (coming,))
+                    prefetch_for_read(grad_index, (coming,))
                 occurrence = order[position]
                 if (
                     occurrence < 0
@@ -348,11 +349,11 @@ def _step_kernel(
                 if segment + _ROW_PREFETCH_DISTANCE < end_segment:
                     coming_row = np.intp(sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]])
                     if low_precision:
-                        _prefetch_row_for_write(weight_bits, coming_row)
+                        prefetch_row_for_write(weight_bits, coming_row)
                     else:
-                        _prefetch_row_for_write(weight, coming_row)
-                    _prefetch_rows_for_write(row_states, coming_row)
-                    _prefetch_rows_for_write(element_states, coming_row)
+                        prefetch_row_for_write(weight, coming_row)
+                    prefetch_rows_for_write(row_states, coming_row)
+                    prefetch_rows_for_write(element_states, coming_row)
 
                 begin, end = segment_starts[segment], segment_starts[segment + 1]
                 row = np.intp(sorted_ids[begin])
@@ -454,8 +455,8 @@ def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scale
         if position + _OCCURRENCE_PREFETCH_DISTANCE < end_position:
             coming = sorted_addresses[position + _OCCURRENCE_PREFETCH_DISTANCE]
             for offset in range(0, grad.size * 4, 64):  # Every 64-byte cache line of a float32 row.
-                _prefetch_address(coming + offset)
-        source = carray(_float32_pointer(sorted_addresses[position]), grad.size)
+                prefetch_address(coming + offset)
+        source = carray(float32_pointer(sorted_addresses[position]), grad.size)
         if has_grad_scale:
             scale = sorted_scales[position]
             for d in range(grad.size):
@@ -463,86 +464,3 @@ def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scale
         else:
             for d in range(grad.size):
                 grad[d] += source[d]
-
-
-@njit(cache=True, inline="always")
-def _prefetch_row_for_write(matrix, row):  # type: ignore[no-untyped-def]
-    """Prefetch every cache line of ``matrix[row]``."""
-    for column in range(0, matrix.shape[1], _FLOATS_PER_CACHE_LINE):
-        _prefetch_for_write(matrix, (row, column))
-
-
-@njit(cache=True, inline="always")
-def _prefetch_value_for_write(vector, row):  # type: ignore[no-untyped-def]
-    """Prefetch the cache line of ``vector[row]``."""
-    _prefetch_for_write(vector, (row,))
-
-
-def _prefetch_rows_for_write(states: tuple[Any, ...], row: Any) -> None:
-    """Prefetch row ``row`` of every array of ``states``, per-row or per-element; compiled only
-    (a prefetch is a hint: in Python, where nothing would use it, this does nothing)."""
-
-
-@overload(_prefetch_rows_for_write, inline="always")
-def _compiled_prefetch_rows_for_write(states, row):  # type: ignore[no-untyped-def]
-    if len(states) == 0:
-        return lambda states, row: None
-    prefetch_first = _prefetch_row_for_write if states[0].ndim == 2 else _prefetch_value_for_write
-
-    def prefetch_first_then_rest(states, row):  # type: ignore[no-untyped-def]
-        prefetch_first(states[0], row)
-        _prefetch_rows_for_write(states[1:], row)
-
-    return prefetch_first_then_rest
-
-
-def _call_prefetch(builder: Any, byte_pointer: Any, for_write: bool) -> None:
-    """Emit LLVM's prefetch of the cache line at ``byte_pointer`` (an ``i8*``): read (0) or
-    write (1), locality 3 (keep in every cache level), data cache (1)."""
-    int32 = ir.IntType(32)
-    prefetch_type = ir.FunctionType(ir.VoidType(), [byte_pointer.type, int32, int32, int32])
-    prefetch_function = cgutils.get_or_insert_function(builder.module, prefetch_type, "llvm.prefetch.p0")
-    builder.call(prefetch_function, [byte_pointer, int32(int(for_write)), int32(3), int32(1)])
-
-
-def _element_prefetch(for_write: bool) -> Any:
-    """An intrinsic ``(array, index)``: LLVM's prefetch hint, for writing or reading, of the cache line of
-    ``array[index]``, which numba does not expose. A hint never faults and changes no value."""
-
-    def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            array_type, index_type = signature.args
-            array_value = context.make_array(array_type)(context, builder, args[0])
-            indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
-            pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
-            _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write=for_write)
-            return context.get_dummy_value()
-
-        return types.void(array, index), codegen
-
-    return intrinsic(prefetch)
-
-
-_prefetch_for_write = _element_prefetch(for_write=True)
-_prefetch_for_read = _element_prefetch(for_write=False)
-
-
-@intrinsic  # type: ignore[untyped-decorator]
-def _prefetch_address(typingctx: Any, address: Any) -> Any:
-    """LLVM's prefetch hint, for reading, of the cache line at an address (an int64)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        _call_prefetch(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), for_write=False)
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
-
-
-@intrinsic  # type: ignore[untyped-decorator]
-def _float32_pointer(typingctx: Any, address: Any) -> Any:
-    """The float32 pointer at an address (an int64), for ``carray`` to view a gradient row."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
-
-    return types.CPointer(types.float32)(types.int64), codegen

@@ -202,6 +202,12 @@ def build_embeddings(
                 f"`embeddings.backend` must be sparse for a table stored off the device, but is dense (table "
                 f"'{tiered[0]}' is stored on {table_storage(section, tiered[0].removeprefix(prefix)).tier})."
             )
+        halved = [t.name for t in tables if table_dtype(section, t.name.removeprefix(prefix)) != "float32"]
+        if halved:
+            raise ConfigError(
+                f"`embeddings.backend` must be sparse for a table of half-precision rows, but is dense (table "
+                f"'{halved[0]}' is of {table_dtype(section, halved[0].removeprefix(prefix))})."
+            )
         return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
