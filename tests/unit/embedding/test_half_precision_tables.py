@@ -77,6 +77,8 @@ def test_rows_are_stored_in_the_dtype_and_counted_in_its_bytes(dtype):
     assert torch.equal(shard.weight, init_rows(shard.config, 0, 10, 3, torch.device("cpu")).to(shard.weight.dtype))
     assert shard.config.num_bytes == 10 * 3 * 2
     assert collection.memory_bytes == (10 + 7) * 3 * 2 + 5 * 3 * 4
+    # With their optimizer state (row-wise Adagrad's: one float32 a row), as the start-up report and check count.
+    assert [need.near for need in collection.tier_needs] == [10 * (3 * 2 + 4), 7 * (3 * 2 + 4), 5 * (3 * 4 + 4)]
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
