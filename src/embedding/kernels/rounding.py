@@ -108,56 +108,68 @@ def element_random(base, element):  # type: ignore[no-untyped-def]
 
 @register_jitable
 def widen(bits, kind):  # type: ignore[no-untyped-def]
-    """The float32 bits (uint32) of a float16 or bfloat16 value's ``bits``: exact, subnormals normalised."""
-    bits = np.uint32(bits)
+    """The float32 bits (uint32) of a float16 or bfloat16 value's ``bits``: exact, subnormals normalised. A bfloat16
+    and a normal float16 are a shift (and an addition); zero, subnormals, infinities and NaN take a branch."""
+    bits = np.uint32(bits) & np.uint32(0xFFFF)
     if kind == BFLOAT16:
         return bits << np.uint32(16)
     sign = (bits & np.uint32(0x8000)) << np.uint32(16)
-    exponent = (bits >> np.uint32(10)) & np.uint32(0x1F)
-    mantissa = bits & np.uint32(0x3FF)
-    if exponent == 31:  # infinity or NaN
+    magnitude = bits & np.uint32(0x7FFF)
+    if np.uint32(0x0400) <= magnitude < np.uint32(0x7C00):  # a normal float16: its exponent moved to float32's bias
+        return sign | ((magnitude << np.uint32(13)) + np.uint32(112 << 23))
+    mantissa = magnitude & np.uint32(0x3FF)
+    if magnitude >= np.uint32(0x7C00):  # infinity or NaN
         return sign | np.uint32(0x7F800000) | (mantissa << np.uint32(13))
-    if exponent == 0:
-        if mantissa == 0:
-            return sign
-        exponent32 = np.uint32(113)  # a subnormal: shifted until its leading bit is the implicit one
-        while mantissa & np.uint32(0x400) == 0:
-            mantissa <<= np.uint32(1)
-            exponent32 -= np.uint32(1)
-        return sign | (exponent32 << np.uint32(23)) | ((mantissa & np.uint32(0x3FF)) << np.uint32(13))
-    return sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
+    if mantissa == 0:
+        return sign
+    exponent32 = np.uint32(113)  # a subnormal: shifted until its leading bit is the implicit one
+    while mantissa & np.uint32(0x400) == 0:
+        mantissa <<= np.uint32(1)
+        exponent32 -= np.uint32(1)
+    return sign | (exponent32 << np.uint32(23)) | ((mantissa & np.uint32(0x3FF)) << np.uint32(13))
 
 
 @register_jitable
 def round_stochastically(bits, random, kind):  # type: ignore[no-untyped-def]
     """The float16 or bfloat16 bits (uint16 in a uint32) of the float32 value of ``bits``, rounded up in magnitude
-    with the probability of its dropped bits' fraction of a unit, drawn with ``random`` (32 uniform bits)."""
-    bits = np.uint64(bits)
+    when the dropped bits and as many random bits (the top of ``random``'s 32) carry into the kept ones: with the
+    probability of the dropped bits' fraction of a unit.
+
+    The common cases, a bfloat16 and a normal float16, are one addition and a shift; the rest (subnormal float16,
+    infinities, NaN) take :func:`_round_rare`. Every operand is a uint64: numba computes a mix of signed and unsigned
+    integers in float64."""
+    bits, random = np.uint64(bits), np.uint64(random)
     sign = (bits >> np.uint64(16)) & np.uint64(0x8000)
     magnitude = bits & np.uint64(0x7FFFFFFF)
-    exponent = magnitude >> np.uint64(23)
-    mantissa = magnitude & np.uint64(0x7FFFFF)
-    if exponent == 255:  # infinity stays infinity, NaN stays a (quiet) NaN
+    if kind == BFLOAT16 and magnitude < np.uint64(0x7F800000):
+        return np.uint32(sign | ((magnitude + (random >> np.uint64(16))) >> np.uint64(16)))
+    if kind != BFLOAT16 and np.uint64(0x38800000) <= magnitude < np.uint64(0x47800000):  # 2^-14 to 2^16
+        return np.uint32(sign | (((magnitude + (random >> np.uint64(19))) >> np.uint64(13)) - np.uint64(112 << 10)))
+    return np.uint32(sign | _round_rare(magnitude, random, kind))
+
+
+@register_jitable
+def _round_rare(magnitude, random, kind):  # type: ignore[no-untyped-def]
+    """:func:`round_stochastically`'s magnitude bits of an infinity, a NaN, or a value beyond float16's normal range."""
+    exponent, mantissa = magnitude >> np.uint64(23), magnitude & np.uint64(0x7FFFFF)
+    if exponent == np.uint64(255):  # infinity stays infinity, NaN stays a (quiet) NaN
         if kind == BFLOAT16:
-            return np.uint32(sign | (magnitude >> np.uint64(16)) | (np.uint64(0x40) if mantissa else np.uint64(0)))
-        return np.uint32(sign | np.uint64(0x7C00) | (np.uint64(0x200) if mantissa else np.uint64(0)))
-    if kind == BFLOAT16:
-        kept, dropped = magnitude >> np.uint64(16), np.int64(16)
-    elif exponent >= 143:  # 2^16 and beyond: infinity in float16
-        return np.uint32(sign | np.uint64(0x7C00))
-    elif exponent >= 113:  # a normal float16: 13 bits dropped
-        kept, dropped = ((exponent - np.uint64(112)) << np.uint64(10)) | (mantissa >> np.uint64(13)), np.int64(13)
-    else:  # a subnormal float16, in units of 2^-24: more bits dropped the smaller the value
-        full = mantissa | np.uint64(0x800000) if exponent > 0 else mantissa  # a float32 subnormal has no implicit 1
-        dropped = np.int64(126) - np.int64(exponent if exponent > 0 else 1)
-        kept, magnitude = full >> np.uint64(dropped if dropped < 63 else 63), full
-    fraction = magnitude & ((np.uint64(1) << np.uint64(dropped if dropped < 63 else 63)) - np.uint64(1))
-    random = np.uint64(random)
-    if dropped <= 32:
-        up = (random >> np.uint64(32 - dropped)) < fraction
-    else:  # fewer random bits than dropped ones: the fraction's top 32 decide (an error under 2^-32)
-        up = dropped < 56 and random < (fraction >> np.uint64(dropped - 32))
-    return np.uint32(sign | (kept + (np.uint64(1) if up else np.uint64(0))))
+            return (magnitude >> np.uint64(16)) | (np.uint64(0x40) if mantissa != np.uint64(0) else np.uint64(0))
+        return np.uint64(0x7C00) | (np.uint64(0x200) if mantissa != np.uint64(0) else np.uint64(0))
+    if exponent >= np.uint64(143):  # 2^16 and beyond: infinity in float16
+        return np.uint64(0x7C00)
+    # A subnormal float16, in units of 2^-24: the smaller the value, the more bits dropped.
+    if exponent > np.uint64(0):
+        full, dropped = mantissa | np.uint64(0x800000), np.uint64(126) - exponent
+    else:  # a float32 subnormal: no implicit bit
+        full, dropped = mantissa, np.uint64(125)
+    if dropped >= np.uint64(56):  # under 2^-32 of a unit: the random bits cannot reach it
+        return np.uint64(0)
+    if dropped <= np.uint64(32):
+        return (full + (random >> (np.uint64(32) - dropped))) >> dropped
+    # More bits dropped than random ones: the dropped bits' top 32 take the carry (an error under 2^-32).
+    carry = (full & ((np.uint64(1) << dropped) - np.uint64(1))) >> (dropped - np.uint64(32))
+    return (full >> dropped) + ((carry + random) >> np.uint64(32))
 
 
 # The reference's: the same bits, from whole arrays with numpy.
@@ -173,31 +185,32 @@ def random_bits(keys: RowKeys, rows: npt.NDArray[np.int64], step: int, dim: int)
 
 
 def round_array(values: torch.Tensor, random: npt.NDArray[np.uint64], dtype: torch.dtype) -> torch.Tensor:
-    """``values`` (float32) rounded stochastically to ``dtype`` with ``random`` (32 bits each, in uint64)."""
+    """``values`` (float32) rounded stochastically to ``dtype`` with ``random`` (32 bits each, in uint64): the
+    dropped bits and as many random bits added, carrying into the kept bits, computed apart from
+    :func:`round_stochastically` (as the value's kept and dropped bits, whatever its range)."""
     bits = values.contiguous().view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
     sign = (bits >> 16) & 0x8000
     magnitude = bits & 0x7FFFFFFF
     exponent, mantissa = magnitude >> 23, magnitude & 0x7FFFFF
-    special = exponent == 255
+    random = random.astype(np.int64)
     if dtype == torch.bfloat16:
         kept, fraction, dropped = magnitude >> 16, magnitude & 0xFFFF, np.full_like(bits, 16)
+        special = exponent == 255
         special_bits = (magnitude >> 16) | np.where(mantissa != 0, 0x40, 0)
     else:
-        normal = exponent >= 113
+        normal = (exponent >= 113) & (exponent < 143)
         full = np.where(exponent > 0, mantissa | 0x800000, mantissa)
         dropped = np.where(normal, 13, 126 - np.maximum(exponent, 1))
         shift = np.minimum(dropped, 63)
         kept = np.where(normal, ((exponent - 112) << 10) | (mantissa >> 13), full >> shift)
         fraction = np.where(normal, mantissa & 0x1FFF, full & ((1 << shift) - 1))
-        special_bits = 0x7C00 | np.where(mantissa != 0, 0x200, 0)
-        special = special | (exponent >= 143)
-        special_bits = np.where(exponent == 255, special_bits, 0x7C00)
-    random = random.astype(np.int64)
-    up = np.where(
-        dropped <= 32,
-        (random >> np.clip(32 - dropped, 0, 32)) < fraction,
-        (dropped < 56) & (random < (fraction >> np.clip(dropped - 32, 0, 63))),
-    )
+        special = exponent >= 143
+        special_bits = np.where(exponent == 255, 0x7C00 | np.where(mantissa != 0, 0x200, 0), 0x7C00)
+    near = dropped <= 32
+    # Up when the dropped bits and the random bits (as many, or the dropped bits' top 32) carry.
+    carry_near = (fraction + (random >> np.clip(32 - dropped, 0, 32))) >> np.clip(dropped, 0, 32)
+    carry_far = ((fraction >> np.clip(dropped - 32, 0, 63)) + random) >> 32
+    up = np.where(near, carry_near, np.where(dropped < 56, carry_far, 0))
     rounded = sign | np.where(special, special_bits, kept + up)
     return torch.from_numpy(rounded.astype(np.uint16).view(np.int16)).view(dtype)
 
