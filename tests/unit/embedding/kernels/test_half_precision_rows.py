@@ -22,36 +22,13 @@ def half_table(make_table, config, dtype, dim):
 @pytest.mark.parametrize("name", SPARSE_OPTIMIZERS.names())
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("dim", [1, 5, 64])
-def test_cpu_kernel_rounds_every_row_as_the_reference_does(name, dtype, dim, make_table, make_step_inputs):
-    """Step by step from the same table: wherever the kernel's float32 value is the reference's (the same step on
-    float32 copies of the rows), the rounded bits are the reference's too; elsewhere (the kernel and torch may round
-    a float32 operation apart) they are at most one value apart."""
+def test_cpu_kernel_rounds_every_row_as_the_reference_does(
+    name, dtype, dim, make_table, make_step_inputs, half_reference_check
+):
     config = sparse_optimizer_config(name, lr=0.05, weight_decay=0.05)
-    table = half_table(make_table, config, dtype, dim)
-    touched = torch.zeros(NUM_ROWS, dtype=torch.bool)
-    for step, inputs in enumerate([make_step_inputs(seed, NUM_ROWS, dim, 50, False, True) for seed in range(3)], 1):
-        touched[inputs.ids] = True
-        results = {}
-        for backend in ("reference", "cpu"):
-            for widened in (False, True):
-                rows = table.clone()
-                if widened:
-                    rows.weight = rows.weight.float()  # the float32 values the half-precision step rounds
-                args = (inputs.ids, inputs.grad_rows, inputs.grad_index, inputs.grad_scale, step)
-                fused_step(config, rows.weight, rows.state, *args, backend=backend)
-                results[backend, rows.weight.dtype] = rows
-        expected, actual = results["reference", dtype], results["cpu", dtype]
-        same_values = results["reference", torch.float32].weight == results["cpu", torch.float32].weight
+    steps = [make_step_inputs(seed, NUM_ROWS, dim, 50, False, True) for seed in range(3)]
 
-        assert actual.weight.dtype == dtype
-        half_bits = actual.weight.view(torch.int16), expected.weight.view(torch.int16)
-        assert torch.equal(half_bits[0][same_values], half_bits[1][same_values])
-        assert int((half_bits[0].int() - half_bits[1].int()).abs().max()) <= 1
-        assert torch.equal(actual.weight[~touched], table.weight[~touched])
-        for key, state in expected.state.items():
-            assert actual.state[key].dtype == torch.float32
-            torch.testing.assert_close(actual.state[key], state, rtol=1e-5, atol=1e-6)
-        table = expected
+    half_reference_check(config, half_table(make_table, config, dtype, dim), steps, "cpu")
 
 
 @pytest.mark.parametrize("name", ["rowwise_adagrad", "adam"])
