@@ -19,6 +19,7 @@ from embedding.hash_index import ENTRIES_PER_SLOT, SKETCH_DEPTH
 from embedding.optimizers import SparseOptimizerConfig, spec_of
 from embedding.planner import TableSharding
 from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
+from embedding.tiers.stores import disk_store_bytes
 
 _HASH_BYTES_PER_SLOT = 8 + 4 + 4 + 4 * ENTRIES_PER_SLOT
 """A hash table's key, last-seen step and frequency per slot, and its share of the index."""
@@ -88,7 +89,10 @@ def tier_needs(
         start, end = plan[table.name].local_rows(rank)
         near_rows = cached_rows(table, plan, rank, floats)
         near = near_rows * record_bytes + hash_map_bytes(table, end - start)
-        far = (end - start) * record_bytes if table.storage.tiered else 0
+        # Off the device, rows are float32 (a table's config refuses another dtype there).
+        far = {"device": 0, "host": (end - start) * record_bytes, "disk": disk_store_bytes(end - start, floats)}[
+            table.storage.tier
+        ]
         needs.append(TierNeed(table, near, far))
     return needs
 

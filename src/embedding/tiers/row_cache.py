@@ -280,7 +280,6 @@ class TieredRows:
             self.statistics["read_ahead"] += int(found.sum())
         if unread.any():
             records[unread] = self.behind.read(rows[unread])
-        self.store.release_pages()
         self.statistics["read_seconds"] += time.perf_counter() - started
         self.statistics["fetched"] += rows.size
         index = torch.from_numpy(places).to(self.device)

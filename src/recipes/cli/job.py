@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -64,8 +64,9 @@ class ResolvedJob:
     """The absolute folders those imports came from."""
 
 
-def resolve_job(spec: JobSpec) -> ResolvedJob:
-    """The preset's recipe and the config from defaults < preset < files < overrides."""
+def resolve_job(spec: JobSpec, extra: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> ResolvedJob:
+    """The preset's recipe and the config from defaults < preset < files < overrides < ``extra`` layers (``(source,
+    layer)``, named by their source in messages: a sweep's space)."""
     preset = find_preset(spec.preset)
     recipe, layers = resolve_preset(preset)
     imports, search_path = recorded_imports(preset)
@@ -73,6 +74,7 @@ def resolve_job(spec: JobSpec) -> ResolvedJob:
         layers.append((f"--config-file {path}", read_config_file(path, recipe.name)))
     if spec.overrides:
         layers.append(("the command line", overrides_to_dict(list(spec.overrides))))
+    layers.extend(extra)
     return ResolvedJob(preset, recipe, resolve_config(recipe.config_class, layers), imports, search_path)
 
 

@@ -1,4 +1,4 @@
-"""``python -m recipes``: list, show, train, evaluate and predict with presets; rank a run's features by
+"""``python -m recipes``: list, show, train, sweep, evaluate and predict with presets; rank a run's features by
 permutation importance; export a run's tables, or the whole model for serving.
 
 Exit codes: 0 success, 2 a user error (one line, no traceback), 1 a runtime failure (one line
@@ -86,6 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument(
         "--nproc", type=int, default=None, help="run N processes on this machine through torchrun's launcher"
     )
+    sweep_parser = commands.add_parser(
+        "sweep", help="search a preset's hyper-parameters: trials as runs under one folder"
+    )
+    _job_arguments(sweep_parser, with_output=True)
+    sweep_parser.add_argument("--trials", type=int, required=True, help="how many trials the study holds when done")
+    sweep_parser.add_argument("--parallel", type=int, default=1, help="trials at a time, the cores split (default 1)")
+    sweep_parser.add_argument("--space", metavar="FILE", help="a YAML space (default: the preset's `sweep:`)")
+    sweep_parser.add_argument("--storage", metavar="URL", help="an Optuna database URL (default: DIR/study.db)")
+    sweep_parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
+    _prune_after(sweep_parser)
+    trial_parser = commands.add_parser("sweep-trial", help="one trial of a sweep (`sweep` starts it)")
+    _job_arguments(trial_parser, with_output=True)
+    trial_parser.add_argument("--storage", required=True, metavar="URL", help="the study's Optuna database URL")
+    trial_parser.add_argument("--study", required=True, metavar="NAME", help="the study's name")
+    trial_parser.add_argument("--trial-id", type=int, required=True, help="the trial's id in the storage")
+    _prune_after(trial_parser)
     eval_parser = commands.add_parser("eval", help="score a checkpoint of a run on a split of its data")
     predict_parser = commands.add_parser("predict", help="write a checkpoint's predictions for every row of a split")
     importance_parser = commands.add_parser(
@@ -121,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", default="auto", help=CHECKPOINT_HELP)
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="a new folder: one <table>.parquet each")
     return parser
+
+
+def _prune_after(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prune-after",
+        type=int,
+        default=5,
+        metavar="N",
+        help="prune trials below the median once N trials have completed (default 5)",
+    )
 
 
 def _scoring_arguments(parser: argparse.ArgumentParser, command: str) -> None:
@@ -218,6 +244,22 @@ def _train(spec: JobSpec) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"Done. TensorBoard logs: {output_dir}/tb")
         print(f"Browse them with: tensorboard --logdir {output_dir}/tb")
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from recipes.cli.sweep import SweepRequest, sweep
+
+    spec = _job_spec(args, with_output=True)
+    _check_output_dir(spec)
+    request = SweepRequest(spec, args.trials, args.parallel, args.space, args.storage, args.seed, args.prune_after)
+    for line in sweep(request):
+        print(line)
+
+
+def _sweep_trial(args: argparse.Namespace) -> None:
+    from recipes.cli.sweep_trial import run_trial
+
+    run_trial(_job_spec(args, with_output=True), args.storage, args.study, args.trial_id, args.prune_after)
 
 
 def _score(args: argparse.Namespace) -> None:
@@ -335,6 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = _job_spec(args, with_output=True)
             _check_output_dir(spec)
             _train(spec)
+        elif args.command == "sweep":
+            _sweep(args)
+        elif args.command == "sweep-trial":
+            _sweep_trial(args)
         elif args.command in ("eval", "predict"):
             _score(args)
         elif args.command == "importance":

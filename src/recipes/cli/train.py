@@ -34,7 +34,13 @@ from recipes.optimizers import build_optimizer
 from recipes.recorders import CompositeRecorder, MetricRecorder, RecorderContext, build_recorder
 from recipes.runtime.run_lock import RunLock
 from recipes.training.checkpoint_schedule import CheckpointSchedule
-from recipes.training.early_stopping import NOOP_EARLY_STOPPER, EarlyStopper, PatienceEarlyStopper
+from recipes.training.early_stopping import (
+    NOOP_EARLY_STOPPER,
+    EarlyStopper,
+    PatienceEarlyStopper,
+    ScoreWatch,
+    WatchedEarlyStopper,
+)
 from recipes.training.parallel import data_parallel
 from recipes.training.pipeline import PipelinedReader, use_pipeline
 from recipes.training.precision import autocast_for
@@ -49,8 +55,9 @@ from recipes.training.validator import Validator, make_validator, refuse_ignored
 log = logging.getLogger(__name__)
 
 
-def train(spec: JobSpec) -> str:
-    """Train the preset, resuming from the output directory's last checkpoint; returns the directory.
+def train(spec: JobSpec, watch: ScoreWatch | None = None) -> str:
+    """Train the preset, resuming from the output directory's last checkpoint; returns the directory. ``watch``, told
+    every validation score, may stop the run as early stopping does (a sweep prunes its trials so).
 
     The run holds the output directory's lock throughout (see ``run_lock``). Raises
     ``TrainingInterrupted`` once the checkpoint is committed when SIGINT stopped it.
@@ -76,7 +83,7 @@ def train(spec: JobSpec) -> str:
             write_text(f"{output_dir}/config.yaml", dump_yaml(config_document(job)))
         manager = checkpoint_manager(job.config, output_dir, gangs)
         checkpointer = TrainerCheckpointer(manager, job.config.checkpoint, job.config)
-        trainer, recorder = assemble_trainer(job, built, gangs, output_dir, checkpointer, resume_step)
+        trainer, recorder = assemble_trainer(job, built, gangs, output_dir, checkpointer, resume_step, watch)
         checkpointer.use_save_filter(built.parts.save_filter)
         train_reader = built.parts.train_reader
         try:
@@ -126,9 +133,10 @@ def assemble_trainer(
     output_dir: str,
     checkpointer: Checkpointer,
     resume_step: int | None,
+    watch: ScoreWatch | None = None,
 ) -> tuple[Trainer[Any], MetricRecorder]:
     """The recipe's built parts plus the standard ones, assembled into a Trainer; ``job``'s score direction
-    resolved."""
+    resolved; ``watch`` told every validation score beside the early stopper."""
     config = job.config
     device = gangs.root.device
     parts, tables = built.parts, built.tables
@@ -171,7 +179,7 @@ def assemble_trainer(
             config=config.trainer,
             recorder=recorder,
             profiler=profiler,
-            validator=build_validator(config, built, recorder, gangs),
+            validator=build_validator(config, built, recorder, gangs, watch),
             sharded_state=built.sharded_state,
             checkpointer=checkpointer,
             checkpoints=CheckpointSchedule.of(config.checkpoint),
@@ -187,8 +195,11 @@ def assemble_trainer(
     return trainer, recorder
 
 
-def build_validator(config: RecipeConfig, built: BuiltParts, recorder: MetricRecorder, gangs: Gangs) -> Validator:
-    """The recipe's validations, scored by ``trainer.score_metric`` and watched by early stopping if configured."""
+def build_validator(
+    config: RecipeConfig, built: BuiltParts, recorder: MetricRecorder, gangs: Gangs, watch: ScoreWatch | None = None
+) -> Validator:
+    """The recipe's validations, scored by ``trainer.score_metric`` and watched by early stopping if configured, and
+    by ``watch`` if given (which needs the score)."""
     trainer, stopping = config.trainer, config.trainer.early_stopping
     model, validations = built.parts.train_unit.model, built.parts.validations
     early_stopper: EarlyStopper = NOOP_EARLY_STOPPER
@@ -198,6 +209,10 @@ def build_validator(config: RecipeConfig, built: BuiltParts, recorder: MetricRec
             raise ConfigError("`trainer.early_stopping.patience` needs `trainer.score_metric` to be set.")
         lower_better = resolve_score(score, validations).lower_better
         early_stopper = PatienceEarlyStopper(stopping.patience, stopping.min_delta, lower_better)
+    if watch is not None:
+        if score is None:
+            raise ConfigError("`trainer.score_metric` must name the validation metric a sweep compares, but is unset.")
+        early_stopper = WatchedEarlyStopper(early_stopper, watch, resolve_score(score, validations).lower_better)
     refuse_ignored_metric_columns(config.metrics, validations)
     autocast = autocast_for(trainer.mixed_precision, gangs.root.device)
     return make_validator(validations, model, recorder, gangs.root.rank, autocast, score, early_stopper)

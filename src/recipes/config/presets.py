@@ -41,7 +41,7 @@ RECIPE_ENTRY_POINTS = "recipes.recipes"
 PRESET_ENTRY_POINTS = "recipes.presets"
 PRESET_FILE_NAME = "presets.yaml"
 PRESET_FILES_ENV = "RECIPES_PRESET_FILES"
-PRESET_KEYS = {"recipe", "description", "based_on", "imports", "search_path", "config"}
+PRESET_KEYS = {"recipe", "description", "based_on", "imports", "search_path", "config", "sweep"}
 
 BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
 
@@ -69,6 +69,9 @@ class Preset:
     source: str = "python"
     search_path: tuple[str, ...] = field(default=())
     """Folders put first on ``sys.path`` for ``imports``, the first first; absolute."""
+    sweep: Mapping[str, Any] | None = None
+    """The search space of ``sweep`` (config keys to ranges, checked by it), which a preset ``based_on`` this one
+    inherits unless it declares its own; no part of the config."""
 
 
 _recipes: dict[str, Recipe] = {}
@@ -319,4 +322,5 @@ def _parse_preset(name: str, body: Any, source: str, search_path: tuple[str, ...
         imports=tuple(imports),
         source=source,
         search_path=tuple(dict.fromkeys((*declared, *search_path))),
+        sweep=body.get("sweep"),
     )

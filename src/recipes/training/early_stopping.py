@@ -68,3 +68,31 @@ class NoopEarlyStopper:
 
 
 NOOP_EARLY_STOPPER = NoopEarlyStopper()
+
+
+class ScoreWatch(Protocol):
+    """Told every validation score of a run beside its early stopper, from outside the run's config (a sweep's
+    pruner, which compares the run with other runs); says when to stop. It keeps nothing a checkpoint must hold: the
+    run stays an ordinary run, which ``train`` resumes without it."""
+
+    def should_stop(self, step_nr: int, score: float, lower_better: bool) -> bool: ...
+
+
+class WatchedEarlyStopper:
+    """An early stopper that a watch may stop too; both are told every score. Only the stopper's state is
+    checkpointed, in its own layout, so that a run resumed without the watch reads it back."""
+
+    def __init__(self, stopper: EarlyStopper, watch: ScoreWatch, lower_better: bool) -> None:
+        self._stopper = stopper
+        self._watch = watch
+        self._lower_better = lower_better
+
+    def should_stop(self, step_nr: int, score: float) -> bool:
+        stop = self._stopper.should_stop(step_nr, score)
+        return self._watch.should_stop(step_nr, score, self._lower_better) or stop
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._stopper.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._stopper.load_state_dict(state_dict)

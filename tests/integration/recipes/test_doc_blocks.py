@@ -148,6 +148,12 @@ COVERED = {
     "docs/tutorials/sparse-tables.md: ```bash cd my_recommender": Covered(
         "tests/integration/recipes/test_tutorial_tables.py", "runs each command of the block as the page has it"
     ),
+    "docs/how-to/sweeps.md: ```yaml ctr_sweep:": Covered(
+        "tests/integration/recipes/test_sweep.py", "the page's recipes.yaml, which its commands sweep"
+    ),
+    "docs/how-to/sweeps.md: ```bash .venv/bin/python -m recipes sweep ctr_sweep -o sweeps/ctr --trials 2": Covered(
+        "tests/integration/recipes/test_sweep.py", "runs each command of the block as the page has it"
+    ),
     "docs/tutorials/serving.md: ```python import json": Covered(
         "tests/integration/recipes/test_export.py", "scores exports with the block's code (support/serving_scorer.py)"
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +106,20 @@ def test_a_disk_store_is_this_process_alone_and_refuses_another_table(tmp_path: 
     with pytest.raises(DamagedStoreError, match="header differs"):
         DiskStore(path, "t", NUM_ROWS, DIM + 1, fresh)
     DiskStore(path, "t", NUM_ROWS, DIM, fresh)  # its own store, reused
+
+
+def test_a_disk_store_holds_the_rows_written_densely_and_rewrites_them_in_place(tmp_path: Path) -> None:
+    num_rows, width = 10_000_000, 8
+    store = DiskStore(str(tmp_path / "t.rows"), "t", num_rows, width, lambda rows, out: out.fill(-1.0))
+    scattered = np.array([9_999_999, 17, 4_000_003], dtype=np.int64)
+
+    store.write(scattered, np.arange(24, dtype=np.float32).reshape(3, width))
+    store.write(scattered[:1], np.full((1, width), 7.0, dtype=np.float32))  # again: in place
+    allocated = os.stat(store.path).st_blocks * 512
+
+    assert allocated < 1 << 20  # a 10,000,000-row store: a few pages of slots and one of records, not 3 rows' pages
+    assert np.array_equal(store.read(scattered)[:, 0], [7.0, 8.0, 16.0])
+    assert np.array_equal(store.read(np.array([5]))[0], np.full(width, -1.0))  # never written: fresh
+    store.clear()
+    store.write(np.array([5]), np.full((1, width), 3.0, dtype=np.float32))  # takes the first record again
+    assert np.array_equal(store.read(np.array([5, 17]))[:, 0], [3.0, -1.0])
