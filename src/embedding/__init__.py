@@ -16,12 +16,14 @@ from embedding.sharding import init_rows
 from embedding.state import ShardedStateError, initial_rows, saved_rows_in_range
 from embedding.table_config import (
     PLACEMENTS,
+    TABLE_DTYPES,
     EmbeddingConfigError,
     EmbeddingTableConfig,
     Initializer,
     OutOfRangePolicy,
     Placement,
     Pooling,
+    TableDtype,
     TableKind,
 )
 from embedding.tiers import CacheEviction, StorageTier, TableStorage
@@ -32,6 +34,7 @@ __all__ = [
     "EVICTION_POLICIES",
     "PLACEMENTS",
     "SPARSE_OPTIMIZERS",
+    "TABLE_DTYPES",
     "CacheEviction",
     "CombinedOptimizer",
     "DamagedStoreError",
@@ -58,6 +61,7 @@ __all__ = [
     "SparseOptimizerSpec",
     "SparseOptimizerStateError",
     "StorageTier",
+    "TableDtype",
     "TableFullError",
     "TableKind",
     "TableSharding",

@@ -9,6 +9,7 @@ fused kernels consume (see :class:`embedding.sharding.GradRecord`), and the
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +37,14 @@ from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from embedding.planner import DEFAULT_REPLICATE_MAX_BYTES, TableSharding, plan_sharding
 from embedding.row_changes import changed_rows_masks, delta_group_states
 from embedding.sharding import ShardGroup, TableShard, build_groups
-from embedding.state import load_shard_states, shard_states
+from embedding.state import dtype_changes, load_shard_states, shard_states
 from embedding.table_config import EmbeddingTableConfig, check_tables
 from embedding.tiered_state import load_tiered_group, tiered_group_states
 from embedding.tiers.row_cache import StagedRecords
 from embedding.tiers.store_opener import StoreOpener
 from gang import FakeGang, Gang, ReduceOperation
+
+log = logging.getLogger(__name__)
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -261,7 +264,13 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def load_sharded_state_dict(self, pieces: Sequence[Mapping[str, Any]]) -> None:
         """Copy in the rows this rank owns from the sharded state dicts of every rank of a
-        saving job, whatever its number of ranks or placements."""
+        saving job, whatever its number of ranks or placements; rows saved in another dtype than their table's
+        are converted, which the log states in one line."""
+        converted = dtype_changes(self.tables, pieces)
+        if converted:
+            log.info(
+                "The checkpoint's rows are loaded into tables of another dtype, converted: %s.", ", ".join(converted)
+            )
         on_device = [group for group in self.groups if group.tier is None]
         load_shard_states([shard for group in on_device for shard in group.shards if shard.dynamic is None], pieces)
         for shard in self.shards.values():

@@ -90,14 +90,14 @@ class DynamicRows:
         """Rows ``rows`` of ``weight`` and the state get the initial values of the ids now in ``slots``."""
         keys = self.index.keys_of(slots)
         rows = rows.to(weight.device)
-        if weight.device.type == "cpu":
+        if weight.device.type == "cpu" and weight.dtype == torch.float32:
             init_rows_by_key(weight.numpy(), rows.numpy(), keys, self._salt, self.config.initial_scale, self._normal)
         else:
             values = torch.empty((keys.size, weight.size(1)), dtype=torch.float32)
             init_rows_by_key(
                 values.numpy(), np.arange(keys.size), keys, self._salt, self.config.initial_scale, self._normal
             )
-            weight[rows] = values.to(weight.device)
+            weight[rows] = values.to(weight.device, weight.dtype)  # half-precision rows: rounded to nearest
         for name, tensor in optimizer_state.items():
             tensor[rows] = self.state_fill[name]
 

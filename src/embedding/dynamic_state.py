@@ -187,10 +187,11 @@ def _scores_kernel(score: Score) -> Any:
 
 def _copy_rows(shard: TableShard, weight: torch.Tensor, state: Mapping[str, torch.Tensor], slots: torch.Tensor) -> None:
     if shard.tier is not None:
-        write_records(shard.tier, slots.cpu(), weight.cpu(), {k: v.cpu() for k, v in state.items()}, shard.config.name)
+        records = weight.cpu().float()  # a table off the device stores float32 rows, whatever the saved dtype
+        write_records(shard.tier, slots.cpu(), records, {k: v.cpu() for k, v in state.items()}, shard.config.name)
         return
     rows = slots.to(shard.weight.device)
-    shard.weight[rows] = weight.to(shard.weight.device)
+    shard.weight[rows] = weight.to(shard.weight.device, shard.weight.dtype)
     if state and shard.optimizer_state:
         for name, tensor in shard.optimizer_state.items():
             tensor[rows] = state[name].to(tensor.device)

@@ -191,7 +191,7 @@ class ReplicatedLookup(LocalLookup):
         pieces = _readable_in_place(grad_pieces)
         if bags.sorted_ids is not None:
             distinct = self._layout.num_rows
-            ids, sums = bags.ids.new_empty(distinct), weight.new_empty((distinct, weight.size(1)))
+            ids, sums = bags.ids.new_empty(distinct), weight.new_empty((distinct, weight.size(1)), dtype=torch.float32)
             sum_by_id(bags.sorted_ids, pieces, bags.bag_of_each_id(), bags.scales, ids, sums)
             local = LocalGrads(ids, [sums], None, None)
         else:
@@ -382,7 +382,13 @@ def record_all(gang: Gang, lookups: Sequence[AllToAllLookup], grad_pieces: Seque
 def _weighted_sum(
     weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor | None
 ) -> torch.Tensor:
-    return F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
+    """The bags' weighted sums, in float32 whatever the rows' dtype: half-precision rows are widened as they are
+    read (each id's row once), so that the sums round once, in float32, as a float32 table's do."""
+    if weight.dtype == torch.float32:
+        return F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
+    rows = weight.index_select(0, ids).float()
+    positions = torch.arange(ids.numel(), device=ids.device)
+    return F.embedding_bag(positions, rows, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
 
 
 def _segment_starts(counts: torch.Tensor) -> torch.Tensor:

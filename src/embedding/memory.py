@@ -51,7 +51,7 @@ def rank_bytes(tables: Sequence[EmbeddingTableConfig], plan: Mapping[str, TableS
     total = 0
     for table in tables:
         start, end = plan[table.name].local_rows(rank)
-        total += cached_rows(table, plan, rank, table.dim + 1) * table.dim * 4 + hash_map_bytes(table, end - start)
+        total += cached_rows(table, plan, rank, table.dim + 1) * table.row_bytes + hash_map_bytes(table, end - start)
     return total
 
 
@@ -80,14 +80,17 @@ def tier_needs(
     rank: int,
     optimizer: SparseOptimizerConfig,
 ) -> list[TierNeed]:
-    """Each table's bytes on ``rank``, rows with the optimizer state of its optimizer (its own, else ``optimizer``)."""
+    """Each table's bytes on ``rank``, rows in their dtype with the optimizer state of its optimizer (its own, else
+    ``optimizer``), which is float32."""
     needs = []
     for table in tables:
         floats = spec_of(table.optimizer or optimizer).floats_per_row(table.dim)
+        record_bytes = table.row_bytes + (floats - table.dim) * 4
         start, end = plan[table.name].local_rows(rank)
         near_rows = cached_rows(table, plan, rank, floats)
-        near = near_rows * floats * 4 + hash_map_bytes(table, end - start)
-        far = {"device": 0, "host": (end - start) * floats * 4, "disk": disk_store_bytes(end - start, floats)}[
+        near = near_rows * record_bytes + hash_map_bytes(table, end - start)
+        # Off the device, rows are float32 (a table's config refuses another dtype there).
+        far = {"device": 0, "host": (end - start) * record_bytes, "disk": disk_store_bytes(end - start, floats)}[
             table.storage.tier
         ]
         needs.append(TierNeed(table, near, far))

@@ -82,7 +82,7 @@ class SparseOptimizer:
             weight = group.weight
             fill = {state.name: state.initial_value for state in spec_of(group_config).layout}
             group.set_optimizer_state(
-                init_optimizer_state(group_config, weight.size(0), weight.size(1), weight.dtype, weight.device), fill
+                init_optimizer_state(group_config, weight.size(0), weight.size(1), torch.float32, weight.device), fill
             )
 
     @property
@@ -112,7 +112,7 @@ class SparseOptimizer:
             grad_scale = grads.grad_scale
             if multiplier != 1.0:
                 grad_scale = (
-                    torch.full(grads.ids.shape, multiplier, dtype=group.weight.dtype, device=grads.ids.device)
+                    torch.full(grads.ids.shape, multiplier, dtype=torch.float32, device=grads.ids.device)
                     if grad_scale is None
                     else grad_scale * multiplier
                 )
@@ -128,6 +128,7 @@ class SparseOptimizer:
                 lr=float(self.param_groups[param_group_index]["lr"]),
                 backend=self._backend,
                 sorted_ids=grads.sorted_ids,
+                row_keys=group.row_keys() if group.weight.dtype != torch.float32 else None,
             )
             mark_changed(changed, grads.ids)
         self._release_cached_rows()

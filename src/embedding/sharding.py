@@ -14,11 +14,13 @@ import sys
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from embedding.dynamic_rows import DynamicRows
 from embedding.id_hashing import init_rows_by_key, init_salt
 from embedding.kernels import SortedIds
+from embedding.kernels.rounding import RowKeys
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
 from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
@@ -86,6 +88,8 @@ class ShardGroup:
     tier: TieredRows | None = None
     """Off the device (host or disk storage): the cache whose places ``weight`` and the state are, over the
     store of every row. Lookups translate rows to places (:meth:`places_of`)."""
+    seed: int = 0
+    """The run's seed, which keys the stochastic rounding of half-precision rows with the tables' names."""
     _grad_rows_buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -101,6 +105,17 @@ class ShardGroup:
     def optimizer(self) -> SparseOptimizerConfig | None:
         """The optimizer override of the group's tables (``None``: the collection default)."""
         return self.shards[0].config.optimizer
+
+    def row_keys(self) -> RowKeys:
+        """What the random bits of the rounding of each buffer row are keyed by: its table and global row, or a
+        hash table's id (see :class:`embedding.kernels.rounding.RowKeys`)."""
+        ends = [offset + shard.num_rows for shard, offset in zip(self.shards, self.buffer_offsets)]
+        return RowKeys(
+            np.array([init_salt(self.seed, shard.config.name) for shard in self.shards], dtype=np.uint64),
+            np.array(ends, dtype=np.int64),
+            np.array([s.row_start - offset for s, offset in zip(self.shards, self.buffer_offsets)], dtype=np.int64),
+            self.dynamic.index.keys if self.dynamic is not None else None,
+        )
 
     def places_of(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
         """Where ``rows`` (of the buffer) are in a tiered group's cache, brought in and pinned (see
@@ -184,12 +199,17 @@ def build_groups(
     members: dict[Hashable, list[EmbeddingTableConfig]] = {}
     groups = []
     for table in tables:
+        if table.dtype != "float32" and device.type != "cpu":
+            raise EmbeddingConfigError(
+                f"`dtype` of table '{table.name}' must be float32 on {device.type} (half-precision rows train on the "
+                f"CPU only, for now), but is {table.dtype} instead."
+            )
         sharding = plan[table.name]
         if table.kind == "hash":
             groups.append(_hash_group(table, sharding, rank, gang_size, seed, device, stores))
             continue
         if gang_size == 1 or sharding.placement == "replicated":
-            key: Hashable = (table.dim, table.optimizer, table.storage)
+            key: Hashable = (table.dim, table.optimizer, table.storage, table.dtype)
         else:
             key = table.name
         members.setdefault(key, []).append(table)
@@ -206,13 +226,13 @@ def build_groups(
                 )
             groups.append(_tiered_group(group_tables, plan, ranges, offsets, seed, device, stores))
             continue
-        weight = empty_on_huge_pages((sum(sizes), group_tables[0].dim), device)
+        weight = empty_on_huge_pages((sum(sizes), group_tables[0].dim), device, group_tables[0].torch_dtype)
         shards = []
         for table, (start, end), offset in zip(group_tables, ranges, offsets):
             shard_weight = weight[offset : offset + end - start]
             shard_weight.copy_(init_rows(table, start, end, seed, device))
             shards.append(TableShard(table, plan[table.name], start, end, shard_weight))
-        groups.append(ShardGroup(shards, offsets, weight))
+        groups.append(ShardGroup(shards, offsets, weight, seed=seed))
     return groups
 
 
@@ -269,22 +289,24 @@ def _hash_group(
         group.dynamic = group.shards[0].dynamic = DynamicRows(table, end - start, seed, rank, gang_size, device)
         group.dynamic.default_row = group.tier.zero_place
         return group
-    weight = empty_on_huge_pages((end - start + 1, table.dim), device)
+    weight = empty_on_huge_pages((end - start + 1, table.dim), device, table.torch_dtype)
     weight.zero_()
     dynamic = DynamicRows(table, end - start, seed, rank, gang_size, device)
     shard = TableShard(table, sharding, start, end, weight[: end - start], dynamic=dynamic)
-    return ShardGroup([shard], [0], weight, dynamic=dynamic)
+    return ShardGroup([shard], [0], weight, dynamic=dynamic, seed=seed)
 
 
-def empty_on_huge_pages(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-    """An uninitialised float32 tensor, backed by 2 MiB pages where Linux allows it.
+def empty_on_huge_pages(
+    shape: tuple[int, int], device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """An uninitialised tensor, backed by 2 MiB pages where Linux allows it.
 
     The fused update touches rows scattered over the whole table: with 4 KiB pages nearly every
     row misses the TLB, which cost a fifth of the update of a 1,000,000 x 64 table. Linux
     backs a range with huge pages on first touch when asked (transparent huge pages enabled as
     ``madvise`` or ``always``); elsewhere, or on failure, the memory keeps its small pages.
     """
-    tensor = torch.empty(shape, dtype=torch.float32, device=device)
+    tensor = torch.empty(shape, dtype=dtype, device=device)
     if device.type == "cpu" and sys.platform == "linux":
         start = -(-tensor.data_ptr() // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
         end = (tensor.data_ptr() + tensor.nbytes) // _HUGE_PAGE_BYTES * _HUGE_PAGE_BYTES
@@ -309,6 +331,8 @@ def init_rows(
     hash tables' rule, :func:`embedding.id_hashing.init_rows_by_key`): a row starts from the same
     values whichever rank, range or storage tier holds it, and a tier that keeps its rows on disk
     initialises a row when first touched, so that creating a table costs no time.
+
+    The values are float32: a table of another dtype rounds them to nearest as it stores them.
     """
     weight = torch.empty((row_end - row_start, config.dim), dtype=torch.float32)
     rows = torch.arange(row_end - row_start, dtype=torch.int64).numpy()

@@ -57,8 +57,19 @@ def load_shard_states(shards: Iterable[TableShard], pieces: Sequence[Mapping[str
                     tensor[whole] = shard.state_fill[key]
             rows, source = saved_rows_in_range(saved, start, end)
             target = (rows - shard.row_start).to(shard.weight.device)
-            shard.weight[target] = saved["weight"][source].to(shard.weight.device)
+            shard.weight[target] = saved["weight"][source].to(shard.weight.device, shard.weight.dtype)
             _copy_optimizer_state(shard, saved["optimizer_state"], target, source)
+
+
+def dtype_changes(tables: Iterable[EmbeddingTableConfig], pieces: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``'name' float32 -> float16`` for each of ``tables`` whose rows ``pieces`` hold in another dtype: a change of a
+    table's ``dtype`` between a save and a load, which converts the rows (rounding them to nearest)."""
+    changes = []
+    for table in tables:
+        saved = next((piece["tables"][table.name] for piece in pieces if table.name in piece["tables"]), None)
+        if saved is not None and saved["weight"].dtype != table.torch_dtype:
+            changes.append(f"'{table.name}' {str(saved['weight'].dtype).removeprefix('torch.')} -> {table.dtype}")
+    return changes
 
 
 def overlapping_pieces(

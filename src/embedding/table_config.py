@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+import torch
+
 from embedding.hash_index import HashPolicy
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.tiers.storage_config import TableStorage
@@ -25,6 +27,16 @@ every row on every rank (data-parallel)."""
 
 PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 
+TableDtype = Literal["float32", "float16", "bfloat16"]
+"""How a table stores its rows: a step computes in float32 and rounds a half-precision row stochastically when
+it writes it back (:mod:`embedding.kernels.rounding`); lookups pool in float32."""
+
+TABLE_DTYPES: dict[TableDtype, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
 TableKind = Literal["fixed", "hash"]
 """``fixed``: ids are rows, in ``[0, num_rows)``; ``hash``: any int64 id gets a row of its own, out of
 ``num_rows`` (the capacity), when admitted (see :mod:`embedding.hash_index`)."""
@@ -36,7 +48,7 @@ class EmbeddingConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EmbeddingTableConfig:
-    """One embedding table of ``num_rows`` x ``dim`` float32 rows.
+    """One embedding table of ``num_rows`` x ``dim`` rows, stored in ``dtype``.
 
     ``features`` names the sparse features that look the table up; several features may share
     one table (the DLRM layout), each still getting its own output. ``init_scale`` is the bound
@@ -44,7 +56,8 @@ class EmbeddingTableConfig:
     ``sqrt(1 / num_rows)``, torchrec's default bound. ``optimizer`` overrides the sparse
     optimizer of the collection for this table, ``placement`` the planner's choice. ``storage``
     keeps the rows on the device (the default), or on the host or disk behind a cache of hot rows
-    (:mod:`embedding.tiers`).
+    (:mod:`embedding.tiers`). ``dtype`` halves the bytes of a row in ``float16`` or ``bfloat16`` (on the device
+    only, for now); the optimizer state stays float32.
     """
 
     name: str
@@ -60,6 +73,7 @@ class EmbeddingTableConfig:
     kind: TableKind = "fixed"
     hash_policy: HashPolicy = field(default_factory=HashPolicy)
     storage: TableStorage = field(default_factory=TableStorage)
+    dtype: TableDtype = "float32"
 
     def __post_init__(self) -> None:
         # Configs read from YAML carry lists; a tuple keeps the config hashable and frozen.
@@ -83,6 +97,12 @@ class EmbeddingTableConfig:
         if self.placement is not None:
             _check_choice(self.name, "placement", self.placement, PLACEMENTS)
         _check_choice(self.name, "kind", self.kind, get_args(TableKind))
+        _check_choice(self.name, "dtype", self.dtype, get_args(TableDtype))
+        if self.dtype != "float32" and self.storage.tiered:
+            raise EmbeddingConfigError(
+                f"`dtype` of table '{self.name}' must be float32 for a table stored on {self.storage.tier} (only "
+                f"tables on the device store half-precision rows yet), but is {self.dtype} instead."
+            )
         if self.kind == "hash":
             self._check_hash_table()
         if self.init_scale is not None and self.init_scale < 0.0:
@@ -118,8 +138,18 @@ class EmbeddingTableConfig:
         return self.init_scale if self.init_scale is not None else (1.0 / self.num_rows) ** 0.5
 
     @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of the rows."""
+        return TABLE_DTYPES[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        """The bytes of one row (its optimizer state aside)."""
+        return self.dim * self.torch_dtype.itemsize
+
+    @property
     def num_bytes(self) -> int:
-        return self.num_rows * self.dim * 4
+        return self.num_rows * self.row_bytes
 
 
 def check_tables(tables: Sequence[EmbeddingTableConfig]) -> None:

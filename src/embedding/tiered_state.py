@@ -91,7 +91,7 @@ def load_tiered_group(group: ShardGroup, pieces: Sequence[Mapping[str, Any]]) ->
             records = np.empty((rows.numel(), store.width), dtype=np.float32)
             buffer_rows = (rows - shard.row_start + offset).numpy()
             tier.fresh(buffer_rows, records)  # the state of a piece saved without an optimizer stays fresh
-            records[:, : tier.dim] = saved["weight"][index].numpy()
+            records[:, : tier.dim] = saved["weight"][index].float().numpy()  # saved in any dtype
             _copy_saved_state(shard.config.name, records, tier.dim, tier.state_widths, saved["optimizer_state"], index)
             store.write(buffer_rows, records)
 

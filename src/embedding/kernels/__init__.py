@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from embedding.kernels.common import check_ranges, check_step_ranges
+from embedding.kernels.rounding import ROW_DTYPES, RowKeys
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -31,6 +32,7 @@ FusedStep = Callable[
         int,
         float | None,
         SortedIds | None,
+        RowKeys | None,
     ],
     None,
 ]
@@ -48,6 +50,7 @@ def fused_step(
     lr: float | None = None,
     backend: str | None = None,
     sorted_ids: SortedIds | None = None,
+    row_keys: RowKeys | None = None,
 ) -> None:
     """Apply one lazy optimizer step, in place, to the rows of ``weight`` that ``ids`` touches.
 
@@ -60,6 +63,10 @@ def fused_step(
     LR scheduler can drive it. ``backend`` defaults to ``cuda`` for CUDA tensors, else ``cpu``.
     ``sorted_ids``: ``ids`` sorted already (see :class:`SortedIds`); the CPU kernel takes them in place
     of a sort of its own, after checking, as it reads them, that they sort ``ids``; the others sort anyway.
+
+    ``weight`` may be float16 or bfloat16: each touched row is computed in float32 and rounded stochastically as it
+    is written back, with random bits keyed by ``row_keys`` (default: the buffer's rows, as rows of one table of
+    salt 0) and ``step`` (see :mod:`embedding.kernels.rounding`). The state and the gradients stay float32.
 
     :raises SparseOptimizerError: if a shape, dtype, device, id or ``step`` is invalid.
     """
@@ -75,7 +82,9 @@ def fused_step(
     if sorted_ids is not None:
         _check_sorted_ids(sorted_ids, ids)
 
-    step_fn(config, weight, state, ids, pieces, grad_index, grad_scale, step, lr, sorted_ids)
+    if row_keys is None and weight.dtype != torch.float32:
+        row_keys = RowKeys.of_buffer(weight.size(0))
+    step_fn(config, weight, state, ids, pieces, grad_index, grad_scale, step, lr, sorted_ids, row_keys)
 
 
 def _backend_step(backend: str) -> FusedStep:
@@ -109,7 +118,11 @@ def check_step_inputs(
     """Raise :class:`SparseOptimizerError` on any input that would make a kernel read or write
     out of bounds, or compute with the wrong types; with ``ranges=False``, but for the values of
     ``ids`` and ``grad_index`` (which a caller then checks with :func:`check_ranges`)."""
-    _check_tensor("weight", weight, dim=2, dtype=torch.float32, device=weight.device)
+    if weight.dtype not in ROW_DTYPES:
+        raise SparseOptimizerError(
+            f"`weight` must be of dtype {', '.join(map(str, ROW_DTYPES))}, but is {weight.dtype} instead."
+        )
+    _check_tensor("weight", weight, dim=2, dtype=weight.dtype, device=weight.device)
     num_rows, dim = weight.shape
     if dim == 0:
         raise SparseOptimizerError("`weight` must have at least one column, but has none.")
@@ -192,4 +205,4 @@ def _check_sorted_ids(sorted_ids: SortedIds, ids: torch.Tensor) -> None:
             )
 
 
-__all__ = ["BACKENDS", "FusedStep", "SortedIds", "check_ranges", "check_step_inputs", "fused_step"]
+__all__ = ["BACKENDS", "FusedStep", "RowKeys", "SortedIds", "check_ranges", "check_step_inputs", "fused_step"]

@@ -25,7 +25,7 @@ def state_tensors(
 
 def touch_counts(spec: SparseOptimizerSpec, state: dict[str, torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
     """The rows' touch counts if the optimizer keeps them, else an empty tensor the kernel never reads."""
-    return state[TOUCHES.name] if spec.counts_touches else weight.new_empty(0)
+    return state[TOUCHES.name] if spec.counts_touches else weight.new_empty(0, dtype=torch.float32)
 
 
 def step_factors(

@@ -34,13 +34,27 @@ import numba
 import numpy as np
 import numpy.typing as npt
 import torch
-from llvmlite import ir
-from numba import carray, njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba import carray, njit, prange
 
 from embedding import compiled_source
 from embedding.kernels.common import check_step_ranges, gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.prefetch import (
+    float32_pointer,
+    prefetch_address,
+    prefetch_for_read,
+    prefetch_row_for_write,
+    prefetch_rows_for_write,
+)
+from embedding.kernels.rounding import (
+    FLOAT32,
+    RowKeys,
+    element_random,
+    kind_of,
+    round_stochastically,
+    row_key,
+    row_random_base,
+    widen,
+)
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.optimizer_spec import UpdateFunction
@@ -61,10 +75,13 @@ _CHUNKS_PER_THREAD = 8
 _ROW_PREFETCH_DISTANCE = 8
 _OCCURRENCE_PREFETCH_DISTANCE = 32
 
-# Floats per 64-byte cache line: a row is prefetched one line at a time.
-_FLOATS_PER_CACHE_LINE = 16
-
 _NO_GRAD_SCALE: npt.NDArray[np.float32] = np.empty(0, dtype=np.float32)
+
+# What the kernel takes in place of the arrays a table's dtype does not use.
+_NO_FLOATS: npt.NDArray[np.float32] = np.empty((0, 0), dtype=np.float32)
+_NO_BITS: npt.NDArray[np.uint16] = np.empty((0, 0), dtype=np.uint16)
+_NO_SLOT_IDS: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+_NO_KEYS = RowKeys(np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
 def fused_step(
@@ -78,9 +95,12 @@ def fused_step(
     step: int,
     lr: float | None = None,
     sorted_ids: SortedIds | None = None,
+    row_keys: RowKeys | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
-    :func:`embedding.kernels.fused_step`); ``sorted_ids``, the ids sorted ahead, spare the sort."""
+    :func:`embedding.kernels.fused_step`); ``sorted_ids``, the ids sorted ahead, spare the sort. A half-precision
+    ``weight`` is read and written as its bits, its rows rounded stochastically with random bits keyed by
+    ``row_keys``."""
     if weight.device.type != "cpu":
         raise SparseOptimizerError(f"`weight` must be on the CPU, but is on {weight.device} instead.")
     if ids.numel() == 0:
@@ -93,9 +113,20 @@ def fused_step(
 
     row_states, element_states = state_tensors(spec, state)
     per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
-    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch)
+    rows_kind = kind_of(weight.dtype)
+    kernel = _step_kernel(spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch, rows_kind)
+    if rows_kind == FLOAT32:
+        weight_floats, weight_bits, keys = _as_numpy(weight), _NO_BITS, _NO_KEYS
+    else:
+        assert row_keys is not None, "fused_step gives a half-precision table its keys."
+        weight_floats, weight_bits, keys = _NO_FLOATS, _as_numpy(weight.view(torch.int16)).view(np.uint16), row_keys
+    slot_ids = _NO_SLOT_IDS if keys.slot_ids is None else keys.slot_ids
     misplaced, out_of_range = kernel(
-        _as_numpy(weight),
+        weight_floats,
+        weight_bits,
+        weight.size(0),
+        weight.size(1),
+        (keys.salts, keys.ends, keys.bases, slot_ids, np.int64(step)),
         tuple(_as_numpy(tensor) for tensor in row_states),
         tuple(_as_numpy(tensor) for tensor in element_states),
         _as_numpy(touch_counts(spec, state, weight)),
@@ -177,7 +208,7 @@ def _sum_by_id(  # type: ignore[no-untyped-def]
             ids[distinct] = keys[position]
             sums[distinct, :] = 0
         occurrence = order[position]
-        source = carray(_float32_pointer(grad_row_addresses[grad_index[occurrence]]), sums.shape[1])
+        source = carray(float32_pointer(grad_row_addresses[grad_index[occurrence]]), sums.shape[1])
         scale = grad_scale[occurrence] if has_grad_scale else np.float32(1)
         for d in range(sums.shape[1]):
             sums[distinct, d] += scale * source[d]
@@ -214,19 +245,31 @@ def _step_kernel(
     update_row: UpdateFunction | None,
     weight_decay: UpdateFunction,
     decay_per_touch: Callable[[Any, Any], Any] | None,
+    rows_kind: int = FLOAT32,
 ) -> Callable[..., tuple[int, bool]]:
     """The fused step compiled around one optimizer's update functions (see
-    :class:`embedding.optimizers.SparseOptimizerSpec`), once per process; numba's cache keeps
-    it between processes, keyed by the functions the kernel captures."""
+    :class:`embedding.optimizers.SparseOptimizerSpec`) and the rows' dtype (``rows_kind``, see
+    :mod:`embedding.kernels.rounding`), once per process; numba's cache keeps it between processes, keyed by the
+    functions the kernel captures.
+
+    A half-precision row is widened into a float32 row of the thread's own, updated there and rounded back, so
+    that the update reads the same code whatever the dtype; with float32 rows the branches fold away."""
     has_row_step = update_row is not None
+    low_precision = rows_kind != FLOAT32
     counts_touches = decay_per_touch is not None  # Like has_row_step, compiled in: no branch without counts.
     # numba checks only this file for changes to the cached kernel: a digest of the files that
     # define the functions it compiles in, captured too, makes an edited optimizer compile anew.
-    source_digest = compiled_source.source_digest(update_element, update_row, weight_decay, decay_per_touch, gather)
+    source_digest = compiled_source.source_digest(
+        update_element, update_row, weight_decay, decay_per_touch, gather, round_stochastically
+    )
 
     @njit(parallel=True, cache=True, fastmath=False)
     def fused_step_kernel(  # type: ignore[no-untyped-def]
         weight,
+        weight_bits,
+        num_rows,
+        dim,
+        rounding,
         row_states,
         element_states,
         touches,
@@ -249,7 +292,7 @@ def _step_kernel(
         before it writes anything)."""
         source_digest  # noqa: B018 (named, so that the kernel captures it)
         grad_row_addresses = _row_addresses(piece_addresses, piece_row_strides, piece_rows)
-        dim = weight.shape[1]
+        key_salts, key_ends, key_bases, slot_ids, step = rounding
 
         # Each occurrence's gradient row address and scale, in sorted order; whether the sort, which
         # may come from elsewhere, sorts the ids (a row that ``ids`` does not hold could lie outside
@@ -266,8 +309,8 @@ def _step_kernel(
                 # The order scatters the reads of ids and gradient indices: prefetched, the pass took half the time.
                 if position + _OCCURRENCE_PREFETCH_DISTANCE < end:
                     coming = order[position + _OCCURRENCE_PREFETCH_DISTANCE]  # checked when its turn comes
-                    _prefetch_for_read(ids, (coming,))
-                    _prefetch_for_read(grad_index, (coming,))
+                    prefetch_for_read(ids, (coming,))
+                    prefetch_for_read(grad_index, (coming,))
                 occurrence = order[position]
                 if (
                     occurrence < 0
@@ -290,7 +333,7 @@ def _step_kernel(
                 sorted_addresses[position] = grad_row_addresses[index]
                 if has_grad_scale:
                     sorted_scales[position] = grad_scale[occurrence]
-        out_of_range = bad_indices > 0 or sorted_ids[0] < 0 or sorted_ids[num_occurrences - 1] >= weight.shape[0]
+        out_of_range = bad_indices > 0 or sorted_ids[0] < 0 or sorted_ids[num_occurrences - 1] >= num_rows
         if misplaced or out_of_range:
             return misplaced, out_of_range
         segment_starts = _segment_starts(sorted_ids)
@@ -298,18 +341,29 @@ def _step_kernel(
 
         for chunk in prange(num_chunks):
             grad = np.empty(dim, dtype=np.float32)
+            widened = np.empty((1, dim) if low_precision else (0, 0), dtype=np.float32)
+            widened_bits = widened.view(np.uint32)
             first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
             end_position = segment_starts[end_segment]
             for segment in range(first_segment, end_segment):
                 if segment + _ROW_PREFETCH_DISTANCE < end_segment:
                     coming_row = np.intp(sorted_ids[segment_starts[segment + _ROW_PREFETCH_DISTANCE]])
-                    _prefetch_row_for_write(weight, coming_row)
-                    _prefetch_rows_for_write(row_states, coming_row)
-                    _prefetch_rows_for_write(element_states, coming_row)
+                    if low_precision:
+                        prefetch_row_for_write(weight_bits, coming_row)
+                    else:
+                        prefetch_row_for_write(weight, coming_row)
+                    prefetch_rows_for_write(row_states, coming_row)
+                    prefetch_rows_for_write(element_states, coming_row)
 
                 begin, end = segment_starts[segment], segment_starts[segment + 1]
                 row = np.intp(sorted_ids[begin])
                 _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
+                if low_precision:  # the row's float32 values, updated in ``rows[at]``
+                    for d in range(dim):
+                        widened_bits[0, d] = widen(weight_bits[row, d], rows_kind)
+                    rows, at = widened, np.intp(0)
+                else:
+                    rows, at = weight, row
 
                 row_decay = decay
                 if counts_touches:
@@ -321,7 +375,7 @@ def _step_kernel(
                 if has_row_step:  # It takes the whole row's gradient, decayed first.
                     if decays:
                         for d in range(dim):
-                            weight[row, d], grad[d] = weight_decay(weight[row, d], grad[d], row_decay)
+                            rows[at, d], grad[d] = weight_decay(rows[at, d], grad[d], row_decay)
                     squared = np.float32(0)
                     for d in range(dim):
                         squared += grad[d] * grad[d]
@@ -329,14 +383,20 @@ def _step_kernel(
                     row_values, multiplier = update_row(row_values, squared / np.float32(dim), factors)  # type: ignore[misc]
                     scatter(row_states, (row,), row_values)
                 for d in range(dim):
-                    new_weight, new_grad = weight[row, d], grad[d]
+                    new_weight, new_grad = rows[at, d], grad[d]
                     if decays and not has_row_step:
                         new_weight, new_grad = weight_decay(new_weight, new_grad, row_decay)
                     element_values = gather(element_states, (row, d))
-                    weight[row, d], element_values = update_element(
+                    rows[at, d], element_values = update_element(
                         new_weight, new_grad, multiplier, element_values, factors
                     )
                     scatter(element_states, (row, d), element_values)
+                if low_precision:
+                    salt, key = row_key(row, key_ends, key_bases, key_salts, slot_ids)
+                    base = row_random_base(salt, step, key)
+                    for d in range(dim):
+                        random = element_random(base, d)
+                        weight_bits[row, d] = round_stochastically(widened_bits[0, d], random, rows_kind)
         return 0, False
 
     return fused_step_kernel  # type: ignore[no-any-return]
@@ -395,8 +455,8 @@ def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scale
         if position + _OCCURRENCE_PREFETCH_DISTANCE < end_position:
             coming = sorted_addresses[position + _OCCURRENCE_PREFETCH_DISTANCE]
             for offset in range(0, grad.size * 4, 64):  # Every 64-byte cache line of a float32 row.
-                _prefetch_address(coming + offset)
-        source = carray(_float32_pointer(sorted_addresses[position]), grad.size)
+                prefetch_address(coming + offset)
+        source = carray(float32_pointer(sorted_addresses[position]), grad.size)
         if has_grad_scale:
             scale = sorted_scales[position]
             for d in range(grad.size):
@@ -404,86 +464,3 @@ def _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scale
         else:
             for d in range(grad.size):
                 grad[d] += source[d]
-
-
-@njit(cache=True, inline="always")
-def _prefetch_row_for_write(matrix, row):  # type: ignore[no-untyped-def]
-    """Prefetch every cache line of ``matrix[row]``."""
-    for column in range(0, matrix.shape[1], _FLOATS_PER_CACHE_LINE):
-        _prefetch_for_write(matrix, (row, column))
-
-
-@njit(cache=True, inline="always")
-def _prefetch_value_for_write(vector, row):  # type: ignore[no-untyped-def]
-    """Prefetch the cache line of ``vector[row]``."""
-    _prefetch_for_write(vector, (row,))
-
-
-def _prefetch_rows_for_write(states: tuple[Any, ...], row: Any) -> None:
-    """Prefetch row ``row`` of every array of ``states``, per-row or per-element; compiled only
-    (a prefetch is a hint: in Python, where nothing would use it, this does nothing)."""
-
-
-@overload(_prefetch_rows_for_write, inline="always")
-def _compiled_prefetch_rows_for_write(states, row):  # type: ignore[no-untyped-def]
-    if len(states) == 0:
-        return lambda states, row: None
-    prefetch_first = _prefetch_row_for_write if states[0].ndim == 2 else _prefetch_value_for_write
-
-    def prefetch_first_then_rest(states, row):  # type: ignore[no-untyped-def]
-        prefetch_first(states[0], row)
-        _prefetch_rows_for_write(states[1:], row)
-
-    return prefetch_first_then_rest
-
-
-def _call_prefetch(builder: Any, byte_pointer: Any, for_write: bool) -> None:
-    """Emit LLVM's prefetch of the cache line at ``byte_pointer`` (an ``i8*``): read (0) or
-    write (1), locality 3 (keep in every cache level), data cache (1)."""
-    int32 = ir.IntType(32)
-    prefetch_type = ir.FunctionType(ir.VoidType(), [byte_pointer.type, int32, int32, int32])
-    prefetch_function = cgutils.get_or_insert_function(builder.module, prefetch_type, "llvm.prefetch.p0")
-    builder.call(prefetch_function, [byte_pointer, int32(int(for_write)), int32(3), int32(1)])
-
-
-def _element_prefetch(for_write: bool) -> Any:
-    """An intrinsic ``(array, index)``: LLVM's prefetch hint, for writing or reading, of the cache line of
-    ``array[index]``, which numba does not expose. A hint never faults and changes no value."""
-
-    def prefetch(typingctx: Any, array: Any, index: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            array_type, index_type = signature.args
-            array_value = context.make_array(array_type)(context, builder, args[0])
-            indices = cgutils.unpack_tuple(builder, args[1], count=len(index_type))
-            pointer = cgutils.get_item_pointer(context, builder, array_type, array_value, indices)
-            _call_prefetch(builder, builder.bitcast(pointer, ir.IntType(8).as_pointer()), for_write=for_write)
-            return context.get_dummy_value()
-
-        return types.void(array, index), codegen
-
-    return intrinsic(prefetch)
-
-
-_prefetch_for_write = _element_prefetch(for_write=True)
-_prefetch_for_read = _element_prefetch(for_write=False)
-
-
-@intrinsic  # type: ignore[untyped-decorator]
-def _prefetch_address(typingctx: Any, address: Any) -> Any:
-    """LLVM's prefetch hint, for reading, of the cache line at an address (an int64)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        _call_prefetch(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), for_write=False)
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
-
-
-@intrinsic  # type: ignore[untyped-decorator]
-def _float32_pointer(typingctx: Any, address: Any) -> Any:
-    """The float32 pointer at an address (an int64), for ``carray`` to view a gradient row."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
-
-    return types.CPointer(types.float32)(types.int64), codegen

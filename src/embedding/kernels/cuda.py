@@ -31,12 +31,14 @@ import functools
 from collections.abc import Sequence
 
 import numba
+import numpy as np
 import torch
 from numba import cuda
 
 from embedding.kernels import cuda_kernels
 from embedding.kernels.common import check_ranges, concatenated, state_tensors, step_bounds, step_factors, touch_counts
 from embedding.kernels.cuda_kernels import CHUNK
+from embedding.kernels.rounding import FLOAT32, RowKeys, kind_of
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -66,9 +68,11 @@ def fused_step(
     step: int,
     lr: float | None = None,
     sorted_ids: SortedIds | None = None,
+    row_keys: RowKeys | None = None,
 ) -> None:
     """Update, in place, the rows of ``weight`` and ``state`` that ``ids`` touches (see
-    :func:`embedding.kernels.fused_step`). ``sorted_ids`` is not read: the ids are sorted on the device.
+    :func:`embedding.kernels.fused_step`). ``sorted_ids`` is not read: the ids are sorted on the device. A
+    half-precision ``weight``'s rows round stochastically, keyed by ``row_keys``.
 
     :raises SparseOptimizerError: if an id or gradient index is out of range (nothing is updated then).
     """
@@ -88,18 +92,19 @@ def fused_step(
     lanes = min(_WARP, 1 << (dim - 1).bit_length())  # a power of two: groups never straddle a warp
     row_states, element_states = state_tensors(spec, state)
     per_touch = spec.weight_decay.per_touch if spec.counts_touches else None
+    rows_kind = kind_of(weight.dtype)
     units_kernel, long_rows_kernel = cuda_kernels.compiled(
-        spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch, -(-dim // lanes)
+        spec.update_element, spec.update_row, spec.weight_decay.apply, per_touch, -(-dim // lanes), rows_kind
     )
     tables = (
-        kept_device_array(weight),
+        kept_device_array(weight) if rows_kind == FLOAT32 else _bits_array(weight),
         tuple(kept_device_array(tensor) for tensor in row_states),
         tuple(kept_device_array(tensor) for tensor in element_states),
         kept_device_array(touch_counts(spec, state, weight)),
         *space.views("keys", "partial_sums", "long_rows", "num_long_rows"),
         num_ids,
     )
-    factors = step_factors(spec, config, step, config.lr if lr is None else lr)
+    step_arguments = (*step_factors(spec, config, step, config.lr if lr is None else lr), *_rounding(row_keys, weight))
 
     groups = THREADS_PER_BLOCK // lanes
     blocks = min(-(-num_ids // groups), BLOCKS_PER_MULTIPROCESSOR * _multiprocessors(weight.device))
@@ -111,16 +116,49 @@ def fused_step(
         as_device_array(rows),
         space.views("bounds")[0],
         lanes,
-        *factors,
+        *step_arguments,
+        np.int64(step),
     )
     columns = min(dim, LONG_ROW_THREADS)
     slices = min(LONG_ROW_SLICES, LONG_ROW_THREADS // columns)
-    shared = 4 * (slices * dim + columns + 1)
-    long_rows_kernel[_multiprocessors(weight.device), columns * slices, stream, shared](*tables, columns, *factors)
+    shared = 4 * (slices * dim + columns + 1 + dim)
+    long_rows_kernel[_multiprocessors(weight.device), columns * slices, stream, shared](
+        *tables, columns, *step_arguments, np.int64(step)
+    )
 
     # The one wait of the step: the kernels have read the same bounds and done nothing if they are bad.
     id_low, id_high, index_low, index_high = space.bounds.tolist()
     check_ranges(id_low, id_high, index_low, index_high, num_rows, rows.size(0))
+
+
+def _bits_array(weight: torch.Tensor) -> object:
+    """A half-precision table as its bits (uint16), which the kernels widen and round themselves."""
+    if weight.is_cuda:
+        return kept_device_array(weight.view(torch.int16)).view(np.uint16)  # type: ignore[attr-defined]
+    return weight.detach().view(torch.int16).numpy().view(np.uint16)
+
+
+def _rounding(row_keys: RowKeys | None, weight: torch.Tensor) -> tuple[object, ...]:
+    """The kernels' arguments that key a half-precision row's rounding (but the step): salts, ends, bases and slot
+    ids (empty for a fixed table); for float32 rows, one table's, which no kernel reads. On a GPU, a buffer's keys
+    are copied to the device once (a copy from the host would wait), a hash table's slot ids every step."""
+    keys = row_keys if row_keys is not None else RowKeys.of_buffer(weight.size(0))
+    if not weight.is_cuda:
+        return (keys.salts, keys.ends, keys.bases, _NO_SLOT_IDS if keys.slot_ids is None else keys.slot_ids)
+    shards = _device_keys(weight.device, keys.salts.tobytes(), keys.ends.tobytes(), keys.bases.tobytes())
+    slot_ids = _device_keys(weight.device, _NO_SLOT_IDS.tobytes())[0] if keys.slot_ids is None else keys.slot_ids
+    return (*shards, cuda.to_device(slot_ids) if isinstance(slot_ids, np.ndarray) else slot_ids)
+
+
+_NO_SLOT_IDS = np.empty(0, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_keys(device: torch.device, *arrays: bytes) -> tuple[object, ...]:
+    """Arrays of keys (their bytes: uint64 salts, int64 ends and bases or slot ids) on ``device``."""
+    dtypes = (np.uint64, np.int64, np.int64) if len(arrays) == 3 else (np.int64,)
+    with torch.cuda.device(device):
+        return tuple(cuda.to_device(np.frombuffer(data, dtype=dtype)) for data, dtype in zip(arrays, dtypes))
 
 
 class _Workspace:

@@ -20,8 +20,13 @@ No atomics touch a sum: every run adds the same numbers in the same order, and g
 bits. A row step (row-wise Adagrad) needs the row's squared gradient: each lane squares its own
 elements and the group adds the lanes' sums by warp shuffles, in a fixed order.
 
+**Half-precision rows.** A float16 or bfloat16 table's rows are read as their bits, widened to float32 in
+registers, and rounded stochastically as they are written (:mod:`embedding.kernels.rounding`), with the random bits
+of each element a function of the step, the row's table and global row, and the element: the CPU kernel's bits.
+
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) has no warp shuffles or warp barriers: there, lanes
-exchange values through shared memory between block barriers, adding in the same order.
+exchange values through shared memory between block barriers, adding in the same order. Nor does it have
+libdevice's bit casts between float32 and int32: there numpy's views stand in for them.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numba
+import numpy as np
 from numba import cuda
+from numba.cuda import libdevice
 
 from embedding.kernels.common import gather, scatter
+from embedding.kernels.rounding import FLOAT32, element_random, round_stochastically, row_key, row_random_base, widen
 from embedding.optimizers.optimizer_spec import UpdateFunction
 
 CHUNK = 256
@@ -74,8 +82,65 @@ def _lanes_synchronized_in_simulator():  # type: ignore[no-untyped-def]
     cuda.syncthreads()
 
 
+@cuda.jit(device=True)
+def _float_of_bits(bits):  # type: ignore[no-untyped-def]
+    """The float32 whose bits are ``bits`` (uint32)."""
+    return libdevice.int_as_float(numba.int32(bits))
+
+
+@cuda.jit(device=True)
+def _bits_of_float(value):  # type: ignore[no-untyped-def]
+    """The bits (uint32) of the float32 ``value``."""
+    return numba.uint32(libdevice.float_as_int(value))
+
+
+def _float_of_bits_in_simulator(bits):  # type: ignore[no-untyped-def]
+    return np.uint32(bits).view(np.float32)
+
+
+def _bits_of_float_in_simulator(value):  # type: ignore[no-untyped-def]
+    return np.float32(value).view(np.uint32)
+
+
 if numba.config.ENABLE_CUDASIM:
     _shuffled, _lanes_synchronized = _shuffled_in_simulator, _lanes_synchronized_in_simulator
+    _float_of_bits, _bits_of_float = _float_of_bits_in_simulator, _bits_of_float_in_simulator
+
+
+# A row's loads and stores, by its dtype: float32 as it is; float16 and bfloat16 (``kind``) as bits, widened on
+# load and rounded stochastically on store with the row's random ``base``, drawn once a row (:func:`_row_base`).
+
+
+@cuda.jit(device=True)
+def _load_float32(weight, row, d, kind):  # type: ignore[no-untyped-def]
+    return weight[row, d]
+
+
+@cuda.jit(device=True)
+def _store_float32(weight, row, d, value, base, kind):  # type: ignore[no-untyped-def]
+    weight[row, d] = value
+
+
+@cuda.jit(device=True)
+def _base_float32(row, salts, ends, bases, slot_ids, step):  # type: ignore[no-untyped-def]
+    return numba.uint64(0)
+
+
+@cuda.jit(device=True)
+def _load_half(weight, row, d, kind):  # type: ignore[no-untyped-def]
+    return _float_of_bits(widen(weight[row, d], kind))
+
+
+@cuda.jit(device=True)
+def _store_half(weight, row, d, value, base, kind):  # type: ignore[no-untyped-def]
+    weight[row, d] = round_stochastically(_bits_of_float(value), element_random(base, d), kind)
+
+
+@cuda.jit(device=True)
+def _base_half(row, salts, ends, bases, slot_ids, step):  # type: ignore[no-untyped-def]
+    salt, key = row_key(row, ends, bases, salts, slot_ids)
+    return row_random_base(salt, step, key)
+
 
 SIMULATOR_SCRATCH_FLOATS_PER_THREAD = 1 if numba.config.ENABLE_CUDASIM else 0
 """The units' kernel's shared memory: the simulator's shuffles go through it."""
@@ -119,11 +184,15 @@ def compiled(
     weight_decay: UpdateFunction,
     decay_per_touch: Callable[[Any, Any], Any] | None,
     elements: int,
+    rows_kind: int = FLOAT32,
 ) -> tuple[Any, Any]:
     """The units' and the long rows' kernels compiled around one optimizer's update functions (see
-    :class:`embedding.optimizers.SparseOptimizerSpec`) and the count of a row's elements each lane
-    owns (so that they fit in registers), once per process and count."""
+    :class:`embedding.optimizers.SparseOptimizerSpec`), the count of a row's elements each lane
+    owns (so that they fit in registers) and the rows' dtype, once per process, count and dtype."""
     has_row_step = update_row is not None
+    half = rows_kind != FLOAT32
+    load, store = (_load_half, _store_half) if half else (_load_float32, _store_float32)
+    row_base = _base_half if half else _base_float32
     counts_touches = decay_per_touch is not None  # Like has_row_step, compiled in: no branch without counts.
 
     @cuda.jit(device=True)
@@ -135,9 +204,10 @@ def compiled(
         return numba.float32(0), decay
 
     @cuda.jit(device=True)
-    def update_at(weight, element_states, row, d, old_weight, grad, multiplier, factors):  # type: ignore[no-untyped-def]
+    def update_at(weight, element_states, row, d, old_weight, grad, multiplier, factors, base):  # type: ignore[no-untyped-def]
         element_values = gather(element_states, (row, d))
-        weight[row, d], element_values = update_element(old_weight, grad, multiplier, element_values, factors)
+        new_weight, element_values = update_element(old_weight, grad, multiplier, element_values, factors)
+        store(weight, row, d, new_weight, base, rows_kind)
         scatter(element_states, (row, d), element_values)
 
     @cuda.jit(device=True)
@@ -167,7 +237,7 @@ def compiled(
     def units_kernel(  # type: ignore[no-untyped-def]
         weight, row_states, element_states, touches, keys, partial_sums, long_rows, num_long_rows, num_ids,
         unit_starts, unit_numbers, sorted_rows, sorted_scales, has_grad_scale, grad_rows, bounds, lanes, decays,
-        decay, factors,
+        decay, factors, salts, ends, bases, slot_ids, step,
     ):  # fmt: skip
         if not _in_bounds(bounds, weight.shape[0], grad_rows.shape[0]):
             return
@@ -197,7 +267,9 @@ def compiled(
             touched, row_decay = row_decay_of(touches, row, decay)
             row_values = gather(row_states, (row,))
             for j in range(elements):
-                weights[j] = weight[row, min(lane + j * lanes, dim - 1)] if updating else numba.float32(0)
+                weights[j] = (
+                    load(weight, row, min(lane + j * lanes, dim - 1), rows_kind) if updating else numba.float32(0)
+                )
                 grad[j] = numba.float32(0)
 
             sum_occurrences(grad, sorted_rows, sorted_scales, has_grad_scale, grad_rows, begin, end, lane, lanes)
@@ -215,10 +287,11 @@ def compiled(
                 row_values, multiplier = update_row(row_values, squared / numba.float32(dim), factors)  # type: ignore[misc]
             _lanes_synchronized()  # Every lane has read the row's state and count before they change.
             if updating:
+                base = row_base(row, salts, ends, bases, slot_ids, step)
                 for j in range(elements):
                     d = lane + j * lanes
                     if d < dim:
-                        update_at(weight, element_states, row, d, weights[j], grad[j], multiplier, factors)
+                        update_at(weight, element_states, row, d, weights[j], grad[j], multiplier, factors, base)
                 if lane == 0:
                     scatter(row_states, (row,), row_values)
                     if counts_touches:
@@ -261,14 +334,16 @@ def compiled(
     @cuda.jit
     def long_rows_kernel(  # type: ignore[no-untyped-def]
         weight, row_states, element_states, touches, keys, partial_sums, long_rows, num_long_rows, num_ids,
-        columns, decays, decay, factors,
+        columns, decays, decay, factors, salts, ends, bases, slot_ids, step,
     ):  # fmt: skip
         shared = cuda.shared.array(0, dtype=numba.float32)
         dim = weight.shape[1]
         slices = cuda.blockDim.x // columns
         piece = cuda.threadIdx.x // columns
         column = cuda.threadIdx.x - piece * columns
-        squares_at, multiplier_at = slices * dim, slices * dim + columns
+        # After the slices' sums: the columns' squares, the multiplier, and the row's weights (decayed), which
+        # stay here until the update writes them once (a half-precision row must be rounded once).
+        squares_at, multiplier_at, weights_at = slices * dim, slices * dim + columns, slices * dim + columns + 1
         for index in range(cuda.blockIdx.x, num_long_rows[0], cuda.gridDim.x):
             boundary = long_rows[index]
             row = numba.int64(keys[boundary * CHUNK])
@@ -283,10 +358,10 @@ def compiled(
                     grad = shared[d]
                     for other in range(1, slices):
                         grad += shared[other * dim + d]
-                    new_weight = weight[row, d]
+                    new_weight = load(weight, row, d, rows_kind)
                     if decays:
                         new_weight, grad = weight_decay(new_weight, grad, row_decay)
-                    weight[row, d] = new_weight
+                    shared[weights_at + d] = new_weight
                     shared[d] = grad
                     squared += grad * grad
                 shared[squares_at + column] = squared
@@ -301,8 +376,10 @@ def compiled(
             cuda.syncthreads()
             if piece == 0:
                 multiplier = shared[multiplier_at] if has_row_step else numba.float32(1)
+                base = row_base(row, salts, ends, bases, slot_ids, step)
                 for d in range(column, dim, columns):
-                    update_at(weight, element_states, row, d, weight[row, d], shared[d], multiplier, factors)
+                    new_weight = shared[weights_at + d]
+                    update_at(weight, element_states, row, d, new_weight, shared[d], multiplier, factors, base)
                 if counts_touches and cuda.threadIdx.x == 0:
                     touches[row] = touched
             cuda.syncthreads()  # The next row's sums may take the shared memory.

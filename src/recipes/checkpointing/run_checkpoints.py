@@ -16,6 +16,7 @@ import fsspec
 import torch
 
 from checkpoint import CheckpointManager, CheckpointMetadata, CheckpointPolicy, LoadedCheckpoint
+from embedding import TABLE_DTYPES
 from gang import FakeGang, Gangs
 from recipes.checkpointing.deltas import rank_state
 from recipes.checkpointing.left_out import WHY, SaveFilter, check_left_out, fill_for_resume, forget_optimizer_state
@@ -216,12 +217,23 @@ def _refuse_a_flipped_direction(saved: bool | None, configured: bool | None, ste
         )
 
 
+_TABLE_DTYPES = (None, *TABLE_DTYPES)
+"""The values of a sparse table's ``dtype`` key (``None``: a per-table key that takes its section's)."""
+
+
 def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Keys whose values differ, other than those a resumed run may change."""
+    """Keys whose values differ, other than those a resumed run may change: besides ``RESUMABLE_CHANGES``, the dtype of
+    sparse tables' rows (a ``dtype`` key from one table dtype to another), which loading converts and states."""
     # Sorted keys everywhere, so that a list of groups saved as JSON compares equal to the same groups now.
     old, new = (flatten(json.loads(json.dumps(config, sort_keys=True))) for config in (saved, current))
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k) != new.get(k) and not k.startswith(RESUMABLE_CHANGES)]
+    return [
+        k
+        for k in keys
+        if old.get(k) != new.get(k)
+        and not k.startswith(RESUMABLE_CHANGES)
+        and not (k.rpartition(".")[2] == "dtype" and old.get(k) in _TABLE_DTYPES and new.get(k) in _TABLE_DTYPES)
+    ]
 
 
 def resume(trainer: Trainer[Any], loaded: LoadedCheckpoint, gangs: Gangs) -> None:

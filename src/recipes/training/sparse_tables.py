@@ -214,11 +214,12 @@ def report_sparse_tables(collections: Mapping[str, ShardedEmbeddingCollection]) 
 
 def _layout(table: EmbeddingTableConfig, collection: ShardedEmbeddingCollection) -> str:
     ranks = f"{collection.gang.size} rank(s)"
+    dim = f"{table.dim}" if table.dtype == "float32" else f"{table.dim} {table.dtype}"  # float32 goes without saying
     if table.kind == "fixed":
-        return f"{table.num_rows:,} rows x {table.dim}, {collection.plan[table.name].placement} over {ranks}"
+        return f"{table.num_rows:,} rows x {dim}, {collection.plan[table.name].placement} over {ranks}"
     policy = table.hash_policy
     return (
-        f"hash table of {table.num_rows:,} rows x {table.dim} (min_count {policy.min_count}, admit_probability "
+        f"hash table of {table.num_rows:,} rows x {dim} (min_count {policy.min_count}, admit_probability "
         f"{policy.admit_probability:g}, eviction {policy.eviction}), sharded by id over {ranks}"
     )
 

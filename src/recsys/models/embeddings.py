@@ -27,6 +27,7 @@ from embedding import (
     SparseFeatures,
     SparseOptimizerConfig,
     StorageTier,
+    TableDtype,
     TableStorage,
     init_rows,
 )
@@ -66,12 +67,14 @@ class CacheSection:
 
 @dataclass
 class TableStorageSection:
-    """Where one table's rows live, over the section's ``storage`` and ``cache``."""
+    """Where one table's rows live and in what dtype, over the section's ``storage``, ``cache`` and ``dtype``."""
 
     storage: StorageTier | None = None
     """``device``, ``host`` or ``disk`` for this table; null: the section's ``storage``."""
     cache: CacheSection | None = None
     """This table's cache; null: the section's ``cache``."""
+    dtype: TableDtype | None = None
+    """``float32``, ``float16`` or ``bfloat16`` for this table's rows; null: the section's ``dtype``."""
 
 
 @dataclass
@@ -91,8 +94,14 @@ class EmbeddingSection:
     train to the same values on every tier."""
     cache: CacheSection = field(default_factory=CacheSection)
     """The cache of hot rows of the tables on ``host`` or ``disk``."""
+    dtype: TableDtype = "float32"
+    """The dtype of the sparse tables' rows: ``float16`` or ``bfloat16`` halve their bytes. A step computes in
+    float32 and rounds a row stochastically as it writes it back (random bits from the seed, step, row and element:
+    a resumed run, or one on another number of ranks, rounds alike); lookups pool in float32 and the optimizer
+    state stays float32. Tables on ``host`` or ``disk`` are float32 only, for now. A checkpoint keeps its tables'
+    dtype; resuming it with another converts the rows, and the run says so."""
     tables: dict[str, TableStorageSection] = field(default_factory=dict)
-    """Per table by name: its own ``storage`` and ``cache`` (``{item_id: {storage: disk}}``)."""
+    """Per table by name: its own ``storage``, ``cache`` and ``dtype`` (``{item_id: {storage: disk}}``)."""
     storage_dir: str | None = None
     """The local directory of the tables' disk stores (a folder per rank); null: ``table_stores`` in the run's
     output directory. ``eval`` and ``predict`` keep theirs in a temporary directory."""
@@ -193,6 +202,12 @@ def build_embeddings(
                 f"`embeddings.backend` must be sparse for a table stored off the device, but is dense (table "
                 f"'{tiered[0]}' is stored on {table_storage(section, tiered[0].removeprefix(prefix)).tier})."
             )
+        halved = [t.name for t in tables if table_dtype(section, t.name.removeprefix(prefix)) != "float32"]
+        if halved:
+            raise ConfigError(
+                f"`embeddings.backend` must be sparse for a table of half-precision rows, but is dense (table "
+                f"'{halved[0]}' is of {table_dtype(section, halved[0].removeprefix(prefix))})."
+            )
         return DenseEmbeddingBags(tables, dim, seed, init_scale=init_scale).to(gang.device)
     placement = None if section.placement == "auto" else section.placement
     configs = [
@@ -207,6 +222,7 @@ def build_embeddings(
             kind=section.kind,
             hash_policy=section.hash.to_policy(),
             storage=table_storage(section, t.name.removeprefix(prefix)),
+            dtype=table_dtype(section, t.name.removeprefix(prefix)),
         )
         for t in tables
     ]
@@ -221,6 +237,12 @@ def table_storage(section: EmbeddingSection, table: str) -> TableStorage:
     cache = own.cache if own.cache is not None else section.cache
     tier = own.storage if own.storage is not None else section.storage
     return TableStorage(tier, cache_rows=cache.rows, cache_bytes=cache.bytes, eviction=cache.eviction)
+
+
+def table_dtype(section: EmbeddingSection, table: str) -> TableDtype:
+    """The dtype of ``table``'s rows: its own entry of ``section.tables`` over the section's."""
+    own = section.tables.get(table, TableStorageSection()).dtype
+    return own if own is not None else section.dtype
 
 
 def _check_table_names(section: EmbeddingSection, tables: Sequence[TableSpec]) -> None:

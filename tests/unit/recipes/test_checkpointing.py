@@ -45,6 +45,16 @@ def test_how_the_host_runs_a_step_is_not_a_changed_key() -> None:
     assert changed_keys(saved, changed) == ["trainer.nan_policy"]
 
 
+def test_the_dtype_of_sparse_tables_rows_is_not_a_changed_key() -> None:
+    """Loading converts the rows (and says so: ``embedding.collection``), as it moves them to another device."""
+    saved = {"model": {"embeddings": {"dtype": "float32", "tables": {}}, "dtype": "float32"}}
+    changed = {
+        "model": {"embeddings": {"dtype": "float16", "tables": {"item": {"dtype": "bfloat16"}}}, "dtype": "int8"}
+    }
+
+    assert changed_keys(saved, changed) == ["model.dtype"]
+
+
 def resolved(*overrides: str) -> RecipeConfig:
     return resolve_job(JobSpec("ctr_tiny", overrides=list(overrides))).config
 
