@@ -26,11 +26,19 @@ written) plus the pooled outputs written, over the median step time, against a 1
 minutes. A copy measured apart, before or after, can see another machine: on one 2-core virtual
 machine the same copy ran at 78 GB/s for half a minute, then at 45 (docs/benchmarks.md, "Sparse embedding step").
 
-    python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N]
+Row dtypes (``--dtypes``, default ``float32 float16``): our rowwise Adagrad step on tables of each other dtype
+takes its turns beside the float32 one in both fixed layouts; ``fp16_speedup`` is the float32 step's median
+time over the float16 step's, the lower of the two layouts (``bf16_speedup`` likewise). Where ``fbgemm_gpu``
+imports (``pip install .[bench]``: fbgemm-gpu-cpu 1.8.0), FBGEMM's CPU table-batched embedding with exact row-wise
+Adagrad on float32 host rows (``fbgemm_step.py``) takes its turns too, and ``fbgemm_ratio`` is its median time
+over our float32 step's, the lower of the two layouts.
+
+    python benchmarks/sparse_step.py [--steps 30] [--warmup 3] [--threads N] [--dtypes float32 float16 bfloat16]
 
 ``--threads`` (default: torch's default) sets both torch's and numba's thread counts. The process keeps
 freed memory for reuse as training does (``recipes.runtime.host_memory``), for every method alike. The last
-line reads ``ms_26_tables=A ms_shared=B copy_fraction=C`` (C: the lower of the two layouts' fractions).
+line but one reads ``ms_26_tables=A ms_shared=B copy_fraction=C`` (C: the lower of the two layouts' fractions), the
+last the dtypes' speedups and ``fbgemm_ratio``.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from embedding import (
     SparseOptimizer,
 )
 from embedding.optimizers import sparse_optimizer_config
+from fbgemm_step import fbgemm_layout_step
 from hash_table import spread  # benchmarks/hash_table.py: ids spread over int64 as a log's hashes
 from recipes.runtime.host_memory import keep_freed_memory
 from update_bandwidth import COPY_BYTES
@@ -72,16 +81,22 @@ FEATURES = [f"f{i}" for i in range(NUM_FEATURES)]
 HASH_LAYOUT = "shared, hash"
 COPY = ("", "1 GiB copy")
 HASH_METHOD = "ours rowwise_adagrad"
+FBGEMM = "FBGEMM exact rowwise_adagrad"
+DTYPES = ("float32", "float16", "bfloat16")
+SPEEDUP_NAMES = {"float16": "fp16_speedup", "bfloat16": "bf16_speedup"}
 
 
-def table_configs(layout: str) -> list[EmbeddingTableConfig]:
+def table_configs(layout: str, dtype: str = "float32") -> list[EmbeddingTableConfig]:
     if layout == "shared":
-        return [EmbeddingTableConfig("shared", TOTAL_ROWS, DIM, tuple(FEATURES))]
+        return [EmbeddingTableConfig("shared", TOTAL_ROWS, DIM, tuple(FEATURES), dtype=dtype)]  # type: ignore[arg-type]
     if layout == "hash":
         policy = HashPolicy(eviction=EvictionConfig("lru"))
         return [EmbeddingTableConfig("hashed", TOTAL_ROWS, DIM, tuple(FEATURES), kind="hash", hash_policy=policy)]
     rows = [TOTAL_ROWS // NUM_FEATURES + (i < TOTAL_ROWS % NUM_FEATURES) for i in range(NUM_FEATURES)]
-    return [EmbeddingTableConfig(f"t{i}", rows[i], DIM, (name,)) for i, name in enumerate(FEATURES)]
+    return [
+        EmbeddingTableConfig(f"t{i}", rows[i], DIM, (name,), dtype=dtype)  # type: ignore[arg-type]
+        for i, name in enumerate(FEATURES)
+    ]
 
 
 def make_features(tables: list[EmbeddingTableConfig]) -> SparseFeatures:
@@ -185,6 +200,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "float16"])
     args = parser.parse_args()
     # numba first: its first call starts its thread pool, which under the OpenMP layer sets
     # the OpenMP thread count that torch shares, undoing an earlier torch.set_num_threads.
@@ -205,6 +221,14 @@ def main() -> None:
         for layout in LAYOUTS
         for method, build, optimizer_name in METHODS
     }
+    for layout in LAYOUTS:
+        for dtype in args.dtypes:
+            if dtype != "float32":
+                tables = table_configs("shared" if layout == "shared" else "split", dtype)
+                steps_by_method[layout, f"{HASH_METHOD} {dtype}"] = ours(tables, "rowwise_adagrad")
+        fbgemm = fbgemm_of(table_configs("shared" if layout == "shared" else "split"))
+        if fbgemm is not None:
+            steps_by_method[layout, FBGEMM] = fbgemm
     steps_by_method[HASH_LAYOUT, HASH_METHOD] = ours(table_configs("hash"), "rowwise_adagrad")
     steps_by_method[COPY] = copy_step()
     times = step_times_ms(steps_by_method, args.steps, args.warmup)
@@ -240,6 +264,30 @@ def main() -> None:
         f"ms_26_tables={medians['26 tables', HASH_METHOD]:.2f} ms_shared={medians['shared', HASH_METHOD]:.2f} "
         f"copy_fraction={min(fractions.values()):.2f}"
     )
+    print(last_line(medians, args.dtypes))
+
+
+def fbgemm_of(tables: list[EmbeddingTableConfig]) -> Callable[[], None] | None:
+    """FBGEMM's step on the same tables, batch and upstream gradients; ``None`` without ``fbgemm_gpu``."""
+    features = make_features(tables)
+    feature_ids = {name: features[name].ids for name in FEATURES}
+    layout = {table.name: (table.num_rows, table.features) for table in tables}
+    return fbgemm_layout_step(layout, DIM, feature_ids, upstream_gradients())
+
+
+def last_line(medians: dict[tuple[str, str], float], dtypes: list[str]) -> str:
+    """Each dtype's speedup over float32 and FBGEMM's time over our float32 step's, the lower of the two layouts."""
+    fields = []
+    for dtype in dtypes:
+        if dtype != "float32":
+            speedups = [medians[layout, HASH_METHOD] / medians[layout, f"{HASH_METHOD} {dtype}"] for layout in LAYOUTS]
+            fields.append(f"{SPEEDUP_NAMES[dtype]}={min(speedups):.2f}")
+    if ("shared", FBGEMM) in medians:
+        ratios = [medians[layout, FBGEMM] / medians[layout, HASH_METHOD] for layout in LAYOUTS]
+        fields.append(f"fbgemm_ratio={min(ratios):.2f}")
+    else:
+        fields.append("fbgemm_ratio=n/a (fbgemm_gpu does not import: pip install .[bench])")
+    return " ".join(fields)
 
 
 def copy_step() -> Callable[[], None]:

@@ -147,7 +147,7 @@ class LocalLookup(TableLookup):
             rows = _local_rows(self._group, bags.ids, 0, self._training, self.staged)
             bags = Bags(rows, bags.offsets, bags.scales, bags.one_id_per_bag)
         self._bags = bags
-        pooled = _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales)
+        pooled = _weighted_sum(self._group.weight, bags.ids, bags.offsets, bags.scales, bags.one_id_per_bag)
         _done_reading(self._group, bags.ids, self._training)
         return pooled
 
@@ -380,13 +380,20 @@ def record_all(gang: Gang, lookups: Sequence[AllToAllLookup], grad_pieces: Seque
 
 
 def _weighted_sum(
-    weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor | None
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    scales: torch.Tensor | None,
+    one_id_per_bag: bool = False,
 ) -> torch.Tensor:
     """The bags' weighted sums, in float32 whatever the rows' dtype: half-precision rows are widened as they are
-    read (each id's row once), so that the sums round once, in float32, as a float32 table's do."""
+    read (each id's row once, never the whole table), so that the sums round once, in float32, as a float32
+    table's do. Bags of one id each are their widened rows (scaled): no second pass over the widened copy."""
     if weight.dtype == torch.float32:
         return F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
     rows = weight.index_select(0, ids).float()
+    if one_id_per_bag:
+        return rows if scales is None else rows.mul_(scales.unsqueeze(1))
     positions = torch.arange(ids.numel(), device=ids.device)
     return F.embedding_bag(positions, rows, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
 

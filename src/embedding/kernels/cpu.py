@@ -38,6 +38,7 @@ from numba import carray, njit, prange
 
 from embedding import compiled_source
 from embedding.kernels.common import check_step_ranges, gather, scatter, state_tensors, step_factors, touch_counts
+from embedding.kernels.half_rows import round_row, widen_row
 from embedding.kernels.prefetch import (
     float32_pointer,
     prefetch_address,
@@ -45,16 +46,7 @@ from embedding.kernels.prefetch import (
     prefetch_row_for_write,
     prefetch_rows_for_write,
 )
-from embedding.kernels.rounding import (
-    FLOAT32,
-    RowKeys,
-    element_random,
-    kind_of,
-    round_stochastically,
-    row_key,
-    row_random_base,
-    widen,
-)
+from embedding.kernels.rounding import FLOAT32, RowKeys, kind_of, round_stochastically, row_key, row_random_base
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 from embedding.optimizers.optimizer_spec import UpdateFunction
@@ -260,7 +252,7 @@ def _step_kernel(
     # numba checks only this file for changes to the cached kernel: a digest of the files that
     # define the functions it compiles in, captured too, makes an edited optimizer compile anew.
     source_digest = compiled_source.source_digest(
-        update_element, update_row, weight_decay, decay_per_touch, gather, round_stochastically
+        update_element, update_row, weight_decay, decay_per_touch, gather, round_stochastically, round_row.py_func
     )
 
     @njit(parallel=True, cache=True, fastmath=False)
@@ -343,6 +335,7 @@ def _step_kernel(
             grad = np.empty(dim, dtype=np.float32)
             widened = np.empty((1, dim) if low_precision else (0, 0), dtype=np.float32)
             widened_bits = widened.view(np.uint32)
+            randoms = np.empty(2 * (dim + dim % 2) if low_precision else 0, dtype=np.uint64)
             first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
             end_position = segment_starts[end_segment]
             for segment in range(first_segment, end_segment):
@@ -359,8 +352,7 @@ def _step_kernel(
                 row = np.intp(sorted_ids[begin])
                 _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
                 if low_precision:  # the row's float32 values, updated in ``rows[at]``
-                    for d in range(dim):
-                        widened_bits[0, d] = widen(weight_bits[row, d], rows_kind)
+                    widen_row(weight_bits, row, widened_bits, rows_kind)
                     rows, at = widened, np.intp(0)
                 else:
                     rows, at = weight, row
@@ -393,10 +385,7 @@ def _step_kernel(
                     scatter(element_states, (row, d), element_values)
                 if low_precision:
                     salt, key = row_key(row, key_ends, key_bases, key_salts, slot_ids)
-                    base = row_random_base(salt, step, key)
-                    for d in range(dim):
-                        random = element_random(base, d)
-                        weight_bits[row, d] = round_stochastically(widened_bits[0, d], random, rows_kind)
+                    round_row(widened_bits, weight_bits, row, row_random_base(salt, step, key), rows_kind, randoms)
         return 0, False
 
     return fused_step_kernel  # type: ignore[no-any-return]

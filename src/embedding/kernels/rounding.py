@@ -9,7 +9,8 @@ for tables that are not float32).
 
 The random bits are a pure function of the table's salt (the run's seed and its name), the step, the
 row's global key (its global row, or a hash table's id) and the element: no generator carries state, so a
-resumed run and a run on another number of ranks round every element alike. The rounding is exact
+resumed run and a run on another number of ranks round every element alike. One 64-bit hash gives two
+elements their 32 bits each: the hash, not the rounding, was most of a half-precision row's cost. The rounding is exact
 for every input, subnormal results included (FBGEMM's float16 rounding is biased there): it compares the
 dropped bits with as many random bits, as integers.
 
@@ -101,9 +102,17 @@ def row_random_base(salt, step, key):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
+def pair_random(base, pair):  # type: ignore[no-untyped-def]
+    """64 random bits for elements ``2 * pair`` (the high 32) and ``2 * pair + 1`` (the low 32) of a row:
+    splitmix64's output for the pair's position. One hash serves two elements, as the rounding takes 32 bits."""
+    return mix64(base + np.uint64(pair + 1) * _GOLDEN)
+
+
+@register_jitable
 def element_random(base, element):  # type: ignore[no-untyped-def]
-    """32 random bits for element ``element`` of a row (splitmix64's output for the element's position)."""
-    return mix64(base + np.uint64(element + 1) * _GOLDEN) >> np.uint64(32)
+    """32 random bits for element ``element`` of a row: its half of :func:`pair_random`'s 64."""
+    shift = np.uint64(32) * np.uint64(1 - element % 2)
+    return (pair_random(base, element // 2) >> shift) & np.uint64(0xFFFFFFFF)
 
 
 @register_jitable
@@ -180,8 +189,10 @@ def random_bits(keys: RowKeys, rows: npt.NDArray[np.int64], step: int, dim: int)
     with np.errstate(over="ignore"):
         salt = keys.salts_of(rows)
         base = _mix64(_mix64(salt ^ (np.uint64(step) * _GOLDEN)) ^ keys.keys(rows))
-        elements = (np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-        return _mix64(base[:, None] + elements) >> np.uint64(32)
+        pairs = (np.arange(1, (dim + 1) // 2 + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+        hashes = _mix64(base[:, None] + pairs)
+        halves = np.stack([hashes >> np.uint64(32), hashes & np.uint64(0xFFFFFFFF)], axis=2)
+        return halves.reshape(len(rows), -1)[:, :dim]
 
 
 def round_array(values: torch.Tensor, random: npt.NDArray[np.uint64], dtype: torch.dtype) -> torch.Tensor:
