@@ -194,6 +194,11 @@ class CudaHashIndex(HashIndex):
         slots, inserted = self._find_or_insert(self._to_device(ids), self._to_device(counts), table)
         return slots.cpu().numpy(), inserted.cpu().numpy()
 
+    @property
+    def held_keys(self) -> torch.Tensor:
+        """The device's ids of the slots: the host copy is stale between checkpoints."""
+        return self._keys
+
     def keys_of(self, slots: torch.Tensor) -> npt.NDArray[np.int64]:
         return self._keys[slots.to(self.device)].cpu().numpy()
 

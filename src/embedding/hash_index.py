@@ -296,6 +296,12 @@ class HashIndex:
             slots, inserted = self.find(keys), np.empty(0, dtype=np.int64)
         return torch.from_numpy(slots).to(ids.device), torch.from_numpy(inserted)
 
+    @property
+    def held_keys(self) -> npt.NDArray[np.int64] | torch.Tensor:
+        """The id each slot holds, in the array the lookups keep current (a device tensor for an index on a GPU):
+        what a half-precision row's rounding is keyed by."""
+        return self.keys
+
     def keys_of(self, slots: torch.Tensor) -> npt.NDArray[np.int64]:
         """The ids that hold ``slots``."""
         keys: npt.NDArray[np.int64] = self.keys[slots.cpu().numpy()]

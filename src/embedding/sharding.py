@@ -20,7 +20,7 @@ import torch
 from embedding.dynamic_rows import DynamicRows
 from embedding.id_hashing import init_rows_by_key, init_salt
 from embedding.kernels import SortedIds
-from embedding.kernels.rounding import RowKeys
+from embedding.kernels.rounding import DeviceRowKeys, RowKeys
 from embedding.optimizers import SparseOptimizerConfig
 from embedding.planner import TableSharding
 from embedding.table_config import EmbeddingConfigError, EmbeddingTableConfig
@@ -108,14 +108,16 @@ class ShardGroup:
 
     def row_keys(self) -> RowKeys:
         """What the random bits of the rounding of each buffer row are keyed by: its table and global row, or a
-        hash table's id (see :class:`embedding.kernels.rounding.RowKeys`)."""
+        hash table's id (see :class:`embedding.kernels.rounding.RowKeys`), as its index holds them: on a GPU, the
+        device's ids, which the kernels read there (:class:`embedding.kernels.rounding.DeviceRowKeys`)."""
         ends = [offset + shard.num_rows for shard, offset in zip(self.shards, self.buffer_offsets)]
-        return RowKeys(
-            np.array([init_salt(self.seed, shard.config.name) for shard in self.shards], dtype=np.uint64),
-            np.array(ends, dtype=np.int64),
-            np.array([s.row_start - offset for s, offset in zip(self.shards, self.buffer_offsets)], dtype=np.int64),
-            self.dynamic.index.keys if self.dynamic is not None else None,
-        )
+        salts = np.array([init_salt(self.seed, shard.config.name) for shard in self.shards], dtype=np.uint64)
+        bases = [s.row_start - offset for s, offset in zip(self.shards, self.buffer_offsets)]
+        keys = (salts, np.array(ends, dtype=np.int64), np.array(bases, dtype=np.int64))
+        held = self.dynamic.index.held_keys if self.dynamic is not None else None
+        if isinstance(held, torch.Tensor):
+            return DeviceRowKeys(*keys, device_slot_ids=held)
+        return RowKeys(*keys, held)
 
     def places_of(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
         """Where ``rows`` (of the buffer) are in a tiered group's cache, brought in and pinned (see
@@ -199,11 +201,6 @@ def build_groups(
     members: dict[Hashable, list[EmbeddingTableConfig]] = {}
     groups = []
     for table in tables:
-        if table.dtype != "float32" and device.type != "cpu":
-            raise EmbeddingConfigError(
-                f"`dtype` of table '{table.name}' must be float32 on {device.type} (half-precision rows train on the "
-                f"CPU only, for now), but is {table.dtype} instead."
-            )
         sharding = plan[table.name]
         if table.kind == "hash":
             groups.append(_hash_group(table, sharding, rank, gang_size, seed, device, stores))

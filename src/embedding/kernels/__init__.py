@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from embedding.kernels.common import check_ranges, check_step_ranges
-from embedding.kernels.rounding import ROW_DTYPES, RowKeys
+from embedding.kernels.rounding import ROW_DTYPES, DeviceRowKeys, RowKeys
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -66,7 +66,9 @@ def fused_step(
 
     ``weight`` may be float16 or bfloat16: each touched row is computed in float32 and rounded stochastically as it
     is written back, with random bits keyed by ``row_keys`` (default: the buffer's rows, as rows of one table of
-    salt 0) and ``step`` (see :mod:`embedding.kernels.rounding`). The state and the gradients stay float32.
+    salt 0) and ``step`` (see :mod:`embedding.kernels.rounding`); a hash table's slot ids held on a CUDA device
+    (:class:`DeviceRowKeys`) are read there by the CUDA backend, and copied to the host for the others. The state
+    and the gradients stay float32.
 
     :raises SparseOptimizerError: if a shape, dtype, device, id or ``step`` is invalid.
     """
@@ -84,6 +86,8 @@ def fused_step(
 
     if row_keys is None and weight.dtype != torch.float32:
         row_keys = RowKeys.of_buffer(weight.size(0))
+    elif isinstance(row_keys, DeviceRowKeys) and backend != "cuda":
+        row_keys = row_keys.on_host()
     step_fn(config, weight, state, ids, pieces, grad_index, grad_scale, step, lr, sorted_ids, row_keys)
 
 
@@ -205,4 +209,13 @@ def _check_sorted_ids(sorted_ids: SortedIds, ids: torch.Tensor) -> None:
             )
 
 
-__all__ = ["BACKENDS", "FusedStep", "RowKeys", "SortedIds", "check_ranges", "check_step_inputs", "fused_step"]
+__all__ = [
+    "BACKENDS",
+    "DeviceRowKeys",
+    "FusedStep",
+    "RowKeys",
+    "SortedIds",
+    "check_ranges",
+    "check_step_inputs",
+    "fused_step",
+]

@@ -38,7 +38,7 @@ from numba import cuda
 from embedding.kernels import cuda_kernels
 from embedding.kernels.common import check_ranges, concatenated, state_tensors, step_bounds, step_factors, touch_counts
 from embedding.kernels.cuda_kernels import CHUNK
-from embedding.kernels.rounding import FLOAT32, RowKeys, kind_of
+from embedding.kernels.rounding import FLOAT32, DeviceRowKeys, RowKeys, kind_of
 from embedding.kernels.sorted_ids import SortedIds
 from embedding.optimizers import SparseOptimizerConfig, SparseOptimizerError, spec_of
 
@@ -141,12 +141,24 @@ def _bits_array(weight: torch.Tensor) -> object:
 def _rounding(row_keys: RowKeys | None, weight: torch.Tensor) -> tuple[object, ...]:
     """The kernels' arguments that key a half-precision row's rounding (but the step): salts, ends, bases and slot
     ids (empty for a fixed table); for float32 rows, one table's, which no kernel reads. On a GPU, a buffer's keys
-    are copied to the device once (a copy from the host would wait), a hash table's slot ids every step."""
+    are copied to the device once (a copy from the host would wait). A hash table's slot ids are read where its
+    index holds them (:class:`DeviceRowKeys`), as this step's lookups left them; slot ids given on the host are
+    copied every step."""
     keys = row_keys if row_keys is not None else RowKeys.of_buffer(weight.size(0))
+    slot_ids: object = _NO_SLOT_IDS if keys.slot_ids is None else keys.slot_ids
+    if isinstance(keys, DeviceRowKeys):
+        held = keys.device_slot_ids
+        if held.device != weight.device or held.dtype != torch.int64 or held.dim() != 1:
+            raise SparseOptimizerError(
+                f"`row_keys.device_slot_ids` must be 1-D int64 on the device of `weight` ({weight.device}), but is "
+                f"{held.dim()}-D {held.dtype} on {held.device} instead."
+            )
+        slot_ids = kept_device_array(held)
     if not weight.is_cuda:
-        return (keys.salts, keys.ends, keys.bases, _NO_SLOT_IDS if keys.slot_ids is None else keys.slot_ids)
+        return (keys.salts, keys.ends, keys.bases, slot_ids)
     shards = _device_keys(weight.device, keys.salts.tobytes(), keys.ends.tobytes(), keys.bases.tobytes())
-    slot_ids = _device_keys(weight.device, _NO_SLOT_IDS.tobytes())[0] if keys.slot_ids is None else keys.slot_ids
+    if slot_ids is _NO_SLOT_IDS:
+        slot_ids = _device_keys(weight.device, _NO_SLOT_IDS.tobytes())[0]
     return (*shards, cuda.to_device(slot_ids) if isinstance(slot_ids, np.ndarray) else slot_ids)
 
 

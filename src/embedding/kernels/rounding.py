@@ -81,6 +81,21 @@ class RowKeys:
         return self.salts[np.searchsorted(self.ends, rows, side="right")]
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeviceRowKeys(RowKeys):
+    """The :class:`RowKeys` of a hash table whose index lives on a CUDA device: ``device_slot_ids`` is the index's
+    own tensor of the id each slot holds, as the step's lookups left it, which the CUDA kernels read where it is.
+    The index's host copy lags behind it (it is brought up to date for a checkpoint only), so ``slot_ids`` stays
+    ``None``, and a backend on the CPU takes :meth:`on_host` instead (:func:`embedding.kernels.fused_step` sees to
+    it)."""
+
+    device_slot_ids: torch.Tensor
+
+    def on_host(self) -> RowKeys:
+        """The same keys with the slot ids copied to the host (the host waits for the device)."""
+        return RowKeys(self.salts, self.ends, self.bases, self.device_slot_ids.cpu().numpy())
+
+
 # Compiled: the CPU and the CUDA kernels call these for each row and element.
 
 
