@@ -22,7 +22,8 @@ elements and the group adds the lanes' sums by warp shuffles, in a fixed order.
 
 **Half-precision rows.** A float16 or bfloat16 table's rows are read as their bits, widened to float32 in
 registers, and rounded stochastically as they are written (:mod:`embedding.kernels.rounding`), with the random bits
-of each element a function of the step, the row's table and global row, and the element: the CPU kernel's bits.
+of each element a function of the step, the row's table and global row (a hash table's: the id its slot holds, read
+from the index's array on the device), and the element: the CPU kernel's bits.
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) has no warp shuffles or warp barriers: there, lanes
 exchange values through shared memory between block barriers, adding in the same order. Nor does it have
