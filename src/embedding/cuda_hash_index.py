@@ -196,7 +196,8 @@ class CudaHashIndex(HashIndex):
 
     @property
     def held_keys(self) -> torch.Tensor:
-        """The device's ids of the slots: the host copy is stale between checkpoints."""
+        """The device's ids of the slots: the host copy lags behind, brought up to date only when a checkpoint, an
+        export or a reshard reads it."""
         return self._keys
 
     def keys_of(self, slots: torch.Tensor) -> npt.NDArray[np.int64]:
