@@ -4,10 +4,12 @@ Each part is timed around its own call inside the step (the framework's function
 grouping the features into bags, the sort of the ids for the update (in the forward, where the grouping makes
 it, else in the optimizer step: a row says which), ``embedding_bag``, the rest of the forward, autograd's
 backward, the kernel's input checks, the fused kernel and the rest of the optimizer step; also the minor page
-faults per step (``ru_minflt``). Medians over ``--steps`` steps after ``--warmup``, each layout in turn,
+faults per step (``ru_minflt``). Medians over ``--steps`` steps after ``--warmup``, each layout and row dtype
+(``--dtypes``) in turn,
 ``--rounds`` times. The process keeps freed memory, as training does (``recipes.runtime.host_memory``).
 
     python benchmarks/sparse_step_parts.py [--threads 2] [--steps 70] [--warmup 10] [--rounds 2]
+        [--dtypes float32 float16 bfloat16]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from embedding import ShardedEmbeddingCollection, SparseOptimizer
 from embedding.kernels import SortedIds
 from embedding.optimizers.rowwise_adagrad import RowwiseAdagradConfig
 from recipes.runtime.host_memory import keep_freed_memory
-from sparse_step import FEATURES, make_features, table_configs, upstream_gradients  # benchmarks/sparse_step.py
+from sparse_step import DTYPES, FEATURES, make_features, table_configs, upstream_gradients  # benchmarks/sparse_step.py
 
 Times = dict[str, list[float]]
 
@@ -83,8 +85,8 @@ def timed_kernel(times: Times, part: str, module: Any, factory: str) -> Iterator
         setattr(module, factory, original)
 
 
-def measure(layout: str, steps: int, warmup: int) -> dict[str, float]:
-    tables = table_configs(layout)
+def measure(layout: str, steps: int, warmup: int, dtype: str = "float32") -> dict[str, float]:
+    tables = table_configs(layout, dtype)
     collection = ShardedEmbeddingCollection(tables)
     optimizer = SparseOptimizer(collection, RowwiseAdagradConfig())
     features, upstream = make_features(tables), upstream_gradients()
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32"])
     args = parser.parse_args()
     numba.set_num_threads(args.threads)  # numba first: its pool start resets the OpenMP threads torch shares
     torch.set_num_threads(args.threads)
@@ -157,7 +160,9 @@ def main() -> None:
     rows: list[tuple[str, dict[str, float]]] = []
     for round_index in range(args.rounds):
         for layout, label in (("split", "26 tables"), ("shared", "shared")):
-            rows.append((f"{label}, round {round_index + 1}", measure(layout, args.steps, args.warmup)))
+            for dtype in args.dtypes:
+                medians = measure(layout, args.steps, args.warmup, dtype)
+                rows.append((f"{label} {dtype}, round {round_index + 1}", medians))
     print("| part | " + " | ".join(label for label, _ in rows) + " |")
     print("| --- |" + " ---: |" * len(rows))
     for part in PARTS:

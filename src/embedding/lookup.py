@@ -21,6 +21,7 @@ from embedding.gathered_grads import GradLayout, LocalGrads, gather_grads
 from embedding.id_hashing import owner_ranks
 from embedding.kernels import SortedIds
 from embedding.kernels.cpu import count_distinct, sum_by_id
+from embedding.kernels.half_pooling import pooled_half_rows
 from embedding.sharding import GradRecord, ShardGroup
 from embedding.tiers.row_cache import StagedRecords
 from gang import Gang
@@ -388,9 +389,12 @@ def _weighted_sum(
 ) -> torch.Tensor:
     """The bags' weighted sums, in float32 whatever the rows' dtype: half-precision rows are widened as they are
     read (each id's row once, never the whole table), so that the sums round once, in float32, as a float32
-    table's do. Bags of one id each are their widened rows (scaled): no second pass over the widened copy."""
+    table's do. On the CPU one compiled pass reads, widens and pools them (:mod:`embedding.kernels.half_pooling`);
+    elsewhere bags of one id each are their widened rows (scaled): no second pass over the widened copy."""
     if weight.dtype == torch.float32:
         return F.embedding_bag(ids, weight, offsets, mode="sum", per_sample_weights=scales, include_last_offset=True)
+    if weight.device.type == "cpu":
+        return pooled_half_rows(weight, ids, offsets, scales)
     rows = weight.index_select(0, ids).float()
     if one_id_per_bag:
         return rows if scales is None else rows.mul_(scales.unsqueeze(1))

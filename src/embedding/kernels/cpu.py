@@ -335,7 +335,6 @@ def _step_kernel(
             grad = np.empty(dim, dtype=np.float32)
             widened = np.empty((1, dim) if low_precision else (0, 0), dtype=np.float32)
             widened_bits = widened.view(np.uint32)
-            randoms = np.empty(2 * (dim + dim % 2) if low_precision else 0, dtype=np.uint64)
             first_segment, end_segment = chunk_bounds[chunk], chunk_bounds[chunk + 1]
             end_position = segment_starts[end_segment]
             for segment in range(first_segment, end_segment):
@@ -352,7 +351,7 @@ def _step_kernel(
                 row = np.intp(sorted_ids[begin])
                 _sum_row_grad(grad, begin, end, end_position, sorted_addresses, sorted_scales, has_grad_scale)
                 if low_precision:  # the row's float32 values, updated in ``rows[at]``
-                    widen_row(weight_bits, row, widened_bits, rows_kind)
+                    widen_row(weight_bits, row, widened, rows_kind)
                     rows, at = widened, np.intp(0)
                 else:
                     rows, at = weight, row
@@ -385,7 +384,7 @@ def _step_kernel(
                     scatter(element_states, (row, d), element_values)
                 if low_precision:
                     salt, key = row_key(row, key_ends, key_bases, key_salts, slot_ids)
-                    round_row(widened_bits, weight_bits, row, row_random_base(salt, step, key), rows_kind, randoms)
+                    round_row(widened_bits, weight_bits, row, row_random_base(salt, step, key), rows_kind)
         return 0, False
 
     return fused_step_kernel  # type: ignore[no-any-return]

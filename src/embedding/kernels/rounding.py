@@ -9,8 +9,9 @@ for tables that are not float32).
 
 The random bits are a pure function of the table's salt (the run's seed and its name), the step, the
 row's global key (its global row, or a hash table's id) and the element: no generator carries state, so a
-resumed run and a run on another number of ranks round every element alike. One 64-bit hash gives two
-elements their 32 bits each: the hash, not the rounding, was most of a half-precision row's cost. The rounding is exact
+resumed run and a run on another number of ranks round every element alike. A row's 64 bits come from splitmix64,
+its elements' 32 each from a 32-bit hash of them, which vectorises: the hash, not the rounding, was most of a
+half-precision row's cost. The rounding is exact
 for every input, subnormal results included (FBGEMM's float16 rounding is biased there): it compares the
 dropped bits with as many random bits, as integers.
 
@@ -39,7 +40,12 @@ ROW_DTYPES: tuple[torch.dtype, ...] = tuple(_KINDS)
 """The dtypes a table's rows may have."""
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-"""splitmix64's increment: the random bits of successive steps and elements lie this far apart."""
+"""splitmix64's increment: the random bits of successive steps lie this far apart."""
+ROUNDING_HASH = (0x9E3779B9, 0x21F0AAAD, 0x735A2D97)
+"""The constants of :func:`element_random`: the step between a row's elements (the golden ratio in 32 bits) and
+the hash's two multipliers."""
+_GOLDEN32, _MIX32_FIRST, _MIX32_SECOND = (np.uint64(constant) for constant in ROUNDING_HASH)
+_LOW32 = np.uint64(0xFFFFFFFF)
 
 
 def kind_of(dtype: torch.dtype) -> int:
@@ -117,17 +123,18 @@ def row_random_base(salt, step, key):  # type: ignore[no-untyped-def]
 
 
 @register_jitable
-def pair_random(base, pair):  # type: ignore[no-untyped-def]
-    """64 random bits for elements ``2 * pair`` (the high 32) and ``2 * pair + 1`` (the low 32) of a row:
-    splitmix64's output for the pair's position. One hash serves two elements, as the rounding takes 32 bits."""
-    return mix64(base + np.uint64(pair + 1) * _GOLDEN)
-
-
-@register_jitable
 def element_random(base, element):  # type: ignore[no-untyped-def]
-    """32 random bits for element ``element`` of a row: its half of :func:`pair_random`'s 64."""
-    shift = np.uint64(32) * np.uint64(1 - element % 2)
-    return (pair_random(base, element // 2) >> shift) & np.uint64(0xFFFFFFFF)
+    """32 random bits (in a uint64) for element ``element`` of a row whose bits come from ``base``: a 32-bit
+    integer hash (Wellons' "lowbias32", the row's high 32 bits mixed in between its two rounds) of the row's low
+    32 bits plus the element's multiple of the golden ratio. The arithmetic is 32 bits wide, which a vector unit
+    without 64-bit multiplies (AVX2) computes eight elements at a time: splitmix64 for every pair of elements
+    cost a bfloat16 row more than its loads and stores."""
+    value = (base + np.uint64(element) * _GOLDEN32) & _LOW32
+    value ^= value >> np.uint64(16)
+    value = ((value * _MIX32_FIRST) & _LOW32) ^ (base >> np.uint64(32))
+    value ^= value >> np.uint64(15)
+    value = (value * _MIX32_SECOND) & _LOW32
+    return value ^ (value >> np.uint64(15))
 
 
 @register_jitable
@@ -203,11 +210,14 @@ def random_bits(keys: RowKeys, rows: npt.NDArray[np.int64], step: int, dim: int)
     """The 32 random bits (in uint64) of every element of the buffer's ``rows`` in step ``step``, ``[rows, dim]``."""
     with np.errstate(over="ignore"):
         salt = keys.salts_of(rows)
-        base = _mix64(_mix64(salt ^ (np.uint64(step) * _GOLDEN)) ^ keys.keys(rows))
-        pairs = (np.arange(1, (dim + 1) // 2 + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-        hashes = _mix64(base[:, None] + pairs)
-        halves = np.stack([hashes >> np.uint64(32), hashes & np.uint64(0xFFFFFFFF)], axis=2)
-        return halves.reshape(len(rows), -1)[:, :dim]
+        base = _mix64(_mix64(salt ^ (np.uint64(step) * _GOLDEN)) ^ keys.keys(rows))[:, None]
+        low, high = (base & _LOW32).astype(np.uint32), (base >> np.uint64(32)).astype(np.uint32)
+        value = low + np.arange(dim, dtype=np.uint32)[None, :] * np.uint32(_GOLDEN32)
+        value ^= value >> np.uint32(16)
+        value = (value * np.uint32(_MIX32_FIRST)) ^ high
+        value ^= value >> np.uint32(15)
+        value *= np.uint32(_MIX32_SECOND)
+        return (value ^ (value >> np.uint32(15))).astype(np.uint64)
 
 
 def round_array(values: torch.Tensor, random: npt.NDArray[np.uint64], dtype: torch.dtype) -> torch.Tensor:
