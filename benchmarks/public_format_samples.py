@@ -50,36 +50,37 @@ class Shape:
     dominant: float = 0.0
     """Share of rows taking one value (Avazu's ``device_id``)."""
     scale: float = 0.0
-    """Standard deviation of the effects of the head's (and the dominant) values on the logit."""
+    """Standard deviation over the rows of the column's effect on the logit (the head's and the dominant value's
+    effects; a fresh value's is 0)."""
 
 
 # Avazu, in its column order (after id, click and hour): the shapes measured on the real 8,087-row sample.
 AVAZU_SHAPES = {
-    "C1": Shape(7, 2.5, scale=0.2),
-    "banner_pos": Shape(7, 2.5, scale=0.5),
-    "site_id": Shape(290, 1.35, fresh=0.013, scale=0.3),
-    "site_domain": Shape(240, 1.35, fresh=0.012, scale=0.2),
-    "site_category": Shape(26, 1.5, scale=0.7),
-    "app_id": Shape(240, 1.35, fresh=0.011, scale=0.3),
-    "app_domain": Shape(30, 1.8, scale=0.2),
-    "app_category": Shape(30, 1.6, scale=0.6),
-    "device_id": Shape(150, 0.8, fresh=0.095, dominant=0.87, scale=0.2),
+    "C1": Shape(7, 2.5, scale=0.13),
+    "banner_pos": Shape(7, 2.5, scale=0.33),
+    "site_id": Shape(290, 1.35, fresh=0.013, scale=0.2),
+    "site_domain": Shape(240, 1.35, fresh=0.012, scale=0.13),
+    "site_category": Shape(26, 1.5, scale=0.45),
+    "app_id": Shape(240, 1.35, fresh=0.011, scale=0.2),
+    "app_domain": Shape(30, 1.8, scale=0.13),
+    "app_category": Shape(30, 1.6, scale=0.39),
+    "device_id": Shape(150, 0.8, fresh=0.095, dominant=0.87, scale=0.13),
     "device_ip": Shape(1500, 0.5, fresh=0.6),
-    "device_model": Shape(900, 1.0, fresh=0.035, scale=0.15),
-    "device_type": Shape(5, 2.5, scale=0.3),
-    "device_conn_type": Shape(4, 2.0, scale=0.4),
-    "C14": Shape(220, 1.3, fresh=0.01, scale=0.25),
-    "C15": Shape(8, 2.5, scale=0.3),
-    "C16": Shape(9, 2.5, scale=0.5),
-    "C17": Shape(160, 1.2, scale=0.2),
-    "C18": Shape(4, 1.0, scale=0.6),
-    "C19": Shape(32, 1.4, scale=0.2),
-    "C20": Shape(120, 1.3, scale=0.15),
-    "C21": Shape(32, 1.4, scale=0.5),
+    "device_model": Shape(900, 1.0, fresh=0.035, scale=0.1),
+    "device_type": Shape(5, 2.5, scale=0.2),
+    "device_conn_type": Shape(4, 2.0, scale=0.26),
+    "C14": Shape(220, 1.3, fresh=0.01, scale=0.16),
+    "C15": Shape(8, 2.5, scale=0.2),
+    "C16": Shape(9, 2.5, scale=0.33),
+    "C17": Shape(160, 1.2, scale=0.13),
+    "C18": Shape(4, 1.0, scale=0.39),
+    "C19": Shape(32, 1.4, scale=0.13),
+    "C20": Shape(120, 1.3, scale=0.1),
+    "C21": Shape(32, 1.4, scale=0.33),
 }  # fmt: skip
 AVAZU_HEX = {"site_id", "site_domain", "site_category", "app_id", "app_domain", "app_category", "device_id",
              "device_ip", "device_model"}  # fmt: skip
-AVAZU_PAIRS = [("site_category", "device_conn_type", 0.3), ("banner_pos", "C18", 0.3), ("app_category", "C16", 0.3)]
+AVAZU_PAIRS = [("site_category", "device_conn_type", 0.2), ("banner_pos", "C18", 0.2), ("app_category", "C16", 0.2)]
 
 # Criteo, C1-C26: millions of values are near-unique in a few thousand rows, hundreds of thousands half so.
 _NEAR_UNIQUE, _HALF_UNIQUE = Shape(2000, 0.6, fresh=0.55), Shape(1500, 1.0, fresh=0.2, scale=0.1)
@@ -118,8 +119,11 @@ def draw(rng: np.random.Generator, rows: int, shape: Shape) -> Column:
     values[share < shape.dominant] = 0
     fresh = (share >= shape.dominant) & (share < shape.dominant + shape.fresh)
     values[fresh] = shape.head + 1 + np.arange(fresh.sum())
-    effects = np.append(rng.normal(0.0, shape.scale, size=shape.head + 1), np.zeros(int(fresh.sum())))
-    return Column(values.astype(np.int64), effects[values])
+    effects = np.append(rng.normal(0.0, 1.0, size=shape.head + 1), np.zeros(int(fresh.sum())))[values]
+    # Scaled over the rows, so that which values happen to be frequent does not make one seed's column mute and
+    # another's decide the click.
+    spread = effects.std()
+    return Column(values.astype(np.int64), effects * (shape.scale / spread if spread > 0 else 0.0))
 
 
 def pair_effect(rng: np.random.Generator, a: Column, b: Column, scale: float) -> npt.NDArray[np.float64]:
