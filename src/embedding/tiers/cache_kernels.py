@@ -35,7 +35,6 @@ def set_of(row, num_sets):  # type: ignore[no-untyped-def]
 def assign(  # type: ignore[no-untyped-def]
     rows,
     counts,
-    pinned,
     start,
     tags,
     scores,
@@ -55,18 +54,17 @@ def assign(  # type: ignore[no-untyped-def]
     evict_slots,
     counters,
 ):
-    """Give the distinct ``rows[start:]``, looked up ``counts`` times each, their places (``slots``), pinning each
-    ``pinned[i]`` times.
+    """Give the distinct ``rows[start:]``, looked up ``counts`` times each, their places (``slots``), pinning each.
 
     A lookup's ids repeat (a skewed draw: about 45,000 distinct of 106,000 in ``benchmarks/tiered_tables.py``),
-    so each distinct row is placed once: a training lookup pins it once (its step unpins the distinct places), an
-    evaluation lookup once per look-up (it unpins every place it read), the read-ahead not at all. A missing row
-    takes the unpinned place of its set with the lowest score (an empty one first), and the row it replaces is
-    written back if a step changed it (``evict_*``); with every place pinned it takes an overflow place. Each new
-    row's place is listed in ``fetch_*``. LRU scores a place by the tick of its last lookup, LFU by its lookups
-    since the row came in; the first look-up of a missing row misses, the others (and every one of a cached row)
-    hit. In training, a place is marked dirty: its step will change it. ``free_overflow`` is a stack whose size
-    is ``free_overflow[0]``.
+    so each distinct row is placed once. In training a row is pinned once (its step unpins the distinct places),
+    in evaluation once per look-up (the lookup unpins every place it read). A missing row takes the unpinned
+    place of its set with the lowest score (an empty one first), and the row it replaces is written back if a
+    step changed it (``evict_*``); with every place pinned it takes an overflow place. Each new row's place is
+    listed in ``fetch_*``. LRU scores a place by the tick of its last lookup, LFU by its lookups since the row
+    came in; the first look-up of a missing row misses, the others (and every one of a cached row) hit. In
+    training, a place is marked dirty: its step will change it. ``free_overflow`` is a stack whose size is
+    ``free_overflow[0]``.
     """
     num_sets = tags.size // ways
     for i in range(start, rows.size):
@@ -110,7 +108,7 @@ def assign(  # type: ignore[no-untyped-def]
             fetch_slots[counters[FETCHED]] = slot
             counters[FETCHED] += 1
             counters[HITS] += counts[i] - 1
-        pins[slot] += pinned[i]
+        pins[slot] += 1 if training else counts[i]
         if training:
             dirty[slot] = True
         slots[i] = slot

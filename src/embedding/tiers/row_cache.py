@@ -9,10 +9,8 @@ changed it. So every row has one current copy, in the cache or in the store, and
 bit-identical tables whatever the tier and the cache size.
 
 A train pipeline knows the next batch's rows one step ahead: :meth:`prefetch` reads the records
-the cache lacks on its thread while the current step computes; a record that a write-back changed
-after it was read is read again. On a CPU it also brings those rows in, unpinned (the read-ahead
-evicts, writes back and copies in, off the step's thread), so that the next lookup finds them
-cached; on a GPU ``install`` copies them in, on the step's stream.
+the cache lacks on its thread while the current step computes, and ``install`` takes them from
+there; a record that a write-back changed after it was read is read again.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -65,15 +63,12 @@ class DistinctRows:
 @dataclass(frozen=True)
 class StagedRecords:
     """Records read ahead for a later lookup of ``looked_up``: the distinct ``rows`` (sorted) the cache lacked,
-    read while no write-back after the ``writes``-th had happened; or, once the read-ahead brought them in
-    (``placed``), none left."""
+    read while no write-back after the ``writes``-th had happened."""
 
     rows: npt.NDArray[np.int64]
     records: npt.NDArray[np.float32]
     writes: int
     looked_up: DistinctRows | None = None
-    placed: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    """The rows (sorted) the read-ahead brought into the cache: misses of the lookup, though it finds them."""
 
 
 class TieredRows:
@@ -103,7 +98,7 @@ class TieredRows:
         self._dirty = np.zeros(0, dtype=np.bool_)
         self._pins = np.zeros(0, dtype=np.int32)
         self._overflow_tags = np.zeros(0, dtype=np.int64)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._pinned: list[npt.NDArray[np.int64]] = []
         self._writes = 0
         self._written_rows: list[npt.NDArray[np.int64]] = []
@@ -178,50 +173,14 @@ class TieredRows:
         self.fresh.states = [(self.state_widths[key], fill[key]) for key in state]
 
     def prefetch(self, rows: torch.Tensor) -> StagedRecords:
-        """Read the records of ``rows`` that the cache lacks now (thread-safe; for a later training
-        :meth:`install` of ``rows``); on a CPU, bring them in too."""
+        """Read the records of ``rows`` that the cache lacks now (thread-safe; for a later :meth:`install`)."""
         looked_up = DistinctRows.of(_int64_ids(rows))  # on this thread, not the step's
         out = np.empty_like(looked_up.distinct)
         with self._lock:
             count = kernels.missing(looked_up.distinct, self._tags, WAYS, self._overflow_of, out)
             writes = self._writes
         lacking = out[:count]
-        staged = StagedRecords(lacking, self.behind.read(lacking), writes, looked_up)
-        return staged if self._host_views() is None else self._place_ahead(staged)
-
-    def _place_ahead(self, staged: StagedRecords) -> StagedRecords:
-        """Bring the rows of ``staged.looked_up`` into the cache now, unpinned and unchanged, with the records read
-        ahead, under the lock (a lookup finding one of them finds it whole). Evicting a row here is as correct as
-        evicting it at the lookup (a row a step uses is pinned); a row whose set is all pinned, or evicted again
-        before the lookup, is brought in by the lookup."""
-        assert staged.looked_up is not None
-        distinct, counts = staged.looked_up.distinct, staged.looked_up.counts
-        n = distinct.size
-        slots = np.empty_like(distinct)
-        fetch_rows, fetch_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        evict_rows, evict_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        counters = np.zeros(4, dtype=np.int64)
-        no_overflow = np.zeros(1, dtype=np.int64)  # the overflow, and growing the cache, are the lookup's alone
-        with self._lock:
-            while True:
-                kernels.assign(
-                    distinct, counts, np.zeros(n, dtype=np.int64), counters[kernels.STOPPED], self._tags,
-                    self._scores, self._dirty, self._pins, WAYS, self._tick, self.storage.eviction == "lfu", False,
-                    self._overflow_of, self._overflow_tags, no_overflow, slots, fetch_rows, fetch_slots, evict_rows,
-                    evict_slots, counters,
-                )  # fmt: skip
-                if counters[kernels.STOPPED] == n:
-                    break
-                counters[kernels.STOPPED] += 1  # that row's set is all pinned: left to the lookup
-            fetched, evicted = int(counters[kernels.FETCHED]), int(counters[kernels.EVICTED])
-            if evicted:
-                self._write_back(evict_rows[:evicted], evict_slots[:evicted], evicted=True)
-            if fetched:
-                self._bring_in(fetch_rows[:fetched], fetch_slots[:fetched], staged, on_step=False)
-        empty = np.empty(0, dtype=np.int64)
-        return StagedRecords(
-            empty, np.empty((0, self.store.width), np.float32), 0, staged.looked_up, fetch_rows[:fetched]
-        )
+        return StagedRecords(lacking, self.behind.read(lacking), writes, looked_up)
 
     def install(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
         """The places of buffer rows ``rows``, pinned, the missing rows brought in (from ``staged`` where read
@@ -236,15 +195,14 @@ class TieredRows:
         fetch_rows, fetch_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         evict_rows, evict_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         counters = np.zeros(4, dtype=np.int64)
-        pinned = np.ones(n, dtype=np.int64) if training else looked_up.counts
         with self._lock:
             self._tick += 1
             while True:
                 kernels.assign(
-                    distinct, looked_up.counts, pinned, counters[kernels.STOPPED], self._tags, self._scores,
-                    self._dirty, self._pins, WAYS, self._tick, self.storage.eviction == "lfu", training,
-                    self._overflow_of, self._overflow_tags, self._free_overflow, slots, fetch_rows, fetch_slots,
-                    evict_rows, evict_slots, counters,
+                    distinct, looked_up.counts, counters[kernels.STOPPED], self._tags, self._scores, self._dirty,
+                    self._pins, WAYS, self._tick, self.storage.eviction == "lfu", training, self._overflow_of,
+                    self._overflow_tags, self._free_overflow, slots, fetch_rows, fetch_slots, evict_rows,
+                    evict_slots, counters,
                 )  # fmt: skip
                 if counters[kernels.STOPPED] == n:
                     break
@@ -256,12 +214,8 @@ class TieredRows:
                 self._write_back(evict_rows[:evicted], evict_slots[:evicted], evicted=True)
         if fetched:
             self._bring_in(fetch_rows[:fetched], fetch_slots[:fetched], staged)
-        hits = int(counters[kernels.HITS])
-        if staged is not None and staged.placed.size:  # found, but only because the read-ahead brought them in
-            found_ahead = staged.placed.size - np.isin(fetch_rows[:fetched], staged.placed).sum()
-            hits -= int(found_ahead)
         self.statistics["lookups"] += ids.size
-        self.statistics["hits"] += hits
+        self.statistics["hits"] += int(counters[kernels.HITS])
         return torch.from_numpy(slots[looked_up.inverse]).to(rows.device)
 
     def release(self, places: list[npt.NDArray[np.int64]] | None = None) -> None:
@@ -338,14 +292,10 @@ class TieredRows:
         self.statistics["written_back"] += rows.size
 
     def _bring_in(
-        self,
-        rows: npt.NDArray[np.int64],
-        places: npt.NDArray[np.int64],
-        staged: StagedRecords | None,
-        on_step: bool = True,
+        self, rows: npt.NDArray[np.int64], places: npt.NDArray[np.int64], staged: StagedRecords | None
     ) -> None:
         """Put the records of ``rows`` into ``places``: from ``staged`` where read ahead and not written back since,
-        the others read now (``on_step``: on the step's thread, what the read-ahead missed, timed)."""
+        the others read now (on the step's thread: what the read-ahead missed)."""
         unread = np.arange(rows.size)
         if staged is not None and staged.rows.size:
             position = np.searchsorted(staged.rows, rows).clip(max=staged.rows.size - 1)
@@ -363,8 +313,7 @@ class TieredRows:
         if unread.size:
             started = time.perf_counter()
             records = self.behind.read(rows[unread])
-            if on_step:
-                self.statistics["read_seconds"] += time.perf_counter() - started
+            self.statistics["read_seconds"] += time.perf_counter() - started
             self._put(records, np.arange(unread.size), places[unread])
         self.statistics["fetched"] += rows.size
 
