@@ -262,6 +262,8 @@ class TieredRows:
             self._reserve_zero_place()
             self.behind.drain()
             self.store.clear()
+            self._writes += 1  # every record read ahead before now is stale (``_written_since`` cannot say which)
+            self._written_rows.clear()
 
     def _grow(self) -> None:
         self._allocate(self.cached_places + 2 * (self.num_places - self.cached_places))
