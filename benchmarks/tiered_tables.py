@@ -10,8 +10,8 @@ step is a batch of 4096 samples x 26 features x 1 id, the 26 features looking up
 (pooled lookup), a squared loss, backward, the row-wise Adagrad ``SparseOptimizer.step``. As the
 framework's train pipeline does, a background thread prepares the next batch
 (``collection.prepare_ahead``: its ids grouped and, for the tiered table, the records its cache
-lacks read from the store) while the current step runs; the prefetch wait is the time the
-main thread then waits for that thread, per step.
+lacks read from the store and, on a CPU, brought into the cache) while the current step runs;
+the prefetch wait is the time the main thread then waits for that thread, per step.
 
 Each table trains in a process of its own, so that each one's peak resident memory (``VmHWM``)
 is its own (both keep freed memory for reuse, as training does); the two take turns, a round of
@@ -211,7 +211,8 @@ def report(connections: dict[str, Connection], args: argparse.Namespace) -> None
         rate = statistics.median(pair[index] for pair in rates)
         print(f"{kind} table: {rate:,.0f} samples/s, prefetch wait {waits[index] * 1e3:.2f} ms/step (median)")
     print(
-        f"disk cache per step: {delta['fetched'] / args.steps:,.0f} rows fetched, "
+        f"disk cache per step: {delta['fetched'] / args.steps:,.0f} rows fetched "
+        f"({delta['read_ahead'] / args.steps:,.0f} of them read ahead), "
         f"{delta['written_back'] / args.steps:,.0f} written back, "
         f"{delta['read_seconds'] / args.steps * 1e3:.1f} ms in the main thread's reads, "
         f"{delta['write_seconds'] / args.steps * 1e3:.1f} ms in the writer thread's writes"

@@ -45,13 +45,30 @@ _KEPT_WRITES = 64
 
 
 @dataclass(frozen=True)
+class DistinctRows:
+    """A lookup's rows ``ids`` as their ``distinct`` rows (sorted), how often each is looked up (``counts``), and
+    where each id's row is among them (``inverse``)."""
+
+    ids: npt.NDArray[np.int64]
+    distinct: npt.NDArray[np.int64]
+    inverse: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+
+    @staticmethod
+    def of(ids: npt.NDArray[np.int64]) -> DistinctRows:
+        distinct, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        return DistinctRows(ids, distinct, inverse.reshape(-1), counts)
+
+
+@dataclass(frozen=True)
 class StagedRecords:
-    """Records read ahead for a later lookup: the distinct ``rows`` (sorted) the cache lacked, read while no
-    write-back after the ``writes``-th had happened."""
+    """Records read ahead for a later lookup of ``looked_up``: the distinct ``rows`` (sorted) the cache lacked,
+    read while no write-back after the ``writes``-th had happened."""
 
     rows: npt.NDArray[np.int64]
     records: npt.NDArray[np.float32]
     writes: int
+    looked_up: DistinctRows | None = None
 
 
 class TieredRows:
@@ -157,20 +174,24 @@ class TieredRows:
 
     def prefetch(self, rows: torch.Tensor) -> StagedRecords:
         """Read the records of ``rows`` that the cache lacks now (thread-safe; for a later :meth:`install`)."""
-        distinct = np.unique(rows.detach().cpu().numpy())
-        out = np.empty_like(distinct)
+        looked_up = DistinctRows.of(_int64_ids(rows))  # on this thread, not the step's
+        out = np.empty_like(looked_up.distinct)
         with self._lock:
-            count = kernels.missing(distinct, self._tags, WAYS, self._overflow_of, out)
+            count = kernels.missing(looked_up.distinct, self._tags, WAYS, self._overflow_of, out)
             writes = self._writes
         lacking = out[:count]
-        return StagedRecords(lacking, self.behind.read(lacking), writes)
+        return StagedRecords(lacking, self.behind.read(lacking), writes, looked_up)
 
     def install(self, rows: torch.Tensor, training: bool, staged: StagedRecords | None = None) -> torch.Tensor:
         """The places of buffer rows ``rows``, pinned, the missing rows brought in (from ``staged`` where read
         ahead and still current); in training, marked as changed by the coming step."""
-        ids = rows.detach().cpu().numpy().astype(np.int64, copy=False)
-        slots = np.empty_like(ids)
-        n = ids.size
+        ids = _int64_ids(rows)
+        looked_up = staged.looked_up if staged is not None else None
+        if looked_up is None or not np.array_equal(looked_up.ids, ids):
+            looked_up = DistinctRows.of(ids)
+        distinct = looked_up.distinct
+        slots = np.empty_like(distinct)
+        n = distinct.size
         fetch_rows, fetch_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         evict_rows, evict_slots = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         counters = np.zeros(4, dtype=np.int64)
@@ -178,23 +199,24 @@ class TieredRows:
             self._tick += 1
             while True:
                 kernels.assign(
-                    ids, counters[kernels.STOPPED], self._tags, self._scores, self._dirty, self._pins, WAYS,
-                    self._tick, self.storage.eviction == "lfu", training, self._overflow_of, self._overflow_tags,
-                    self._free_overflow, slots, fetch_rows, fetch_slots, evict_rows, evict_slots, counters,
+                    distinct, looked_up.counts, counters[kernels.STOPPED], self._tags, self._scores, self._dirty,
+                    self._pins, WAYS, self._tick, self.storage.eviction == "lfu", training, self._overflow_of,
+                    self._overflow_tags, self._free_overflow, slots, fetch_rows, fetch_slots, evict_rows,
+                    evict_slots, counters,
                 )  # fmt: skip
                 if counters[kernels.STOPPED] == n:
                     break
                 self._grow()
             if training:
-                self._pinned.append(slots)
+                self._pinned.append(slots)  # each distinct place once, as pinned
             fetched, evicted = int(counters[kernels.FETCHED]), int(counters[kernels.EVICTED])
             if evicted:
                 self._write_back(evict_rows[:evicted], evict_slots[:evicted], evicted=True)
         if fetched:
             self._bring_in(fetch_rows[:fetched], fetch_slots[:fetched], staged)
-        self.statistics["lookups"] += n
+        self.statistics["lookups"] += ids.size
         self.statistics["hits"] += int(counters[kernels.HITS])
-        return torch.from_numpy(slots).to(rows.device)
+        return torch.from_numpy(slots[looked_up.inverse]).to(rows.device)
 
     def release(self, places: list[npt.NDArray[np.int64]] | None = None) -> None:
         """Unpin ``places`` (an evaluation lookup's), or every place a training lookup pinned since the last
@@ -240,6 +262,8 @@ class TieredRows:
             self._reserve_zero_place()
             self.behind.drain()
             self.store.clear()
+            self._writes += 1  # every record read ahead before now is stale (``_written_since`` cannot say which)
+            self._written_rows.clear()
 
     def _grow(self) -> None:
         self._allocate(self.cached_places + 2 * (self.num_places - self.cached_places))
@@ -247,11 +271,20 @@ class TieredRows:
     def _write_back(self, rows: npt.NDArray[np.int64], places: npt.NDArray[np.int64], evicted: bool = False) -> None:
         """Under the lock: the records of ``places`` written to the store as rows ``rows``, and marked clean unless
         ``evicted`` (the places' new rows are marked already)."""
-        index = torch.from_numpy(places).to(self.device)
-        parts = [self.weight.index_select(0, index)] + [
-            state.index_select(0, index).reshape(places.size, -1) for state in self.optimizer_state.values()
-        ]
-        self.behind.write(rows, torch.cat(parts, dim=1).cpu().numpy())
+        order = np.argsort(rows)  # gathered in the order the writes land in (and reads search them in)
+        rows, places = rows[order], places[order]
+        views = self._host_views()
+        if views is not None:  # one pass a part, straight into the records, the interpreter's lock let go
+            records = np.empty((places.size, self.store.width), dtype=np.float32)
+            for view, column in views:
+                kernels.gather_columns(view, places, records, column)
+        else:
+            index = torch.from_numpy(places).to(self.device)
+            parts = [self.weight.index_select(0, index)] + [
+                state.index_select(0, index).reshape(places.size, -1) for state in self.optimizer_state.values()
+            ]
+            records = torch.cat(parts, dim=1).cpu().numpy()
+        self.behind.write(rows, records)
         if not evicted:
             self._dirty[places] = False
         self._writes += 1
@@ -263,9 +296,9 @@ class TieredRows:
     def _bring_in(
         self, rows: npt.NDArray[np.int64], places: npt.NDArray[np.int64], staged: StagedRecords | None
     ) -> None:
-        started = time.perf_counter()
-        records = np.empty((rows.size, self.store.width), dtype=np.float32)
-        unread = np.ones(rows.size, dtype=np.bool_)
+        """Put the records of ``rows`` into ``places``: from ``staged`` where read ahead and not written back since,
+        the others read now (on the step's thread: what the read-ahead missed)."""
+        unread = np.arange(rows.size)
         if staged is not None and staged.rows.size:
             position = np.searchsorted(staged.rows, rows).clip(max=staged.rows.size - 1)
             found = staged.rows[position] == rows
@@ -275,15 +308,28 @@ class TieredRows:
                 found[:] = False
             elif changed.size:
                 found &= ~np.isin(rows, changed)
-            records[found] = staged.records[position[found]]
-            unread &= ~found
-            self.statistics["read_ahead"] += int(found.sum())
-        if unread.any():
-            records[unread] = self.behind.read(rows[unread])
-        self.statistics["read_seconds"] += time.perf_counter() - started
+            ahead = np.flatnonzero(found)
+            self._put(staged.records, position[ahead], places[ahead])
+            unread = np.flatnonzero(~found)
+            self.statistics["read_ahead"] += ahead.size
+        if unread.size:
+            started = time.perf_counter()
+            records = self.behind.read(rows[unread])
+            self.statistics["read_seconds"] += time.perf_counter() - started
+            self._put(records, np.arange(unread.size), places[unread])
         self.statistics["fetched"] += rows.size
+
+    def _put(
+        self, records: npt.NDArray[np.float32], which: npt.NDArray[np.int64], places: npt.NDArray[np.int64]
+    ) -> None:
+        """Copy ``records[which]`` into the distinct ``places``: the row, then each optimizer state."""
+        views = self._host_views()
+        if views is not None:
+            for view, column in views:
+                kernels.scatter_columns(records, which, column, places, view)
+            return
         index = torch.from_numpy(places).to(self.device)
-        values = torch.from_numpy(records).to(self.device)
+        values = torch.from_numpy(records[which]).to(self.device)
         # The places are distinct (each pinned as it is given): a plain copy, far faster than an indexed assignment.
         self.weight.index_copy_(0, index, values[:, : self.dim])
         column = self.dim
@@ -292,6 +338,20 @@ class TieredRows:
             state.index_copy_(0, index, values[:, column : column + width].reshape(-1, *state.shape[1:]))
             column += width
 
+    def _host_views(self) -> list[tuple[npt.NDArray[np.float32], int]] | None:
+        """On a CPU, the places' row and each optimizer state as 2-D arrays (views), with the column where each starts
+        in a record: copied by compiled loops, not by torch's indexed copies, whose threads wait on each other when
+        the write-back and read-ahead threads hold the cores. ``None`` elsewhere."""
+        tensors = [self.weight, *self.optimizer_state.values()]
+        if self.device.type != "cpu" or any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            return None
+        views, column = [], 0
+        for tensor in tensors:
+            view = tensor.view(tensor.size(0), -1).numpy()
+            views.append((view, column))
+            column += view.shape[1]
+        return views
+
     def _written_since(self, writes: int) -> npt.NDArray[np.int64] | None:
         """The rows written back after the ``writes``-th write-back (``None``: too long ago to say)."""
         missed = self._writes - writes
@@ -299,6 +359,10 @@ class TieredRows:
             return None
         pieces = self._written_rows[len(self._written_rows) - missed :]
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+
+
+def _int64_ids(rows: torch.Tensor) -> npt.NDArray[np.int64]:
+    return rows.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
 
 
 def _grown(state: torch.Tensor, num_places: int) -> torch.Tensor:

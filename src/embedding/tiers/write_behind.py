@@ -45,9 +45,8 @@ class WriteBehind:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="row-store-writes")
 
     def write(self, rows: npt.NDArray[np.int64], records: npt.NDArray[np.float32]) -> None:
-        """Write ``records`` (the caller's no longer) as distinct ``rows``, soon."""
-        order = np.argsort(rows)
-        pending = _Pending(rows[order], records[order])
+        """Write ``records`` (the caller's no longer) as distinct ``rows``, sorted, soon."""
+        pending = _Pending(rows, records)
         with self._lock:
             oldest = self._pending[0] if len(self._pending) >= _MAX_PENDING else None
             self._pending.append(pending)

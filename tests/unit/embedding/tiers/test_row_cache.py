@@ -92,6 +92,20 @@ def test_records_read_ahead_that_a_write_back_changed_are_read_again() -> None:
     assert torch.equal(tier.weight[again], torch.full((1, DIM), 42.0))
 
 
+@pytest.mark.parametrize("copies", ["compiled", "torch"])
+def test_records_read_ahead_before_a_load_are_read_again(copies: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if copies == "torch":  # as on a GPU
+        monkeypatch.setattr(TieredRows, "_host_views", lambda self: None)
+    tier = cache(WAYS)
+    staged = tier.prefetch(rows(7))  # the fresh record of row 7, read ahead
+    tier.clear()  # a load: the store's rows are the checkpoint's from here on
+    tier.store.write(np.array([7]), np.full((1, DIM + 1), 42.0, dtype=np.float32))
+
+    place = tier.install(rows(7), training=False, staged=staged)
+
+    assert torch.equal(tier.weight[place], torch.full((1, DIM), 42.0))
+
+
 def test_a_disk_store_is_this_process_alone_and_refuses_another_table(tmp_path: Path) -> None:
     table = EmbeddingTableConfig("t", NUM_ROWS, DIM, ("x",))
     fresh = FreshRecords([table], [(0, NUM_ROWS)], [0], seed=1)
